@@ -1,0 +1,125 @@
+// Package orders defines the OrderPlaced event, its strict decoder and its
+// validation rules, shared by the producer and the payment consumer.
+package orders
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// OrderPlaced is published when a customer places an order. Money is an integer
+// amount of the currency's minor units; never a float.
+type OrderPlaced struct {
+	EventID     string    `json:"event_id"`
+	OrderID     string    `json:"order_id"`
+	CustomerID  string    `json:"customer_id"`
+	AmountCents int64     `json:"amount_cents"`
+	Currency    string    `json:"currency"`
+	PlacedAt    time.Time `json:"placed_at"`
+}
+
+// Reasons a body is rejected. They travel as the dead-letter reason header, so
+// they are stable, short and machine-readable.
+const (
+	ReasonInvalidUTF8     = "invalid_utf8"
+	ReasonMalformedJSON   = "malformed_json"
+	ReasonWrongType       = "wrong_type"
+	ReasonMissingField    = "missing_field"
+	ReasonInvalidAmount   = "invalid_amount"
+	ReasonInvalidCurrency = "invalid_currency"
+	ReasonInvalidField    = "invalid_field"
+)
+
+// ErrInvalid is matched by every decoding or validation failure.
+var ErrInvalid = errors.New("invalid OrderPlaced")
+
+// InvalidError says why a body is not a valid OrderPlaced.
+type InvalidError struct {
+	Reason string
+	Detail string
+}
+
+func (e *InvalidError) Error() string { return "invalid OrderPlaced: " + e.Reason + ": " + e.Detail }
+
+// Is makes errors.Is(err, ErrInvalid) true.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(reason, format string, args ...any) error {
+	return &InvalidError{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+const maxIDLen = 200
+
+// Decode parses and validates body. Unknown fields are allowed so that producers
+// can add fields without breaking this consumer; everything else is strict.
+func Decode(body []byte) (OrderPlaced, error) {
+	var o OrderPlaced
+	if !utf8.Valid(body) {
+		// encoding/json would silently replace invalid bytes with U+FFFD.
+		return o, invalid(ReasonInvalidUTF8, "body is not valid UTF-8")
+	}
+	var raw map[string]json.RawMessage
+	if err := decodeOne(body, &raw); err != nil {
+		return o, err
+	}
+	for _, f := range []string{"event_id", "order_id", "customer_id", "amount_cents", "currency", "placed_at"} {
+		if v, ok := raw[f]; !ok || string(v) == "null" {
+			return o, invalid(ReasonMissingField, "%s is missing", f)
+		}
+	}
+	if err := decodeOne(body, &o); err != nil {
+		return o, err
+	}
+	return o, o.Validate()
+}
+
+// decodeOne decodes exactly one JSON value, rejecting trailing data.
+func decodeOne(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		var timeErr *time.ParseError
+		switch {
+		case errors.As(err, &typeErr) && typeErr.Field == "amount_cents":
+			return invalid(ReasonInvalidAmount, "amount_cents must be an integer of minor units, got a JSON %s", typeErr.Value)
+		case errors.As(err, &typeErr):
+			return invalid(ReasonWrongType, "%s must not be a JSON %s", typeErr.Field, typeErr.Value)
+		case errors.As(err, &timeErr):
+			return invalid(ReasonInvalidField, "placed_at must be RFC 3339: %v", err)
+		default:
+			return invalid(ReasonMalformedJSON, "%v", err)
+		}
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid(ReasonMalformedJSON, "trailing data after the JSON object")
+	}
+	return nil
+}
+
+// Validate checks the business rules of an event.
+func (o OrderPlaced) Validate() error {
+	for name, v := range map[string]string{"event_id": o.EventID, "order_id": o.OrderID, "customer_id": o.CustomerID} {
+		if strings.TrimSpace(v) == "" {
+			return invalid(ReasonMissingField, "%s is empty", name)
+		}
+		if len(v) > maxIDLen {
+			return invalid(ReasonInvalidField, "%s is longer than %d bytes", name, maxIDLen)
+		}
+	}
+	if o.AmountCents <= 0 {
+		return invalid(ReasonInvalidAmount, "amount_cents must be positive, got %d", o.AmountCents)
+	}
+	if !IsCurrency(o.Currency) {
+		return invalid(ReasonInvalidCurrency, "currency %q is not an ISO 4217 code", o.Currency)
+	}
+	if o.PlacedAt.IsZero() {
+		return invalid(ReasonMissingField, "placed_at is zero")
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+package rabbit
+
+import (
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Topology is everything one consumer needs on the broker. Declaring it is
+// idempotent, so every replica declares it at every (re)connect.
+type Topology struct {
+	Exchange           string // topic exchange the producer publishes to
+	RoutingKey         string
+	Queue              string // quorum work queue
+	DeadLetterExchange string
+	DeadLetterQueue    string
+	// DeliveryLimit is the broker's last line of defence: a message redelivered this
+	// many times (a crash loop) is dead-lettered by RabbitMQ itself.
+	DeliveryLimit int
+	RetryDelays   []time.Duration
+}
+
+// DeadLetterKey is the routing key that reaches DeadLetterQueue.
+func (t Topology) DeadLetterKey() string { return t.Queue }
+
+// RetryQueue names the delay queue for one retry delay, e.g. "payments.order-placed.retry.5s".
+func (t Topology) RetryQueue(delay time.Duration) string {
+	if delay%time.Second == 0 {
+		return fmt.Sprintf("%s.retry.%ds", t.Queue, delay/time.Second)
+	}
+	return fmt.Sprintf("%s.retry.%dms", t.Queue, delay/time.Millisecond)
+}
+
+// quorum are the arguments of every queue we own. At-least-once dead-lettering
+// (RabbitMQ 3.10+) keeps a message in its queue until the dead-letter target
+// has confirmed it; it requires reject-publish overflow.
+func quorum(extra amqp.Table) amqp.Table {
+	args := amqp.Table{
+		"x-queue-type":           "quorum",
+		"x-overflow":             "reject-publish",
+		"x-dead-letter-strategy": "at-least-once",
+	}
+	for k, v := range extra {
+		args[k] = v
+	}
+	return args
+}
+
+// Declare creates the exchanges, queues and bindings.
+//
+// Retry queues have no consumer: a message waits there for the queue's TTL and is
+// then dead-lettered through the default exchange straight back to the work
+// queue (not through the topic exchange, which would also reach other consumers).
+// This needs no broker plugin and behaves the same on RabbitMQ 3.10 and 4.x.
+func (t Topology) Declare(ch *amqp.Channel) error {
+	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
+	}
+	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %s: %w", t.DeadLetterExchange, err)
+	}
+	queues := []struct {
+		name string
+		args amqp.Table
+	}{
+		{t.Queue, quorum(amqp.Table{
+			"x-dead-letter-exchange":    t.DeadLetterExchange,
+			"x-dead-letter-routing-key": t.DeadLetterKey(),
+			"x-delivery-limit":          int64(t.DeliveryLimit),
+		})},
+		{t.DeadLetterQueue, amqp.Table{"x-queue-type": "quorum"}},
+	}
+	for _, d := range t.RetryDelays {
+		queues = append(queues, struct {
+			name string
+			args amqp.Table
+		}{t.RetryQueue(d), quorum(amqp.Table{
+			"x-message-ttl":             d.Milliseconds(),
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": t.Queue,
+		})})
+	}
+	for _, q := range queues {
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return fmt.Errorf("declare queue %s: %w", q.name, err)
+		}
+	}
+	if err := ch.QueueBind(t.Queue, t.RoutingKey, t.Exchange, false, nil); err != nil {
+		return fmt.Errorf("bind %s to %s: %w", t.Queue, t.Exchange, err)
+	}
+	if err := ch.QueueBind(t.DeadLetterQueue, t.DeadLetterKey(), t.DeadLetterExchange, false, nil); err != nil {
+		return fmt.Errorf("bind %s to %s: %w", t.DeadLetterQueue, t.DeadLetterExchange, err)
+	}
+	return nil
+}

@@ -1,0 +1,119 @@
+// Package testenv gives integration tests their own piece of the real services:
+// a fresh PostgreSQL database and a fresh RabbitMQ vhost per test, removed again
+// by t.Cleanup. Tests fail, never skip, when a service is missing.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Environment variables that point the tests at other servers.
+const (
+	PostgresEnv = "TEST_DATABASE_URL" // an admin URL; default postgres://postgres@127.0.0.1:5432/postgres
+	AMQPEnv     = "TEST_AMQP_URL"     // default amqp://guest:guest@127.0.0.1:5672/
+	CtlEnv      = "TEST_RABBITMQCTL"  // command used to add vhosts; default rabbitmqctl
+)
+
+func getenv(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Name returns a short unique lowercase name with the given prefix.
+func Name(prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// Postgres creates an empty database for this test and returns its URL.
+func Postgres(t testing.TB) string {
+	t.Helper()
+	admin := getenv(PostgresEnv, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	name := Name("t")
+	exec := func(sql string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, admin)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, sql)
+		return err
+	}
+	if err := exec("CREATE DATABASE " + name); err != nil {
+		t.Fatalf("create test database (is PostgreSQL up at %s=%s?): %v", PostgresEnv, admin, err)
+	}
+	t.Cleanup(func() {
+		if err := exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+		}
+	})
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}
+
+// VHost creates a RabbitMQ vhost for this test, grants the URL's user all
+// permissions on it, and returns an AMQP URL into it.
+func VHost(t testing.TB) string {
+	t.Helper()
+	base := getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/")
+	u, err := url.Parse(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := u.User.Username()
+	vhost := Name("t")
+	Ctl(t, "add_vhost", vhost)
+	t.Cleanup(func() { Ctl(t, "delete_vhost", vhost) })
+	Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	u.Path = "/" + vhost
+	return u.String()
+}
+
+// Ctl runs a rabbitmqctl command and fails the test if it fails.
+func Ctl(t testing.TB, args ...string) string {
+	t.Helper()
+	cmd := strings.Fields(getenv(CtlEnv, "rabbitmqctl"))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, cmd[0], append(cmd[1:], args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", strings.Join(cmd, " "), strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Eventually polls cond until it holds or the timeout passes. Use it to wait for
+// asynchronous effects, never to assert on speed: the timeout is generous.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if ok && err == nil {
+			return
+		}
+		lastErr = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
+}
