@@ -1,0 +1,188 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"mime"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/inbox"
+)
+
+// Headers of ours. The attempt count travels in our own header because x-death
+// counting changed in RabbitMQ 3.13 and the quorum delivery limit in 4.3.
+const (
+	HeaderAttempt          = "x-attempt"
+	HeaderDeadLetterReason = "x-dead-letter-reason"
+	HeaderDeadLetterError  = "x-dead-letter-error"
+	HeaderDeadLetteredAt   = "x-dead-lettered-at"
+	HeaderDeadLetterBy     = "x-dead-letter-consumer"
+	HeaderFirstError       = "x-first-error"
+	HeaderLastError        = "x-last-error"
+	HeaderOriginalExchange = "x-original-exchange"
+	HeaderOriginalKey      = "x-original-routing-key"
+)
+
+const maxIDLen = 255
+
+// deliver runs one delivery to its end: it is acked, sent to a retry queue or
+// the dead-letter exchange (then acked), or requeued; or, if its channel died
+// meanwhile, left for the broker to redeliver.
+func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
+	msg := message(d)
+	log := r.messageLogger(d, msg)
+	if reason, err := r.admit(d, &msg); reason != "" {
+		r.deadLetter(ctx, s, d, msg, reason, err, log)
+		return
+	}
+	out, err := r.apply(ctx, msg)
+	switch {
+	case err == nil:
+		r.ack(d, msg, out, log)
+	case r.cfg.DatabaseDown(err):
+		log.Warn("database unavailable: requeueing and pausing", "err", err)
+		_ = d.Nack(false, true)
+		s.requestPause()
+	case errors.Is(err, inbox.ErrPayloadMismatch):
+		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
+	case errors.Is(err, ErrPermanent):
+		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
+	case ctx.Err() != nil:
+		// Shutdown timeout: the transaction rolled back; leave the delivery
+		// unacked so the broker redelivers it.
+		log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+	case msg.Attempt >= r.cfg.MaxAttempts:
+		r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
+	default:
+		r.retry(ctx, s, d, msg, err, log)
+	}
+}
+
+// message builds the handler's view of a delivery.
+func message(d amqp.Delivery) Message {
+	attempt := 1
+	if n, ok := intHeader(d.Headers, HeaderAttempt); ok && n > 1 {
+		attempt = n
+	}
+	return Message{
+		ID:          d.MessageId,
+		Body:        d.Body,
+		ContentType: d.ContentType,
+		Headers:     d.Headers,
+		Attempt:     attempt,
+		PublishedAt: d.Timestamp,
+	}
+}
+
+// admit applies the checks every handler needs before a body is trusted and
+// resolves the dedupe key. A non-empty reason dead-letters the delivery.
+func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason string, err error) {
+	if len(d.Body) > r.cfg.MaxBodyBytes {
+		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
+	}
+	if !r.acceptsContentType(d.ContentType) {
+		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+	}
+	if msg.ID == "" && r.cfg.KeyFromBody != nil {
+		msg.ID = r.cfg.KeyFromBody(d.Body)
+	}
+	switch {
+	case msg.ID == "":
+		return ReasonMissingID, errors.New("no message_id property and no id in the body")
+	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID):
+		return ReasonInvalidID, errors.New("message id is longer than 255 bytes or not UTF-8")
+	}
+	return "", nil
+}
+
+func (r *Runtime) acceptsContentType(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	for _, ok := range r.cfg.ContentTypes {
+		if mt == ok {
+			return true
+		}
+	}
+	return false
+}
+
+// apply runs the handler inside the inbox transaction.
+func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
+	var out Outcome
+	fresh, err := r.inbox.Process(ctx, msg.ID, msg.Body, func(tx *gorm.DB) error {
+		var err error
+		out, err = r.handler.Handle(ctx, tx, msg)
+		return err
+	})
+	switch {
+	case err != nil:
+		return "", err
+	case !fresh:
+		return OutcomeDuplicate, nil
+	case out == "":
+		return OutcomeProcessed, nil
+	}
+	if !msg.PublishedAt.IsZero() {
+		r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
+	}
+	return out, nil
+}
+
+func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logger) {
+	if err := d.Ack(false); err != nil {
+		// The effects are committed; the redelivery will be suppressed by the inbox.
+		log.Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
+		return
+	}
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(out)).Inc()
+	level := slog.LevelInfo
+	if out == OutcomeProcessed {
+		level = slog.LevelDebug
+	}
+	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+}
+
+func (r *Runtime) messageLogger(d amqp.Delivery, msg Message) *slog.Logger {
+	log := r.log.With("message_id", msg.ID, "delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered)
+	if r.cfg.LogAttrs != nil && len(d.Body) <= r.cfg.MaxBodyBytes {
+		for _, a := range r.cfg.LogAttrs(d.Body) {
+			log = log.With(a)
+		}
+	}
+	return log
+}
+
+func permanentReason(err error) string {
+	var pe *PermanentError
+	if errors.As(err, &pe) && pe.Reason != "" {
+		return pe.Reason
+	}
+	return ReasonPermanent
+}
+
+func intHeader(h amqp.Table, key string) (int, bool) {
+	switch v := h[key].(type) {
+	case int32:
+		return int(v), true
+	case int64:
+		return int(v), true
+	case int:
+		return v, true
+	case int16:
+		return int(v), true
+	case int8:
+		return int(v), true
+	}
+	return 0, false
+}

@@ -1,0 +1,57 @@
+package consumer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the runtime's Prometheus collectors.
+type Metrics struct {
+	messages       *prometheus.CounterVec
+	deadLetters    *prometheus.CounterVec
+	handlerSeconds *prometheus.HistogramVec
+	endToEnd       *prometheus.HistogramVec
+	reconnects     *prometheus.CounterVec
+	pauses         *prometheus.CounterVec
+	panics         *prometheus.CounterVec
+	ready          *prometheus.GaugeVec
+}
+
+// NewMetrics creates the collectors and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_messages_total",
+			Help: "Messages settled, by consumer and outcome (processed, duplicate, declined, retried, dead_lettered).",
+		}, []string{"consumer", "outcome"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_dead_letters_total",
+			Help: "Messages sent to the dead-letter exchange, by consumer and reason.",
+		}, []string{"consumer", "reason"}),
+		handlerSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "consumer_handler_duration_seconds",
+			Help:    "Time spent in the handler, inside the inbox transaction.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+		}, []string{"consumer"}),
+		endToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "consumer_end_to_end_seconds",
+			Help:    "From the message's publish timestamp to the commit of its effects.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 12),
+		}, []string{"consumer"}),
+		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_reconnects_total",
+			Help: "Broker sessions re-established after a connection or channel was lost.",
+		}, []string{"consumer"}),
+		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_pauses_total",
+			Help: "Times consumption paused because the database was unavailable.",
+		}, []string{"consumer"}),
+		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_handler_panics_total",
+			Help: "Handler panics recovered.",
+		}, []string{"consumer"}),
+		ready: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "consumer_ready",
+			Help: "1 while consuming, 0 while disconnected or paused.",
+		}, []string{"consumer"}),
+	}
+	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready)
+	return m
+}

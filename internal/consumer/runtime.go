@@ -1,0 +1,226 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+// Config tunes a Runtime. Zero values are replaced by the defaults of setDefaults.
+type Config struct {
+	Name      string // consumer name: inbox column, metric label, connection name
+	AMQPURL   string
+	Heartbeat time.Duration
+	Topology  rabbit.Topology
+	Prefetch  int
+	Workers   int
+	// MaxBodyBytes rejects larger bodies before they are parsed.
+	MaxBodyBytes int
+	// ContentTypes the handler accepts; an empty content type is taken as the first.
+	ContentTypes []string
+	// KeyFromBody finds the dedupe key in a body when the producer set no
+	// message_id property. Nil means the message_id property is required.
+	KeyFromBody func(body []byte) string
+	// LogAttrs adds handler-specific attributes (an order id) to every log line
+	// about a message. It must not fail: return nothing for a body it cannot read.
+	LogAttrs func(body []byte) []slog.Attr
+	// MaxAttempts counts every handler run of a message, the first included.
+	MaxAttempts int
+	// ShutdownTimeout bounds how long in-flight messages may finish after a stop.
+	ShutdownTimeout time.Duration
+	// ReconnectMaxWait caps the jittered exponential backoff between sessions.
+	ReconnectMaxWait time.Duration
+	// DatabaseCheck reports whether the database answers; while it fails the
+	// runtime stays paused instead of spending the retry budget of good messages.
+	DatabaseCheck func(ctx context.Context) error
+	// DatabaseDown classifies a handler or inbox error as the database being
+	// unreachable (pause and requeue) rather than a failure of the message.
+	DatabaseDown func(err error) bool
+}
+
+func (c *Config) setDefaults() {
+	if c.Prefetch == 0 {
+		c.Prefetch = 32
+	}
+	if c.Workers == 0 {
+		c.Workers = 8
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 64 << 10
+	}
+	if len(c.ContentTypes) == 0 {
+		c.ContentTypes = []string{"application/json"}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 5
+	}
+	if len(c.Topology.RetryDelays) == 0 {
+		c.Topology.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 20 * time.Second
+	}
+	if c.ReconnectMaxWait == 0 {
+		c.ReconnectMaxWait = 30 * time.Second
+	}
+	if c.Heartbeat == 0 {
+		c.Heartbeat = 10 * time.Second
+	}
+	if c.DatabaseDown == nil {
+		c.DatabaseDown = func(error) bool { return false }
+	}
+	if c.DatabaseCheck == nil {
+		c.DatabaseCheck = func(context.Context) error { return nil }
+	}
+}
+
+// Validate reports a configuration the runtime cannot work with.
+func (c *Config) Validate() error {
+	switch {
+	case c.Name == "":
+		return errors.New("consumer name is empty")
+	case c.AMQPURL == "":
+		return errors.New("AMQP URL is empty")
+	case c.Workers < 1 || c.Prefetch < c.Workers:
+		return fmt.Errorf("need 1 <= workers (%d) <= prefetch (%d)", c.Workers, c.Prefetch)
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("max attempts %d < 1", c.MaxAttempts)
+	}
+	return nil
+}
+
+// Runtime consumes one queue with a Handler. Create it with New and call Run.
+type Runtime struct {
+	cfg     Config
+	inbox   *inbox.Inbox
+	handler Handler
+	metrics *Metrics
+	log     *slog.Logger
+	ready   atomic.Bool
+}
+
+// New builds a runtime. The handler is wrapped with Recover, Observe and, if
+// handlerTimeout > 0, Timeout.
+func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m *Metrics, log *slog.Logger) (*Runtime, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
+	}
+	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name)}
+	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}
+	if handlerTimeout > 0 {
+		mws = append(mws, Timeout(handlerTimeout))
+	}
+	r.handler = Chain(h, mws...)
+	m.ready.WithLabelValues(cfg.Name).Set(0)
+	return r, nil
+}
+
+func (r *Runtime) onPanic(v any, stack []byte) {
+	r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+	r.log.Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))
+}
+
+// Ready reports nil while the runtime is connected, has declared its topology
+// and is consuming.
+func (r *Runtime) Ready() error {
+	if !r.ready.Load() {
+		return errors.New("not consuming: broker disconnected or database unavailable")
+	}
+	return nil
+}
+
+func (r *Runtime) setReady(ok bool) {
+	r.ready.Store(ok)
+	v := 0.0
+	if ok {
+		v = 1
+	}
+	r.metrics.ready.WithLabelValues(r.cfg.Name).Set(v)
+}
+
+// errDatabaseDown ends a session so that consumption pauses until the database is back.
+var errDatabaseDown = errors.New("database unavailable")
+
+// Run consumes until ctx is cancelled, then shuts down gracefully: it stops
+// taking deliveries, lets in-flight messages finish within ShutdownTimeout (their
+// ack goes out after their commit), and closes channel and connection. A message
+// still running after the timeout is abandoned unacked and redelivered later.
+// Lost connections and database outages are survived inside Run; it returns nil
+// after a clean shutdown.
+func (r *Runtime) Run(ctx context.Context) error {
+	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
+	for {
+		started := time.Now()
+		err := r.session(ctx)
+		r.setReady(false)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > time.Minute {
+			backoff.reset()
+		}
+		if errors.Is(err, errDatabaseDown) {
+			r.metrics.pauses.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Warn("paused: database unavailable; held messages were requeued", "err", err)
+			if err := r.waitForDatabase(ctx, backoff); err != nil {
+				return nil
+			}
+			r.log.Info("database is back: resuming")
+			continue
+		}
+		r.metrics.reconnects.WithLabelValues(r.cfg.Name).Inc()
+		wait := backoff.next()
+		r.log.Warn("broker session ended; reconnecting", "err", err, "wait", wait.String())
+		if !sleep(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+func (r *Runtime) waitForDatabase(ctx context.Context, b *backoff) error {
+	for {
+		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.cfg.DatabaseCheck(pingCtx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if !sleep(ctx, b.next()) {
+			return ctx.Err()
+		}
+	}
+}
+
+// backoff is capped exponential backoff with full jitter.
+type backoff struct {
+	base, max, cur time.Duration
+}
+
+func newBackoff(base, max time.Duration) *backoff { return &backoff{base: base, max: max, cur: base} }
+
+func (b *backoff) next() time.Duration {
+	d := b.cur/2 + rand.N(b.cur/2+1)
+	b.cur = min(b.cur*2, b.max)
+	return d
+}
+
+func (b *backoff) reset() { b.cur = b.base }
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,113 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+// publishTimeout bounds a retry or dead-letter publish and its confirm.
+const publishTimeout = 15 * time.Second
+
+// retryJitter shortens each delay by up to this fraction. Retry queues expire
+// messages at the head only, so a jittered message waits at most this much
+// longer than its own expiration behind an earlier one.
+const retryJitter = 0.2
+
+// retry republishes the message to the delay queue of its attempt with the
+// attempt counter raised, then acks the original. If the copy is not confirmed
+// the original is requeued instead: a duplicate is possible, a loss is not.
+func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *slog.Logger) {
+	delays := r.cfg.Topology.RetryDelays
+	delay := delays[min(msg.Attempt-1, len(delays)-1)]
+	pub := republish(d, msg)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1)
+	pub.Headers[HeaderLastError] = truncate(cause.Error())
+	if _, ok := pub.Headers[HeaderFirstError]; !ok {
+		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	}
+	expire := time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
+	pub.Expiration = strconv.FormatInt(max(expire.Milliseconds(), 1), 10)
+	queue := r.cfg.Topology.RetryQueue(delay)
+	if !r.publishThenAck(ctx, s, d, "", queue, pub, log) {
+		return
+	}
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
+	log.Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
+		"delay", expire.String(), "err", cause)
+}
+
+// deadLetter publishes the message to the dead-letter exchange with the reason
+// and last error in its headers, then acks the original. A broker-side reject
+// could not add those headers.
+func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *slog.Logger) {
+	pub := republish(d, msg)
+	pub.Headers[HeaderDeadLetterReason] = reason
+	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
+	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	if _, ok := pub.Headers[HeaderFirstError]; !ok {
+		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	}
+	t := r.cfg.Topology
+	if !r.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
+		return
+	}
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
+	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, reason).Inc()
+	log.Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
+}
+
+func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *slog.Logger) bool {
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	if err := rabbit.PublishConfirmed(pctx, s.publish, exchange, key, pub); err != nil {
+		log.Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
+		_ = d.Nack(false, true)
+		return false
+	}
+	if err := d.Ack(false); err != nil {
+		log.Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
+		return false
+	}
+	return true
+}
+
+// republish copies a delivery for a retry or dead-letter publish, keeping its
+// message id (the inbox key, resolved from the body if need be) and properties.
+func republish(d amqp.Delivery, msg Message) amqp.Publishing {
+	headers := amqp.Table{}
+	maps.Copy(headers, d.Headers)
+	delete(headers, "x-death") // the broker's own history; ours is in x-attempt
+	if _, ok := headers[HeaderOriginalExchange]; !ok {
+		headers[HeaderOriginalExchange] = d.Exchange
+		headers[HeaderOriginalKey] = d.RoutingKey
+	}
+	return amqp.Publishing{
+		Headers:       headers,
+		ContentType:   d.ContentType,
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: d.CorrelationId,
+		MessageId:     msg.ID,
+		Timestamp:     d.Timestamp,
+		Type:          d.Type,
+		AppId:         d.AppId,
+		Body:          d.Body,
+	}
+}
+
+func truncate(s string) string {
+	const maxLen = 1024
+	if len(s) <= maxLen {
+		return s
+	}
+	return s[:maxLen] + "…"
+}

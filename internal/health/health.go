@@ -1,0 +1,72 @@
+// Package health serves the operational HTTP endpoints of a service: liveness
+// (/healthz), readiness (/readyz) and Prometheus metrics (/metrics).
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Check is one readiness condition; nil means ready.
+type Check func(ctx context.Context) error
+
+// Mux returns a mux with /healthz, /readyz and /metrics. Readiness runs every
+// named check with a short timeout and reports each result.
+func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		status, report := http.StatusOK, map[string]string{}
+		for name, check := range checks {
+			report[name] = "ok"
+			if err := check(ctx); err != nil {
+				status, report[name] = http.StatusServiceUnavailable, err.Error()
+			}
+		}
+		writeJSON(w, status, report)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// Probe asks url for a 2xx answer; the programs use it as their `healthcheck`
+// subcommand, so that a container image without a shell can be health-checked.
+func Probe(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return &statusError{url: url, code: resp.StatusCode}
+	}
+	return nil
+}
+
+type statusError struct {
+	url  string
+	code int
+}
+
+func (e *statusError) Error() string { return e.url + " answered " + http.StatusText(e.code) }

@@ -1,0 +1,169 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// setup returns a migrated database with an extra effects table that stands
+// for a handler's business writes.
+func setup(t *testing.T) *gorm.DB {
+	t.Helper()
+	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	if err := db.Exec(`CREATE TABLE effects (message_id text NOT NULL)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func writeEffect(id string) func(tx *gorm.DB) error {
+	return func(tx *gorm.DB) error {
+		return tx.Exec(`INSERT INTO effects (message_id) VALUES (?)`, id).Error
+	}
+}
+
+func count(t *testing.T, db *gorm.DB, table, id string) int64 {
+	t.Helper()
+	var n int64
+	if err := db.Table(table).Where("message_id = ?", id).Count(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestModelMatchesSchema(t *testing.T) {
+	db := setup(t)
+	testenv.AssertModelMatchesTable(t, db, &inbox.Entry{})
+}
+
+func TestProcess(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	ib := inbox.New(db, "payments")
+	errBoom := errors.New("boom")
+
+	tests := []struct {
+		name      string
+		steps     []func() (bool, error)
+		wantFresh []bool
+		wantErr   []error
+		effects   int64
+	}{
+		{
+			name: "second delivery of the same message is a duplicate",
+			steps: []func() (bool, error){
+				func() (bool, error) { return ib.Process(ctx, "m1", []byte("a"), writeEffect("m1")) },
+				func() (bool, error) { return ib.Process(ctx, "m1", []byte("a"), writeEffect("m1")) },
+			},
+			wantFresh: []bool{true, false}, wantErr: []error{nil, nil}, effects: 1,
+		},
+		{
+			name: "a failed handler rolls back the claim, so the retry is fresh",
+			steps: []func() (bool, error){
+				func() (bool, error) {
+					return ib.Process(ctx, "m2", []byte("a"), func(tx *gorm.DB) error {
+						if err := writeEffect("m2")(tx); err != nil {
+							return err
+						}
+						return errBoom
+					})
+				},
+				func() (bool, error) { return ib.Process(ctx, "m2", []byte("a"), writeEffect("m2")) },
+			},
+			wantFresh: []bool{false, true}, wantErr: []error{errBoom, nil}, effects: 1,
+		},
+		{
+			name: "the same id with another payload is not silently dropped",
+			steps: []func() (bool, error){
+				func() (bool, error) { return ib.Process(ctx, "m3", []byte("a"), writeEffect("m3")) },
+				func() (bool, error) { return ib.Process(ctx, "m3", []byte("b"), writeEffect("m3")) },
+			},
+			wantFresh: []bool{true, false}, wantErr: []error{nil, inbox.ErrPayloadMismatch}, effects: 1,
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for j, step := range tt.steps {
+				fresh, err := step()
+				if fresh != tt.wantFresh[j] || !errors.Is(err, tt.wantErr[j]) {
+					t.Fatalf("step %d: fresh=%v err=%v, want fresh=%v err=%v", j, fresh, err, tt.wantFresh[j], tt.wantErr[j])
+				}
+			}
+			id := fmt.Sprintf("m%d", i+1)
+			if got := count(t, db, "effects", id); got != tt.effects {
+				t.Errorf("effects of %s = %d, want %d", id, got, tt.effects)
+			}
+			if got := count(t, db, "inbox", id); got != 1 {
+				t.Errorf("inbox rows of %s = %d, want 1", id, got)
+			}
+		})
+	}
+}
+
+// Two consumers receive the same message at the same moment: the second insert
+// waits on the first transaction's primary-key entry and then inserts nothing.
+func TestConcurrentDeliveriesApplyOnce(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	a, b := inbox.New(db, "payments"), inbox.New(db, "payments")
+	for i := range 50 {
+		id := fmt.Sprintf("race-%d", i)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		fresh := make([]bool, 2)
+		errs := make([]error, 2)
+		for k, ib := range []*inbox.Inbox{a, b} {
+			wg.Go(func() {
+				<-start
+				fresh[k], errs[k] = ib.Process(ctx, id, []byte("body"), func(tx *gorm.DB) error {
+					// Hold the transaction open so the other one is likely to block on it.
+					time.Sleep(time.Millisecond)
+					return writeEffect(id)(tx)
+				})
+			})
+		}
+		close(start)
+		wg.Wait()
+		if errs[0] != nil || errs[1] != nil {
+			t.Fatalf("%s: errors %v", id, errs)
+		}
+		if fresh[0] == fresh[1] {
+			t.Fatalf("%s: fresh=%v, want exactly one fresh", id, fresh)
+		}
+		if got := count(t, db, "effects", id); got != 1 {
+			t.Fatalf("%s: %d effects, want 1", id, got)
+		}
+	}
+}
+
+// A commit that fails must be reported, and must leave neither the claim nor
+// the effects behind.
+func TestCommitFailureIsReported(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	err := db.Exec(`CREATE TABLE deferred_unique (k int, CONSTRAINT k_unique UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib := inbox.New(db, "payments")
+	fresh, err := ib.Process(ctx, "c1", []byte("x"), func(tx *gorm.DB) error {
+		// Both inserts succeed; the deferred constraint fails at COMMIT.
+		return tx.Exec(`INSERT INTO deferred_unique VALUES (1), (1)`).Error
+	})
+	if err == nil || fresh {
+		t.Fatalf("Process = fresh %v, err %v; want the commit error", fresh, err)
+	}
+	if got := count(t, db, "inbox", "c1"); got != 0 {
+		t.Fatalf("inbox rows after failed commit = %d, want 0", got)
+	}
+}
