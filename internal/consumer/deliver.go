@@ -96,6 +96,7 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason string, err error
 	case msg.ID == "":
 		return ReasonMissingID, errors.New("no message_id property and no id in the body")
 	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID):
+		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
 		return ReasonInvalidID, errors.New("message id is longer than 255 bytes or not UTF-8")
 	}
 	return "", nil

@@ -1,0 +1,194 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// env is one test's broker vhost and database, shared by the runtimes it starts.
+type env struct {
+	t    *testing.T
+	url  string
+	db   *gorm.DB
+	topo rabbit.Topology
+	conn *amqp.Connection
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, url: testenv.VHost(t)}
+	e.db, _ = testenv.MigratedDB(t, migrations.Payments)
+	if err := e.db.Exec(`CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	e.topo = rabbit.Topology{
+		Exchange: "orders", RoutingKey: "order.placed", Queue: "work", DeadLetterExchange: "dlx",
+		DeadLetterQueue: "work.dlq", DeliveryLimit: 20,
+		RetryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond},
+	}
+	conn, err := amqp.Dial(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.conn = conn
+	ch := e.channel()
+	if err := e.topo.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) channel() *amqp.Channel {
+	ch, err := e.conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { ch.Close() })
+	return ch
+}
+
+// runtime is a started Runtime and the means to stop it.
+type runtime struct {
+	*Runtime
+	metrics *Metrics
+	stop    context.CancelFunc
+	done    chan error
+}
+
+func (e *env) start(h Handler, tune func(*Config)) *runtime {
+	e.t.Helper()
+	cfg := Config{
+		Name: "test", AMQPURL: e.url, Heartbeat: 2 * time.Second, Topology: e.topo,
+		Prefetch: 8, Workers: 4, MaxAttempts: 3, ShutdownTimeout: 5 * time.Second,
+		ReconnectMaxWait: time.Second,
+		KeyFromBody: func(b []byte) string {
+			if len(b) > 3 && string(b[:3]) == "id:" {
+				return string(b[3:])
+			}
+			return ""
+		},
+		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, e.db) },
+		DatabaseDown:  database.IsUnavailable,
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	m := NewMetrics(prometheus.NewRegistry())
+	rt, err := New(cfg, inbox.New(e.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &runtime{Runtime: rt, metrics: m, stop: cancel, done: make(chan error, 1)}
+	go func() { r.done <- rt.Run(ctx) }()
+	e.t.Cleanup(func() { r.shutdown(e.t) })
+	testenv.Eventually(e.t, 30*time.Second, "runtime ready", func() (bool, error) { return rt.Ready() == nil, nil })
+	return r
+}
+
+func (r *runtime) shutdown(t *testing.T) {
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run returned %v after shutdown", err)
+		}
+		r.done <- nil // let a second call pass
+	case <-time.After(30 * time.Second):
+		t.Error("runtime did not stop within 30s")
+	}
+}
+
+func (r *runtime) count(outcome Outcome) int {
+	return int(testutil.ToFloat64(r.metrics.messages.WithLabelValues(r.cfg.Name, string(outcome))))
+}
+
+// publish sends a persistent JSON message with a confirm.
+func (e *env) publish(id string, body string, mutate ...func(*amqp.Publishing)) {
+	e.t.Helper()
+	ch := e.channel()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	p := amqp.Publishing{MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(body), Timestamp: time.Now()}
+	for _, m := range mutate {
+		m(&p)
+	}
+	if err := rabbit.PublishConfirmed(context.Background(), ch, e.topo.Exchange, e.topo.RoutingKey, p); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// effects counts the handler's committed writes for a message id.
+func (e *env) effects(id string) int {
+	e.t.Helper()
+	var n int64
+	if err := e.db.Table("effects").Where("message_id = ?", id).Count(&n).Error; err != nil {
+		e.t.Fatal(err)
+	}
+	return int(n)
+}
+
+// deadLetters takes exactly n messages from the dead-letter queue, waiting for them.
+func (e *env) deadLetters(n int) []amqp.Delivery {
+	e.t.Helper()
+	ch := e.channel()
+	var got []amqp.Delivery
+	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d dead letters", n), func() (bool, error) {
+		d, ok, err := ch.Get(e.topo.DeadLetterQueue, true)
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			got = append(got, d)
+		}
+		return len(got) >= n, nil
+	})
+	if _, ok, _ := ch.Get(e.topo.DeadLetterQueue, true); ok {
+		e.t.Fatalf("more than %d dead letters", n)
+	}
+	return got
+}
+
+// queueDepth is the number of ready messages in a queue.
+func (e *env) queueDepth(name string) int {
+	ch := e.channel()
+	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return q.Messages
+}
+
+// recordHandler writes one effect per message; fail decides per message
+// whether (and how) to fail before the write.
+func recordHandler(fail func(msg Message) error) Handler {
+	return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+		if fail != nil {
+			if err := fail(msg); err != nil {
+				return "", err
+			}
+		}
+		if err := tx.Exec(`INSERT INTO effects (message_id, body) VALUES (?, ?)`, msg.ID, string(msg.Body)).Error; err != nil {
+			return "", err
+		}
+		return OutcomeProcessed, nil
+	})
+}
+
+var errTransient = errors.New("gateway answered 503")

@@ -1,0 +1,193 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, what, func() (bool, error) { return cond(), nil })
+}
+
+func TestDuplicateDeliveryIsAppliedOnce(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), nil)
+	e.publish("m-1", `{"n":1}`)
+	e.publish("m-1", `{"n":1}`)
+	waitFor(t, "one processed and one duplicate", func() bool {
+		return rt.count(OutcomeProcessed) == 1 && rt.count(OutcomeDuplicate) == 1
+	})
+	if n := e.effects("m-1"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if n := e.queueDepth(e.topo.Queue); n != 0 {
+		t.Fatalf("%d messages left in the work queue", n)
+	}
+}
+
+// Without a message_id property the key comes from the body, and dedupes the same way.
+func TestKeyFromBody(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), nil)
+	for range 3 {
+		e.publish("", "id:evt-7")
+	}
+	waitFor(t, "one processed, two duplicates", func() bool {
+		return rt.count(OutcomeProcessed) == 1 && rt.count(OutcomeDuplicate) == 2
+	})
+	if n := e.effects("evt-7"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// Two service replicas receive the same message at the same moment.
+func TestTwoConsumersApplyOnce(t *testing.T) {
+	e := newEnv(t)
+	slow := recordHandler(func(Message) error { time.Sleep(2 * time.Millisecond); return nil })
+	a := e.start(slow, nil)
+	b := e.start(slow, nil)
+	const n = 40
+	for i := range n {
+		id := fmt.Sprintf("pair-%d", i)
+		e.publish(id, `{}`)
+		e.publish(id, `{}`)
+	}
+	waitFor(t, "every message settled", func() bool {
+		return a.count(OutcomeProcessed)+b.count(OutcomeProcessed) == n &&
+			a.count(OutcomeDuplicate)+b.count(OutcomeDuplicate) == n
+	})
+	for i := range n {
+		if got := e.effects(fmt.Sprintf("pair-%d", i)); got != 1 {
+			t.Fatalf("pair-%d applied %d times", i, got)
+		}
+	}
+	t.Logf("replica a processed %d, replica b processed %d", a.count(OutcomeProcessed), b.count(OutcomeProcessed))
+}
+
+func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(m Message) error {
+		if strings.Contains(string(m.Body), "bad") {
+			return Permanent("invalid_amount", fmt.Errorf("amount is bad"))
+		}
+		return nil
+	}), func(c *Config) { c.MaxBodyBytes = 1024 })
+	tests := []struct {
+		id, body string
+		mutate   func(*amqp.Publishing)
+		reason   string
+	}{
+		{"p-big", strings.Repeat("x", 1025), nil, ReasonBodyTooLarge},
+		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, ReasonUnsupportedContent},
+		{"", `{"no":"id"}`, nil, ReasonMissingID},
+		{"", "id:" + strings.Repeat("i", 300), nil, ReasonInvalidID},
+		{"p-bad", `{"bad":true}`, nil, "invalid_amount"},
+	}
+	for _, tt := range tests {
+		mut := []func(*amqp.Publishing){}
+		if tt.mutate != nil {
+			mut = append(mut, tt.mutate)
+		}
+		e.publish(tt.id, tt.body, mut...)
+	}
+	e.publish("good", `{}`)
+	got := e.deadLetters(len(tests))
+	reasons := map[string]string{}
+	for _, d := range got {
+		reasons[d.MessageId+string(d.Body)] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
+		if d.Headers[HeaderDeadLetterError] == nil {
+			t.Errorf("%s: no %s header", d.MessageId, HeaderDeadLetterError)
+		}
+	}
+	for _, tt := range tests {
+		if got := reasons[tt.id+tt.body]; got != tt.reason {
+			t.Errorf("message %.20q %.20q: reason %q, want %q", tt.id, tt.body, got, tt.reason)
+		}
+	}
+	waitFor(t, "the good message after the poison", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if e.effects("good") != 1 || e.effects("p-bad") != 0 {
+		t.Fatal("good message not applied once, or poison applied")
+	}
+}
+
+func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
+	e := newEnv(t)
+	var calls atomic.Int32
+	var attempts []int
+	rt := e.start(recordHandler(func(m Message) error {
+		calls.Add(1)
+		attempts = append(attempts, m.Attempt) // handlers of one message never overlap
+		if m.Attempt < 3 {
+			return errTransient
+		}
+		return nil
+	}), func(c *Config) { c.MaxAttempts = 5; c.Workers = 1; c.Prefetch = 1 })
+	e.publish("flaky", `{}`)
+	waitFor(t, "processed after retries", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if rt.count(OutcomeRetried) != 2 || fmt.Sprint(attempts) != "[1 2 3]" {
+		t.Fatalf("retried %d, attempts %v; want 2 retries, attempts [1 2 3]", rt.count(OutcomeRetried), attempts)
+	}
+	if e.effects("flaky") != 1 {
+		t.Fatal("not applied once")
+	}
+}
+
+func TestRetryBudgetEndsInDeadLetter(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(Message) error { return errTransient }), func(c *Config) { c.MaxAttempts = 4 })
+	e.publish("doomed", `{}`)
+	d := e.deadLetters(1)[0]
+	if d.Headers[HeaderDeadLetterReason] != ReasonRetriesExhausted {
+		t.Fatalf("reason %v", d.Headers[HeaderDeadLetterReason])
+	}
+	if n, _ := intHeader(d.Headers, HeaderAttempt); n != 4 {
+		t.Fatalf("attempt header %v, want 4", d.Headers[HeaderAttempt])
+	}
+	if !strings.Contains(fmt.Sprint(d.Headers[HeaderDeadLetterError]), errTransient.Error()) {
+		t.Fatalf("error header %v", d.Headers[HeaderDeadLetterError])
+	}
+	if rt.count(OutcomeRetried) != 3 || string(d.Body) != `{}` || d.MessageId != "doomed" {
+		t.Fatalf("retried %d times, body %q, id %q", rt.count(OutcomeRetried), d.Body, d.MessageId)
+	}
+}
+
+func TestPanicIsRecoveredAndRetried(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(m Message) error {
+		if m.Attempt == 1 {
+			panic("nil map")
+		}
+		return nil
+	}), nil)
+	e.publish("panicky", `{}`)
+	waitFor(t, "processed on the second attempt", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if e.effects("panicky") != 1 || rt.count(OutcomeRetried) != 1 {
+		t.Fatal("panic not retried once")
+	}
+}
+
+// A handler that reports the effect already present (same order, new id)
+// commits its inbox row and is counted as a duplicate.
+func TestHandlerDuplicateOutcome(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(HandlerFunc(func(ctx context.Context, tx *gorm.DB, m Message) (Outcome, error) {
+		return OutcomeDuplicate, nil
+	}), nil)
+	e.publish("dup-of-order", `{}`)
+	waitFor(t, "duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
+	var n int64
+	e.db.Table("inbox").Where("message_id = ?", "dup-of-order").Count(&n)
+	if n != 1 {
+		t.Fatalf("inbox rows = %d, want 1", n)
+	}
+}
