@@ -45,23 +45,34 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	switch {
 	case err == nil:
 		r.ack(d, msg, out, log)
-	case r.cfg.DatabaseDown(err):
-		log.Warn("database unavailable: requeueing and pausing", "err", err)
-		_ = d.Nack(false, true)
-		s.requestPause()
-	case errors.Is(err, inbox.ErrPayloadMismatch):
-		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
-	case errors.Is(err, ErrPermanent):
-		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
 	case ctx.Err() != nil:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
 		// unacked so the broker redelivers it.
 		log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+	case errors.Is(err, inbox.ErrPayloadMismatch):
+		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
+	case errors.Is(err, ErrPermanent):
+		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
+	case r.databaseDown(ctx, err):
+		log.Warn("database unavailable: requeueing and pausing", "err", err)
+		_ = d.Nack(false, true)
+		s.requestPause()
 	case msg.Attempt >= r.cfg.MaxAttempts:
 		r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
 	default:
 		r.retry(ctx, s, d, msg, err, log)
 	}
+}
+
+// databaseDown tells a database outage from a failure of the message: the
+// error says so, or the database does not answer a ping right now.
+func (r *Runtime) databaseDown(ctx context.Context, err error) bool {
+	if r.cfg.DatabaseDown(err) {
+		return true
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return r.cfg.DatabaseCheck(pingCtx) != nil
 }
 
 // message builds the handler's view of a delivery.

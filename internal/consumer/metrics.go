@@ -1,6 +1,9 @@
 package consumer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
 
 // Metrics are the runtime's Prometheus collectors.
 type Metrics struct {
@@ -54,4 +57,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready)
 	return m
+}
+
+// Settled reports how many messages of consumer were settled with outcome.
+func (m *Metrics) Settled(consumer string, outcome Outcome) int {
+	c, err := m.messages.GetMetricWithLabelValues(consumer, string(outcome))
+	if err != nil {
+		return 0
+	}
+	var pb dto.Metric
+	if c.Write(&pb) != nil {
+		return 0
+	}
+	return int(pb.GetCounter().GetValue())
 }

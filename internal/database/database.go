@@ -8,12 +8,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -94,9 +91,11 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 	return sqlDB.PingContext(ctx)
 }
 
-// IsUnavailable reports whether err means the database could not be reached or
-// dropped the connection, as opposed to rejecting a statement: the caller should
-// hold the work back until the database returns rather than count it as a failure.
+// IsUnavailable reports whether err is PostgreSQL (or the way to it) failing,
+// as opposed to PostgreSQL rejecting a statement: the caller should hold the work
+// back until the database returns rather than count it against the message. It
+// only recognises errors that come from the driver; callers that also see other
+// network errors (an HTTP call in the same transaction) should ping to be sure.
 func IsUnavailable(err error) bool {
 	if err == nil {
 		return false
@@ -107,10 +106,6 @@ func IsUnavailable(err error) bool {
 		// connection exception, admin/crash shutdown, cannot connect now, too many connections
 		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "53300"
 	}
-	var netErr net.Error
 	var connErr *pgconn.ConnectError
-	return errors.As(err, &netErr) || errors.As(err, &connErr) ||
-		errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || pgconn.SafeToRetry(err)
+	return errors.As(err, &connErr) || errors.Is(err, driver.ErrBadConn) || pgconn.SafeToRetry(err)
 }

@@ -1,0 +1,158 @@
+// Package payment is the reference handler: it charges an OrderPlaced event
+// exactly once. It is the part of the template a cloner rewrites; everything it
+// needs from the runtime arrives as arguments to Handle.
+package payment
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/gateway"
+	"github.com/inbox-template/payment-service/internal/orders"
+)
+
+// Payment statuses.
+const (
+	StatusSucceeded = "succeeded"
+	StatusDeclined  = "declined"
+)
+
+// OutcomeDeclined counts a card decline: a business outcome, recorded and acked.
+const OutcomeDeclined consumer.Outcome = "declined"
+
+// Payment is one row of the payments table: the result of charging one order.
+type Payment struct {
+	ID            int64     `gorm:"column:id;primaryKey"`
+	OrderID       string    `gorm:"column:order_id;not null;uniqueIndex"`
+	MessageID     string    `gorm:"column:message_id;not null"`
+	CustomerID    string    `gorm:"column:customer_id;not null"`
+	AmountCents   int64     `gorm:"column:amount_cents;not null"`
+	Currency      string    `gorm:"column:currency;not null"`
+	Status        string    `gorm:"column:status;not null"`
+	ChargeID      string    `gorm:"column:charge_id;not null"`
+	DeclineReason *string   `gorm:"column:decline_reason"`
+	CreatedAt     time.Time `gorm:"column:created_at;not null;default:now()"`
+}
+
+// TableName is the table of the versioned migrations.
+func (Payment) TableName() string { return "payments" }
+
+// Charger charges a card through the payment gateway.
+type Charger interface {
+	Charge(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error)
+}
+
+// Handler charges each order once and records the payment.
+type Handler struct {
+	gateway Charger
+}
+
+// NewHandler returns a handler that charges through gw.
+func NewHandler(gw Charger) *Handler {
+	return &Handler{gateway: gw}
+}
+
+// IdempotencyKey is derived from the order, never from the message or the
+// attempt: every retry, redelivery or republish of one order asks the gateway
+// for the same charge, and the gateway replays its first answer.
+func IdempotencyKey(orderID string) string { return "order-charge:" + orderID }
+
+// Handle validates the event, charges the order and inserts the payment, all in
+// the caller's inbox transaction.
+func (h *Handler) Handle(ctx context.Context, tx *gorm.DB, msg consumer.Message) (consumer.Outcome, error) {
+	ev, err := orders.Decode(msg.Body)
+	if err != nil {
+		var invalid *orders.InvalidError
+		if errors.As(err, &invalid) {
+			return "", consumer.Permanent(invalid.Reason, err)
+		}
+		return "", consumer.Permanent("invalid_event", err)
+	}
+	// The same order under a new message id (a producer retry) is a duplicate;
+	// this read only saves a gateway call, the unique order_id below decides.
+	if paid, err := paymentExists(ctx, tx, ev.OrderID); err != nil || paid {
+		return consumer.OutcomeDuplicate, err
+	}
+	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
+		IdempotencyKey: IdempotencyKey(ev.OrderID),
+		OrderID:        ev.OrderID,
+		CustomerID:     ev.CustomerID,
+		AmountCents:    ev.AmountCents,
+		Currency:       ev.Currency,
+	})
+	if errors.Is(err, gateway.ErrRejected) {
+		return "", consumer.Permanent("gateway_rejected", err)
+	}
+	if err != nil {
+		return "", err // the client's error names the order
+	}
+	return record(ctx, tx, msg.ID, ev, charge)
+}
+
+func paymentExists(ctx context.Context, tx *gorm.DB, orderID string) (bool, error) {
+	var n int64
+	err := tx.WithContext(ctx).Model(&Payment{}).Where("order_id = ?", orderID).Limit(1).Count(&n).Error
+	if err != nil {
+		return false, fmt.Errorf("look up payment of order %s: %w", orderID, err)
+	}
+	return n > 0, nil
+}
+
+// record inserts the payment. A concurrent transaction inserting the same order
+// makes this insert wait on the unique index and then insert nothing: that
+// message is a duplicate of the order, not an error.
+func record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderPlaced, charge gateway.Charge) (consumer.Outcome, error) {
+	p := Payment{
+		OrderID:     ev.OrderID,
+		MessageID:   messageID,
+		CustomerID:  ev.CustomerID,
+		AmountCents: ev.AmountCents,
+		Currency:    ev.Currency,
+		Status:      charge.Status,
+		ChargeID:    charge.ID,
+	}
+	if charge.Status == StatusDeclined {
+		p.DeclineReason = &charge.DeclineReason
+	}
+	res := tx.WithContext(ctx).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "order_id"}}, DoNothing: true}).Create(&p)
+	switch {
+	case res.Error != nil:
+		return "", fmt.Errorf("insert payment of order %s: %w", ev.OrderID, res.Error)
+	case res.RowsAffected == 0:
+		return consumer.OutcomeDuplicate, nil
+	case p.Status == StatusDeclined:
+		return OutcomeDeclined, nil
+	}
+	return consumer.OutcomeProcessed, nil
+}
+
+// EventID finds the event_id of a body, for producers that set no AMQP
+// message_id. It returns "" for anything it cannot read.
+func EventID(body []byte) string {
+	var v struct {
+		EventID string `json:"event_id"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return v.EventID
+}
+
+// LogAttrs puts the order id on every log line about a message.
+func LogAttrs(body []byte) []slog.Attr {
+	var v struct {
+		OrderID string `json:"order_id"`
+	}
+	if json.Unmarshal(body, &v) != nil || v.OrderID == "" {
+		return nil
+	}
+	return []slog.Attr{slog.String("order_id", v.OrderID)}
+}

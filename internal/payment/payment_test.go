@@ -1,0 +1,321 @@
+package payment_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/fakegateway"
+	"github.com/inbox-template/payment-service/internal/gateway"
+	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/orders"
+	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// stack is the payment service wired as in cmd/payment-service, against a real
+// broker vhost, a real payments database and the fake gateway on its own database.
+type stack struct {
+	t         *testing.T
+	amqpURL   string
+	db        *gorm.DB
+	gatewayDB *gorm.DB
+	gateway   *fakegateway.Server
+	gwURL     string
+	topo      rabbit.Topology
+	pub       *amqp.Channel
+}
+
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	s := &stack{t: t, amqpURL: testenv.VHost(t)}
+	s.db, _ = testenv.MigratedDB(t, migrations.Payments)
+	s.gatewayDB, _ = testenv.MigratedDB(t, migrations.Gateway)
+	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
+		fakegateway.Options{InFlightTakeover: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	t.Cleanup(srv.Close)
+	s.gateway, s.gwURL = gw, srv.URL
+	s.topo = rabbit.Topology{
+		Exchange: "orders", RoutingKey: "order.placed", Queue: "payments.order-placed",
+		DeadLetterExchange: "payments.dlx", DeadLetterQueue: "payments.order-placed.dlq", DeliveryLimit: 20,
+		RetryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond},
+	}
+	conn, err := amqp.Dial(s.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if s.pub, err = rabbit.ConfirmChannel(conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.topo.Declare(s.pub); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// service starts one replica of the payment consumer and returns its metrics.
+func (s *stack) service() *consumer.Metrics {
+	s.t.Helper()
+	m := consumer.NewMetrics(prometheus.NewRegistry())
+	cfg := consumer.Config{
+		Name: "payment-service", AMQPURL: s.amqpURL, Topology: s.topo, Prefetch: 16, Workers: 4,
+		MaxAttempts: 6, ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
+		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
+		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
+		DatabaseDown:  database.IsUnavailable,
+	}
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second))
+	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(ctx) }()
+	s.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			s.t.Errorf("Run: %v", err)
+		}
+	})
+	testenv.Eventually(s.t, 30*time.Second, "consumer ready", func() (bool, error) { return rt.Ready() == nil, nil })
+	return m
+}
+
+func order(id string, amount int64) orders.OrderPlaced {
+	return orders.OrderPlaced{
+		EventID: "evt-" + id, OrderID: id, CustomerID: "cus-1", AmountCents: amount,
+		Currency: "EUR", PlacedAt: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC),
+	}
+}
+
+func (s *stack) publish(messageID, contentType string, body []byte) {
+	s.t.Helper()
+	p := amqp.Publishing{MessageId: messageID, ContentType: contentType, DeliveryMode: amqp.Persistent, Body: body, Timestamp: time.Now()}
+	if err := rabbit.PublishConfirmed(context.Background(), s.pub, s.topo.Exchange, s.topo.RoutingKey, p); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *stack) publishOrder(messageID string, o orders.OrderPlaced) {
+	s.t.Helper()
+	body, err := json.Marshal(o)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.publish(messageID, "application/json", body)
+}
+
+func count(t *testing.T, db *gorm.DB, table, where string, args ...any) int {
+	t.Helper()
+	var n int64
+	if err := db.Table(table).Where(where, args...).Count(&n).Error; err != nil {
+		t.Fatal(err)
+	}
+	return int(n)
+}
+
+func outcomes(m *consumer.Metrics, outcome string) int {
+	return m.Settled("payment-service", consumer.Outcome(outcome))
+}
+
+func waitOutcome(t *testing.T, m *consumer.Metrics, outcome string, n int) {
+	t.Helper()
+	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d %s", n, outcome), func() (bool, error) {
+		return outcomes(m, outcome) == n, nil
+	})
+}
+
+// assertPaidOnce checks one payment and one executed charge for the order.
+func (s *stack) assertPaidOnce(orderID string) {
+	s.t.Helper()
+	if n := count(s.t, s.db, "payments", "order_id = ?", orderID); n != 1 {
+		s.t.Errorf("order %s: %d payments, want 1", orderID, n)
+	}
+	if n := count(s.t, s.gatewayDB, "charges", "order_id = ? AND state = 'completed'", orderID); n != 1 {
+		s.t.Errorf("order %s: %d charges, want 1", orderID, n)
+	}
+}
+
+func TestSameMessageTwice(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	s.publishOrder("msg-1", order("o-1", 1250))
+	s.publishOrder("msg-1", order("o-1", 1250))
+	waitOutcome(t, m, "processed", 1)
+	waitOutcome(t, m, "duplicate", 1)
+	s.assertPaidOnce("o-1")
+}
+
+// A producer retry mints a new message id for the same order.
+func TestRepublishedOrderUnderNewID(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	s.publishOrder("msg-a", order("o-2", 990))
+	waitOutcome(t, m, "processed", 1)
+	s.publishOrder("msg-b", order("o-2", 990))
+	waitOutcome(t, m, "duplicate", 1)
+	s.assertPaidOnce("o-2")
+	if n := count(t, s.db, "inbox", "message_id IN ?", []string{"msg-a", "msg-b"}); n != 2 {
+		t.Fatalf("inbox rows = %d, want 2 (the duplicate's id is recorded too)", n)
+	}
+}
+
+// Two replicas get the same message at the same moment, many times over.
+func TestConcurrentDeliveryToTwoReplicas(t *testing.T) {
+	s := newStack(t)
+	a, b := s.service(), s.service()
+	const n = 30
+	for i := range n {
+		o := order(fmt.Sprintf("o-race-%d", i), 1000+100*int64(i)) // never ends in 02: no declines
+		s.publishOrder("race-"+o.OrderID, o)
+		s.publishOrder("race-"+o.OrderID, o)
+	}
+	testenv.Eventually(t, 60*time.Second, "all settled", func() (bool, error) {
+		return outcomes(a, "processed")+outcomes(b, "processed") == n &&
+			outcomes(a, "duplicate")+outcomes(b, "duplicate") == n, nil
+	})
+	for i := range n {
+		s.assertPaidOnce(fmt.Sprintf("o-race-%d", i))
+	}
+}
+
+// The gateway charges, then loses its response: the retry uses the same
+// idempotency key and gets the stored charge replayed, not a second charge.
+func TestLostGatewayResponseIsReplayed(t *testing.T) {
+	s := newStack(t)
+	if err := s.gateway.SetFaults(fakegateway.Faults{LostResponseRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.service()
+	s.publishOrder("msg-lost", order("o-lost", 4200))
+	testenv.Eventually(t, 30*time.Second, "charge stored", func() (bool, error) {
+		return count(t, s.gatewayDB, "charges", "order_id = ? AND state = 'completed'", "o-lost") == 1, nil
+	})
+	if err := s.gateway.SetFaults(fakegateway.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	waitOutcome(t, m, "processed", 1)
+	s.assertPaidOnce("o-lost")
+	if outcomes(m, "retried") < 1 || count(t, s.gatewayDB, "charges", "order_id = ? AND replays >= 1", "o-lost") != 1 {
+		t.Fatal("the charge was not replayed on a retry")
+	}
+}
+
+func TestGatewayErrorsAreRetried(t *testing.T) {
+	s := newStack(t)
+	if err := s.gateway.SetFaults(fakegateway.Faults{ErrorRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.service()
+	s.publishOrder("msg-503", order("o-503", 700))
+	waitOutcome(t, m, "retried", 2)
+	if err := s.gateway.SetFaults(fakegateway.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	waitOutcome(t, m, "processed", 1)
+	s.assertPaidOnce("o-503")
+}
+
+func TestDeclineIsRecordedAndAcked(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	s.publishOrder("msg-dec", order("o-dec", 10002))
+	waitOutcome(t, m, "declined", 1)
+	var p payment.Payment
+	if err := s.db.Where("order_id = ?", "o-dec").Take(&p).Error; err != nil {
+		t.Fatal(err)
+	}
+	if p.Status != payment.StatusDeclined || p.DeclineReason == nil || *p.DeclineReason == "" {
+		t.Fatalf("payment %+v, want declined with a reason", p)
+	}
+}
+
+// A producer that sets no message_id property: the body's event_id is the key.
+func TestEventIDInBodyDedupes(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	o := order("o-body", 1500)
+	s.publishOrder("", o)
+	s.publishOrder("", o)
+	waitOutcome(t, m, "processed", 1)
+	waitOutcome(t, m, "duplicate", 1)
+	s.assertPaidOnce("o-body")
+	if n := count(t, s.db, "inbox", "message_id = ?", o.EventID); n != 1 {
+		t.Fatalf("inbox rows for event id = %d, want 1", n)
+	}
+}
+
+func TestPoisonMessages(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	valid := `{"event_id":"e","order_id":"o","customer_id":"c","amount_cents":100,"currency":"EUR","placed_at":"2026-11-29T12:00:00Z"}`
+	tests := []struct {
+		name, contentType, body, reason string
+		noID                            bool
+	}{
+		{"truncated", "application/json", valid[:40], orders.ReasonMalformedJSON, false},
+		{"non-utf8", "application/json", "{\"event_id\":\"\xff\xfe\"}", orders.ReasonInvalidUTF8, false},
+		{"amount-string", "application/json", strings.Replace(valid, "100", `"100"`, 1), orders.ReasonInvalidAmount, false},
+		{"amount-float", "application/json", strings.Replace(valid, "100", "100.5", 1), orders.ReasonInvalidAmount, false},
+		{"missing-field", "application/json", `{"event_id":"e","order_id":"o"}`, orders.ReasonMissingField, false},
+		{"zero-amount", "application/json", strings.Replace(valid, "100", "0", 1), orders.ReasonInvalidAmount, false},
+		{"negative-amount", "application/json", strings.Replace(valid, "100", "-5", 1), orders.ReasonInvalidAmount, false},
+		{"currency", "application/json", strings.Replace(valid, "EUR", "EURO", 1), orders.ReasonInvalidCurrency, false},
+		{"no-id", "application/json", `{"order_id":"o"}`, consumer.ReasonMissingID, true},
+		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, consumer.ReasonBodyTooLarge, false},
+		{"content-type", "text/plain", valid, consumer.ReasonUnsupportedContent, false},
+	}
+	for _, tt := range tests {
+		id := "poison-" + tt.name
+		if tt.noID {
+			id = ""
+		}
+		s.publish(id, tt.contentType, []byte(tt.body))
+	}
+	s.publishOrder("after-poison", order("o-after", 300))
+	waitOutcome(t, m, "processed", 1)
+	waitOutcome(t, m, "dead_lettered", len(tests))
+	reasons := s.drainDLQ(len(tests))
+	for _, tt := range tests {
+		key := "poison-" + tt.name
+		if tt.noID {
+			key = ""
+		}
+		if reasons[key] != tt.reason {
+			t.Errorf("%s: dead-letter reason %q, want %q", tt.name, reasons[key], tt.reason)
+		}
+	}
+	s.assertPaidOnce("o-after")
+}
+
+// drainDLQ takes n messages from the dead-letter queue: message id → reason.
+func (s *stack) drainDLQ(n int) map[string]string {
+	s.t.Helper()
+	reasons := map[string]string{}
+	testenv.Eventually(s.t, 30*time.Second, "dead letters", func() (bool, error) {
+		d, ok, err := s.pub.Get(s.topo.DeadLetterQueue, true)
+		if ok {
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[consumer.HeaderDeadLetterReason])
+		}
+		return len(reasons) == n, err
+	})
+	return reasons
+}
