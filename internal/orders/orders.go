@@ -56,6 +56,9 @@ func invalid(reason, format string, args ...any) error {
 
 const maxIDLen = 200
 
+// fields are the required keys of the contract, spelled exactly.
+var fields = []string{"event_id", "order_id", "customer_id", "amount_cents", "currency", "placed_at"}
+
 // Decode parses and validates body. Unknown fields are allowed so that producers
 // can add fields without breaking this consumer; everything else is strict.
 func Decode(body []byte) (OrderPlaced, error) {
@@ -68,9 +71,18 @@ func Decode(body []byte) (OrderPlaced, error) {
 	if err := decodeOne(body, &raw); err != nil {
 		return o, err
 	}
-	for _, f := range []string{"event_id", "order_id", "customer_id", "amount_cents", "currency", "placed_at"} {
+	for _, f := range fields {
 		if v, ok := raw[f]; !ok || string(v) == "null" {
 			return o, invalid(ReasonMissingField, "%s is missing", f)
+		}
+	}
+	// encoding/json matches keys case-insensitively: "Amount_Cents" would
+	// silently override "amount_cents" for us but not for a stricter reader.
+	for key := range raw {
+		for _, f := range fields {
+			if key != f && strings.EqualFold(key, f) {
+				return o, invalid(ReasonInvalidField, "field %q must be spelled %q", key, f)
+			}
 		}
 	}
 	if err := decodeOne(body, &o); err != nil {

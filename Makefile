@@ -1,0 +1,29 @@
+# The test command CI runs is `make test`. It needs PostgreSQL on 127.0.0.1:5432
+# (trust auth, user postgres) and RabbitMQ on 127.0.0.1:5672 (guest/guest) with
+# rabbitmqctl on PATH: the tests create their own databases and vhosts.
+GO      ?= go
+BIN     ?= bin
+PROGRAMS = payment-service fake-gateway order-publisher inboxctl
+
+.PHONY: all build test check fmt vet lint clean
+
+all: check build
+
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(PROGRAMS))
+
+# check: formatting and vet, then the whole suite with the race detector.
+test: check
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+check: fmt vet
+
+fmt:
+	@out=$$(gofmt -l cmd internal); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)

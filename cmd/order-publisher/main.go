@@ -1,0 +1,85 @@
+// Command order-publisher publishes OrderPlaced events to RabbitMQ with
+// publisher confirms, and duplicates, producer retries and poison messages on
+// purpose, then prints what it sent. It exits 1 unless the broker confirmed
+// every message and returned none.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/inbox-template/payment-service/internal/config"
+	"github.com/inbox-template/payment-service/internal/logging"
+	"github.com/inbox-template/payment-service/internal/producer"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "order-publisher:", err)
+		os.Exit(1)
+	}
+}
+
+// run publishes one load. Logs go to stderr, the summary to stdout, so that
+// stdout stays readable and scripts can rely on -summary for the JSON.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	opts, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var cfg config.Publisher
+	if err := config.Load(&cfg); err != nil {
+		return err
+	}
+	log := logging.New(stderr, "info", "order-publisher")
+	log.Info("starting", "config", config.LogValue(&cfg), "run_id", opts.load.RunID, "seed", opts.load.Seed,
+		"count", opts.load.Count, "poison", opts.load.Poison)
+
+	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	defer cancel()
+	sum, runErr := producer.Run(ctx, producer.Config{
+		Broker: producer.Broker{
+			URL:        cfg.AMQPURL,
+			Exchange:   cfg.Exchange,
+			RoutingKey: cfg.RoutingKey,
+			Name:       "order-publisher " + opts.load.RunID,
+		},
+		Load: opts.load,
+		Rate: opts.rate,
+	}, log)
+	return errors.Join(runErr, report(sum, stdout, opts.summaryPath))
+}
+
+// report prints the summary and, when asked, writes it as JSON to path.
+func report(sum producer.Summary, stdout io.Writer, path string) error {
+	if err := sum.WriteText(stdout); err != nil {
+		return err
+	}
+	if path == "" {
+		return nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("create summary file: %w", err)
+	}
+	if err := sum.WriteJSON(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close summary file: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,191 @@
+package e2e_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// stack is the fake gateway and the payment service running as processes on
+// their own databases and vhost.
+type stack struct {
+	amqpURL, paymentsDB, gatewayDB string
+	gatewayAddr, serviceAddr       string
+	service                        *proc
+}
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
+	s := &stack{
+		amqpURL: testenv.VHost(t), paymentsDB: testenv.Postgres(t), gatewayDB: testenv.Postgres(t),
+		gatewayAddr: freeAddr(t), serviceAddr: freeAddr(t),
+	}
+	start(t, "fake-gateway", []string{"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr})
+	waitHTTP(t, "http://"+s.gatewayAddr+"/healthz")
+	s.service = start(t, "payment-service", s.serviceEnv())
+	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
+	return s
+}
+
+func (s *stack) serviceEnv() []string {
+	return []string{
+		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_URL=http://" + s.gatewayAddr,
+		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "LOG_LEVEL=info",
+	}
+}
+
+func scalar(t *testing.T, url, sql string) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func queueDepth(t *testing.T, amqpURL, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q.Messages
+}
+
+// The README's "done when": 1000 orders with 20% duplicates and 6 poison
+// messages end as exactly 1000 payments, at most 1000 charges, none charged
+// twice, and 6 messages in the dead-letter queue.
+func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
+	s := startStack(t)
+	summaryPath := filepath.Join(t.TempDir(), "summary.json")
+	code, out := run(t, 5*time.Minute, "order-publisher", []string{"AMQP_URL=" + s.amqpURL},
+		"-count", "1000", "-duplicate-rate", "0.2", "-poison", "6", "-summary", summaryPath)
+	if code != 0 {
+		t.Fatalf("order-publisher exited %d:\n%s", code, out)
+	}
+	var summary struct {
+		Orders      int `json:"orders"`
+		Duplicates  int `json:"duplicates"`
+		PoisonTotal int `json:"poison_total"`
+	}
+	raw, err := os.ReadFile(summaryPath)
+	if err == nil {
+		err = json.Unmarshal(raw, &summary)
+	}
+	if err != nil || summary.Orders != 1000 || summary.PoisonTotal != 6 || summary.Duplicates < 100 {
+		t.Fatalf("publisher summary %+v (%v): want 1000 orders, ~200 duplicates, 6 poison", summary, err)
+	}
+
+	testenv.Eventually(t, 3*time.Minute, "1000 payments", func() (bool, error) {
+		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments") == 1000, nil
+	})
+	testenv.Eventually(t, time.Minute, "6 dead letters and an empty work queue", func() (bool, error) {
+		return queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6 &&
+			queueDepth(t, s.amqpURL, "payments.order-placed") == 0, nil
+	})
+	if n := scalar(t, s.gatewayDB, "SELECT count(*) FROM charges WHERE state = 'completed'"); n > 1000 {
+		t.Errorf("%d charges for 1000 orders", n)
+	}
+	if n := scalar(t, s.gatewayDB, "SELECT count(*) FROM (SELECT order_id FROM charges GROUP BY order_id HAVING count(*) > 1) x"); n != 0 {
+		t.Errorf("%d orders charged more than once", n)
+	}
+	if n := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox"); n != 1000 {
+		t.Errorf("inbox rows = %d, want 1000 (one per distinct message id)", n)
+	}
+	dups := metric(t, s.serviceAddr, `consumer_messages_total{consumer="payment-service",outcome="duplicate"}`)
+	if dups != summary.Duplicates {
+		t.Errorf("duplicates counted %d, published %d", dups, summary.Duplicates)
+	}
+
+	s.service.signal(t, syscall.SIGTERM)
+	if code := s.service.wait(t, time.Minute); code != 0 {
+		t.Fatalf("payment-service exited %d after SIGTERM, want 0", code)
+	}
+	if !strings.Contains(s.service.out.String(), "stopped cleanly") {
+		t.Error("no clean-stop log line")
+	}
+}
+
+// metric reads one sample from the service's /metrics.
+func metric(t *testing.T, addr, series string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	m := regexp.MustCompile(regexp.QuoteMeta(series) + ` (\d+)`).FindSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	var n int
+	_ = json.Unmarshal(m[1], &n)
+	return n
+}
+
+func TestBadConfigurationFailsAtStartNamingTheVariable(t *testing.T) {
+	tests := []struct {
+		env, variable string
+	}{
+		{"PREFETCH=lots", "PREFETCH"},
+		{"WORKERS=64", "WORKERS"}, // more than PREFETCH (32)
+		{"AMQP_URL=http://localhost", "AMQP_URL"},
+		{"RETRY_DELAYS=1s,-1s", "RETRY_DELAYS"},
+		{"HANDLER_TIMEOUT=1s", "HANDLER_TIMEOUT"}, // not above GATEWAY_TIMEOUT
+		{"LOG_LEVEL=loud", "LOG_LEVEL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.variable, func(t *testing.T) {
+			code, out := run(t, 30*time.Second, "payment-service", []string{tt.env})
+			if code == 0 || !strings.Contains(out, tt.variable) {
+				t.Fatalf("exit %d, output %q: want a failure naming %s", code, out, tt.variable)
+			}
+		})
+	}
+}
+
+func TestMigrateFromTwoProcessesAtOnce(t *testing.T) {
+	db := testenv.Postgres(t)
+	env := []string{"DATABASE_URL=" + db}
+	a := start(t, "inboxctl", env, "migrate")
+	b := start(t, "inboxctl", env, "migrate")
+	if ca, cb := a.wait(t, time.Minute), b.wait(t, time.Minute); ca != 0 || cb != 0 {
+		t.Fatalf("exit codes %d and %d:\n%s\n%s", ca, cb, a.out.String(), b.out.String())
+	}
+	if n := scalar(t, db, "SELECT count(*) FROM information_schema.tables WHERE table_name IN ('inbox', 'payments')"); n != 2 {
+		t.Fatalf("%d of the 2 tables exist", n)
+	}
+	code, out := run(t, time.Minute, "inboxctl", env, "migrate")
+	if code != 0 || !strings.Contains(out, "applied now: []") {
+		t.Fatalf("third migrate: exit %d, %q", code, out)
+	}
+}
