@@ -1,0 +1,40 @@
+// Package fakegateway is an HTTP payment gateway with real idempotency-key
+// semantics (Stripe's, and the IETF Idempotency-Key draft's) and fault knobs, so
+// that the payment service can be tested against lost responses, errors and
+// concurrent retries without a real card network.
+//
+// # API
+//
+// POST /v1/charges takes an Idempotency-Key header (1 to 255 characters) and a
+// JSON body {"order_id","customer_id","amount_cents","currency"}, and answers 201
+// with the charge. Each key is one row of the table charges:
+//
+//   - A new key is inserted in the state in_flight, and committed, before the
+//     charge is executed; the row then becomes completed with the exact response.
+//   - The same key with the same request replays the stored response byte for
+//     byte, with the header Idempotent-Replayed: true.
+//   - The same key with a different request (compared by a SHA-256 fingerprint of
+//     order_id, customer_id, amount_cents and currency) answers 422.
+//   - The same key while the first request is still in flight answers 409, unless
+//     the in-flight row is older than the takeover age: the gateway is presumed to
+//     have crashed mid-request, and exactly one later request takes it over and
+//     executes it.
+//
+// GET /healthz answers 200 while the database answers. GET /metrics serves the
+// Prometheus registry. GET and POST /faults read and set the fault knobs, and
+// exist only when the Server is built with FaultsEnabled.
+//
+// # Decline rule
+//
+// Outcomes are deterministic so that tests and demos can ask for a decline: an
+// amount whose last two digits are 02 (amount_cents % 100 == 2, for example 1002)
+// is declined with the reason card_declined, like the card number ending 0002 in
+// Stripe's test mode. Every other amount succeeds.
+//
+// # Faults
+//
+// ErrorRate answers 503 before anything is stored. LostResponseRate executes and
+// stores the charge, then drops the connection without a response, as a network
+// failure after the charge would. Latency delays the execution after the
+// in-flight row is committed, which widens the window for concurrent retries.
+package fakegateway

@@ -1,0 +1,176 @@
+package fakegateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// env is one Server over its own database, served by httptest.
+type env struct {
+	srv    *Server
+	url    string
+	db     *gorm.DB
+	reg    *prometheus.Registry
+	client *http.Client
+}
+
+func newEnv(t *testing.T, opts Options) *env {
+	t.Helper()
+	ctx := context.Background()
+	log := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	db, err := database.Open(ctx, database.Options{
+		URL: testenv.Postgres(t), MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fakegateway-test",
+	}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(ctx, sqlDB, migrations.Gateway); err != nil {
+		t.Fatal(err)
+	}
+	if opts.InFlightTakeover == 0 {
+		opts.InFlightTakeover = 30 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := NewServer(db, reg, log, Faults{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	client := &http.Client{Timeout: 30 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	return &env{srv: srv, url: hs.URL, db: db, reg: reg, client: client}
+}
+
+func (e *env) setFaults(t *testing.T, f Faults) {
+	t.Helper()
+	if err := e.srv.SetFaults(f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reply is a response read in full.
+type reply struct {
+	code     int
+	body     []byte
+	replayed string
+}
+
+// post sends a charge; an empty key sends no Idempotency-Key header.
+func (e *env) post(t *testing.T, key, body string) reply {
+	t.Helper()
+	return e.do(t, http.MethodPost, "/v1/charges", key, body)
+}
+
+func (e *env) do(t *testing.T, method, path, key, body string) reply {
+	t.Helper()
+	r, err := e.send(method, path, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// send is do for goroutines, which must not call t.Fatal.
+func (e *env) send(method, path, key, body string) (reply, error) {
+	req, err := http.NewRequest(method, e.url+path, strings.NewReader(body))
+	if err != nil {
+		return reply{}, err
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return reply{}, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return reply{}, fmt.Errorf("%s %s: read body: %w", method, path, err)
+	}
+	return reply{code: resp.StatusCode, body: b, replayed: resp.Header.Get("Idempotent-Replayed")}, nil
+}
+
+// row is a charges row as the tests inspect it.
+type row struct {
+	ID            string
+	State         string
+	Status        *string
+	DeclineReason *string
+	ResponseCode  *int
+	ResponseBody  []byte
+	Replays       int
+	CompletedAt   *time.Time
+}
+
+func (e *env) row(t *testing.T, key string) row {
+	t.Helper()
+	var r row
+	err := e.db.Raw(`SELECT id, state, status, decline_reason, response_code, response_body, replays, completed_at
+		FROM charges WHERE idempotency_key = ?`, key).Row().
+		Scan(&r.ID, &r.State, &r.Status, &r.DeclineReason, &r.ResponseCode, &r.ResponseBody, &r.Replays, &r.CompletedAt)
+	if err != nil {
+		t.Fatalf("row of key %s: %v", key, err)
+	}
+	return r
+}
+
+func (e *env) count(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := e.db.Raw(`SELECT count(*) FROM charges`).Row().Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// counter reads one series of the registry, 0 when absent.
+func (e *env) counter(t *testing.T, name, label, value string) float64 {
+	t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func chargeJSON(order string, amount int64) string {
+	return fmt.Sprintf(`{"order_id":%q,"customer_id":"cust-1","amount_cents":%d,"currency":"EUR"}`, order, amount)
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

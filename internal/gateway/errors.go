@@ -1,0 +1,59 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// Sentinels that classify every error of Client.Charge.
+var (
+	// ErrUnavailable: no definitive answer (5xx, timeout, refused or reset
+	// connection, response lost). Transient: retry with the same key.
+	ErrUnavailable = errors.New("gateway unavailable")
+	// ErrInFlight: an earlier attempt with the key is still running (409).
+	// Transient: retry with the same key later.
+	ErrInFlight = errors.New("gateway request with this idempotency key in flight")
+	// ErrRejected: the gateway refused the request (400, 422, other 4xx).
+	// Permanent: the same request will be refused again.
+	ErrRejected = errors.New("gateway rejected the request")
+)
+
+// maxErrorBody bounds StatusError.Body, which ends up in logs and headers.
+const maxErrorBody = 1024
+
+// StatusError is an answer with a status other than 2xx.
+type StatusError struct {
+	Code int
+	Body string // the response body, truncated to 1 KiB
+}
+
+func newStatusError(code int, body []byte) *StatusError {
+	if len(body) > maxErrorBody {
+		body = body[:maxErrorBody]
+	}
+	// Drops a character that the cut split, so that the text logs cleanly.
+	return &StatusError{Code: code, Body: strings.ToValidUTF8(string(body), "")}
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("gateway answered %d %s: %s", e.Code, http.StatusText(e.Code), e.Body)
+}
+
+// Unwrap returns the sentinel of the status. 408, 425 and 429 are transient
+// although they are 4xx: the request was not processed and may be sent again.
+// Statuses that are neither 2xx nor 4xx (a 3xx from a misconfigured URL) are
+// not a definitive answer either; retrying with the key is safe.
+func (e *StatusError) Unwrap() error {
+	switch {
+	case e.Code == http.StatusConflict:
+		return ErrInFlight
+	case e.Code == http.StatusRequestTimeout, e.Code == http.StatusTooEarly, e.Code == http.StatusTooManyRequests:
+		return ErrUnavailable
+	case e.Code >= 400 && e.Code < 500:
+		return ErrRejected
+	default:
+		return ErrUnavailable
+	}
+}
