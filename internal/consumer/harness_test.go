@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
@@ -21,17 +23,20 @@ import (
 
 // env is one test's broker vhost and database, shared by the runtimes it starts.
 type env struct {
-	t    *testing.T
-	url  string
-	db   *gorm.DB
-	topo rabbit.Topology
-	conn *amqp.Connection
+	t     *testing.T
+	url   string
+	vhost string
+	db    *gorm.DB
+	dbURL string
+	topo  rabbit.Topology
+	conn  *amqp.Connection
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	e := &env{t: t, url: testenv.VHost(t)}
-	e.db, _ = testenv.MigratedDB(t, migrations.Payments)
+	e.vhost = e.url[strings.LastIndex(e.url, "/")+1:]
+	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Payments)
 	if err := e.db.Exec(`CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +59,14 @@ func newEnv(t *testing.T) *env {
 }
 
 func (e *env) channel() *amqp.Channel {
+	if e.conn.IsClosed() { // a fault test closed every connection of the vhost
+		conn, err := amqp.Dial(e.url)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.t.Cleanup(func() { conn.Close() })
+		e.conn = conn
+	}
 	ch, err := e.conn.Channel()
 	if err != nil {
 		e.t.Fatal(err)
@@ -66,14 +79,22 @@ func (e *env) channel() *amqp.Channel {
 type runtime struct {
 	*Runtime
 	metrics *Metrics
+	logs    *testenv.Buffer
 	stop    context.CancelFunc
 	done    chan error
 }
 
 func (e *env) start(h Handler, tune func(*Config)) *runtime {
 	e.t.Helper()
+	return e.startWith(h, e.url, e.db, tune)
+}
+
+// startWith starts a runtime that reaches the broker at amqpURL and keeps its
+// inbox in db (either may go through a fault-injecting proxy).
+func (e *env) startWith(h Handler, amqpURL string, db *gorm.DB, tune func(*Config)) *runtime {
+	e.t.Helper()
 	cfg := Config{
-		Name: "test", AMQPURL: e.url, Heartbeat: 2 * time.Second, Topology: e.topo,
+		Name: "test", AMQPURL: amqpURL, Heartbeat: 2 * time.Second, Topology: e.topo,
 		Prefetch: 8, Workers: 4, MaxAttempts: 3, ShutdownTimeout: 5 * time.Second,
 		ReconnectMaxWait: time.Second,
 		KeyFromBody: func(b []byte) string {
@@ -82,19 +103,20 @@ func (e *env) start(h Handler, tune func(*Config)) *runtime {
 			}
 			return ""
 		},
-		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, e.db) },
+		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, db) },
 		DatabaseDown:  database.IsUnavailable,
 	}
 	if tune != nil {
 		tune(&cfg)
 	}
 	m := NewMetrics(prometheus.NewRegistry())
-	rt, err := New(cfg, inbox.New(e.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(e.t))
+	log, logs := testenv.CaptureLogger(e.t)
+	rt, err := New(cfg, inbox.New(db, cfg.Name), h, 5*time.Second, m, log)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &runtime{Runtime: rt, metrics: m, stop: cancel, done: make(chan error, 1)}
+	r := &runtime{Runtime: rt, metrics: m, logs: logs, stop: cancel, done: make(chan error, 1)}
 	go func() { r.done <- rt.Run(ctx) }()
 	e.t.Cleanup(func() { r.shutdown(e.t) })
 	testenv.Eventually(e.t, 30*time.Second, "runtime ready", func() (bool, error) { return rt.Ready() == nil, nil })
@@ -192,3 +214,69 @@ func recordHandler(fail func(msg Message) error) Handler {
 }
 
 var errTransient = errors.New("gateway answered 503")
+
+// publishMany publishes n messages with ids prefix-0 … prefix-(n-1), waiting
+// for all confirms at the end.
+func (e *env) publishMany(n int, prefix string) {
+	e.t.Helper()
+	ch := e.channel()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx := context.Background()
+	confirms := make([]*amqp.DeferredConfirmation, 0, n)
+	for i := range n {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, e.topo.Exchange, e.topo.RoutingKey, false, false, amqp.Publishing{
+			MessageId: fmt.Sprintf("%s-%d", prefix, i), ContentType: "application/json",
+			DeliveryMode: amqp.Persistent, Body: []byte(fmt.Sprintf(`{"n":%d}`, i)),
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		confirms = append(confirms, dc)
+	}
+	for _, dc := range confirms {
+		if !dc.Wait() {
+			e.t.Fatal("publish not confirmed")
+		}
+	}
+}
+
+// applied returns how many effects were committed and for how many distinct ids.
+func (e *env) applied() (total, distinct int) {
+	e.t.Helper()
+	row := e.db.Raw(`SELECT count(*), count(DISTINCT message_id) FROM effects`).Row()
+	if err := row.Scan(&total, &distinct); err != nil {
+		e.t.Fatal(err)
+	}
+	return total, distinct
+}
+
+// assertAllAppliedOnce waits until n distinct messages are applied and checks
+// that none was applied twice, none was dead-lettered and the inbox matches.
+func (e *env) assertAllAppliedOnce(n int, timeout time.Duration) {
+	e.t.Helper()
+	testenv.Eventually(e.t, timeout, fmt.Sprintf("%d messages applied", n), func() (bool, error) {
+		_, distinct := e.applied()
+		return distinct == n, nil
+	})
+	if total, _ := e.applied(); total != n {
+		e.t.Errorf("%d effects for %d messages: some applied twice", total, n)
+	}
+	var inboxRows int64
+	e.db.Table("inbox").Count(&inboxRows)
+	if int(inboxRows) != n {
+		e.t.Errorf("%d inbox rows for %d applied messages", inboxRows, n)
+	}
+	if d := e.queueDepth(e.topo.DeadLetterQueue); d != 0 {
+		e.t.Errorf("%d messages dead-lettered", d)
+	}
+}
+
+func counterValue(c interface{ Write(*dto.Metric) error }) int {
+	var m dto.Metric
+	if c.Write(&m) != nil {
+		return 0
+	}
+	return int(m.GetCounter().GetValue())
+}

@@ -10,22 +10,51 @@ import (
 // Logger writes JSON log lines to the test's log, shown when the test fails or
 // with -v. Lines written after the test ended are dropped instead of panicking.
 func Logger(t testing.TB) *slog.Logger {
-	w := &testWriter{t: t}
+	log, _ := CaptureLogger(t)
+	return log
+}
+
+// CaptureLogger is Logger that also keeps every line, for tests that assert
+// on what was (not) logged.
+func CaptureLogger(t testing.TB) (*slog.Logger, *Buffer) {
+	buf := &Buffer{}
+	w := &testWriter{t: t, keep: buf}
 	t.Cleanup(func() {
 		w.mu.Lock()
 		w.done = true
 		w.mu.Unlock()
 	})
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
+}
+
+// Buffer is a goroutine-safe log store.
+type Buffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func (b *Buffer) write(p []byte) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b.Write(p)
 }
 
 type testWriter struct {
 	t    testing.TB
+	keep *Buffer
 	mu   sync.Mutex
 	done bool
 }
 
 func (w *testWriter) Write(p []byte) (int, error) {
+	w.keep.write(p)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.done {

@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"context"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+func slowHandler(d time.Duration) Handler {
+	return recordHandler(func(Message) error { time.Sleep(d); return nil })
+}
+
+func (r *runtime) reconnects() int {
+	return counterValue(r.metrics.reconnects.WithLabelValues(r.cfg.Name))
+}
+
+func (r *runtime) pauses() int {
+	return counterValue(r.metrics.pauses.WithLabelValues(r.cfg.Name))
+}
+
+// brokerLog returns what RabbitMQ logged from now on, read when called.
+func brokerLog(t *testing.T) func() string {
+	path := os.Getenv("TEST_RABBITMQ_LOG")
+	if path == "" {
+		logs, _ := filepath.Glob("/var/log/rabbitmq/rabbit@*.log")
+		for _, l := range logs {
+			if !strings.HasSuffix(l, "_upgrade.log") {
+				path = l
+			}
+		}
+	}
+	start, err := os.Stat(path)
+	if err != nil {
+		t.Logf("broker log %s not readable (%v): checking the service's log only", path, err)
+		return func() string { return "" }
+	}
+	return func() string {
+		b, err := os.ReadFile(path)
+		if err != nil || int64(len(b)) < start.Size() {
+			return ""
+		}
+		return string(b[start.Size():])
+	}
+}
+
+// Three times during a 2000-message stream the broker closes every connection
+// of the vhost. Deliveries of a dead channel are never settled on a new one, so
+// the broker never sees an unknown delivery tag, and every message is applied once.
+func TestConnectionsClosedUnderLoad(t *testing.T) {
+	e := newEnv(t)
+	const n = 2000
+	e.publishMany(n, "load")
+	since := brokerLog(t)
+	rt := e.start(recordHandler(nil), func(c *Config) { c.Workers = 8; c.Prefetch = 32 })
+	for _, at := range []int{400, 900, 1400} {
+		waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= at })
+		testenv.Ctl(t, "close_all_connections", "-p", e.vhost, "fault test: connections dropped")
+	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+	if rt.reconnects() < 3 {
+		t.Errorf("%d reconnects, want at least 3", rt.reconnects())
+	}
+	for name, log := range map[string]string{"service": rt.logs.String(), "broker": since()} {
+		if strings.Contains(log, "unknown delivery tag") || strings.Contains(log, "PRECONDITION_FAILED") {
+			t.Errorf("the %s log shows a delivery settled on the wrong channel", name)
+		}
+	}
+	t.Logf("reconnects %d, duplicates suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
+}
+
+// proxiedURL points rawURL at a proxy's listen address.
+func proxiedURL(t *testing.T, rawURL, listen string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = listen
+	return u.String()
+}
+
+// The AMQP link goes silent (a blackhole, not a reset): heartbeats detect it,
+// the runtime reconnects once the link is back, and nothing is lost or doubled.
+func TestBlackholedBrokerLinkIsDetectedByHeartbeat(t *testing.T) {
+	e := newEnv(t)
+	proxy := testenv.Proxy(t, "amqp", "127.0.0.1:5672")
+	const n = 300
+	e.publishMany(n, "bh")
+	rt := e.startWith(slowHandler(5*time.Millisecond), proxiedURL(t, e.url, proxy.Listen), e.db,
+		func(c *Config) { c.Heartbeat = time.Second })
+	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 50 })
+	for _, stream := range []string{"upstream", "downstream"} {
+		testenv.AddToxic(t, proxy, `{"name":"blackhole-`+stream+`","type":"timeout","stream":"`+stream+`","attributes":{"timeout":0}}`)
+	}
+	waitFor(t, "the silent link to be detected", func() bool { return rt.Ready() != nil })
+	for _, stream := range []string{"upstream", "downstream"} {
+		testenv.RemoveToxic(t, proxy, "blackhole-"+stream)
+	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+	if rt.reconnects() < 1 {
+		t.Error("no reconnect after the blackhole")
+	}
+}
+
+// PostgreSQL is unreachable for 30 s mid-stream: the runtime pauses instead of
+// spending retry budgets, so nothing is dead-lettered, and resumes by itself.
+func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
+	e := newEnv(t)
+	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
+	db, err := database.Open(context.Background(), database.Options{
+		URL: proxiedURL(t, e.dbURL, proxy.Listen), MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "outage",
+	}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	const n = 400
+	e.publishMany(n, "outage")
+	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) { c.MaxAttempts = 2 })
+	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 50 })
+	proxy.Stop()
+	waitFor(t, "not ready during the outage", func() bool { return rt.Ready() != nil })
+	time.Sleep(30 * time.Second)
+	if rt.Ready() == nil {
+		t.Error("ready while the database is unreachable")
+	}
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+	if rt.pauses() < 1 || rt.count(OutcomeDeadLettered) != 0 {
+		t.Errorf("pauses %d, dead letters %d: want a pause and no dead letter", rt.pauses(), rt.count(OutcomeDeadLettered))
+	}
+}
+
+// Backends are killed in the middle of inbox transactions: each one rolls back
+// whole, so no inbox row exists without its effect and nothing applies twice.
+func TestBackendsTerminatedMidTransaction(t *testing.T) {
+	e := newEnv(t)
+	const n = 600
+	e.publishMany(n, "kill")
+	rt := e.start(slowHandler(3*time.Millisecond), func(c *Config) { c.Workers = 8; c.Prefetch = 16; c.MaxAttempts = 10 })
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	killed := 0
+	for round := 0; round < 20; round++ {
+		if _, d := e.applied(); d == n {
+			break
+		}
+		var k int
+		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')`).Scan(&k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		killed += k
+		time.Sleep(150 * time.Millisecond)
+	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+	if killed == 0 {
+		t.Fatal("no backend was terminated: the test proved nothing")
+	}
+	t.Logf("terminated %d backends; retried %d, pauses %d", killed, rt.count(OutcomeRetried), rt.pauses())
+}
