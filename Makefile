@@ -13,9 +13,11 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(PROGRAMS))
 
-# check: formatting and vet, then the whole suite with the race detector.
+# check: formatting and vet, then the whole suite with the race detector, then
+# the tests that restart the broker itself, alone so that they disturb no other.
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GO) test -race -count=1 -timeout 15m -tags disruptive -run Disruptive ./internal/e2e
 
 check: fmt vet
 

@@ -24,27 +24,33 @@ import (
 type stack struct {
 	amqpURL, paymentsDB, gatewayDB string
 	gatewayAddr, serviceAddr       string
+	serviceExtra                   []string
 	service                        *proc
 }
 
-func startStack(t *testing.T) *stack {
+// startStack starts the stack; extra environment goes to the gateway and the service.
+func startStack(t *testing.T, gatewayEnv, serviceEnv []string) *stack {
 	t.Helper()
 	s := &stack{
 		amqpURL: testenv.VHost(t), paymentsDB: testenv.Postgres(t), gatewayDB: testenv.Postgres(t),
 		gatewayAddr: freeAddr(t), serviceAddr: freeAddr(t),
 	}
-	start(t, "fake-gateway", []string{"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr})
+	start(t, "fake-gateway", append([]string{"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr}, gatewayEnv...))
 	waitHTTP(t, "http://"+s.gatewayAddr+"/healthz")
-	s.service = start(t, "payment-service", s.serviceEnv())
-	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
+	s.serviceExtra = serviceEnv
+	s.startService(t)
 	return s
 }
 
-func (s *stack) serviceEnv() []string {
-	return []string{
+// startService starts (or restarts) the payment service.
+func (s *stack) startService(t *testing.T) {
+	t.Helper()
+	env := append([]string{
 		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_URL=http://" + s.gatewayAddr,
 		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "LOG_LEVEL=info",
-	}
+	}, s.serviceExtra...)
+	s.service = start(t, "payment-service", env)
+	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
 }
 
 func scalar(t *testing.T, url, sql string) int {
@@ -84,7 +90,7 @@ func queueDepth(t *testing.T, amqpURL, queue string) int {
 // messages end as exactly 1000 payments, at most 1000 charges, none charged
 // twice, and 6 messages in the dead-letter queue.
 func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
-	s := startStack(t)
+	s := startStack(t, nil, nil)
 	summaryPath := filepath.Join(t.TempDir(), "summary.json")
 	code, out := run(t, 5*time.Minute, "order-publisher", []string{"AMQP_URL=" + s.amqpURL},
 		"-count", "1000", "-duplicate-rate", "0.2", "-poison", "6", "-summary", summaryPath)
