@@ -25,8 +25,7 @@ const retryJitter = 0.2
 // attempt counter raised, then acks the original. If the copy is not confirmed
 // the original is requeued instead: a duplicate is possible, a loss is not.
 func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *slog.Logger) {
-	delays := r.cfg.Topology.RetryDelays
-	delay := delays[min(msg.Attempt-1, len(delays)-1)]
+	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
 	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
@@ -42,6 +41,12 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
 	log.Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
 		"delay", expire.String(), "err", cause)
+}
+
+// retryDelay is the delay after a failed attempt (1-based): the n-th delay,
+// the last one repeating.
+func retryDelay(delays []time.Duration, attempt int) time.Duration {
+	return delays[min(max(attempt, 1)-1, len(delays)-1)]
 }
 
 // deadLetter publishes the message to the dead-letter exchange with the reason

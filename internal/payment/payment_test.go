@@ -319,3 +319,33 @@ func (s *stack) drainDLQ(n int) map[string]string {
 	})
 	return reasons
 }
+
+// A gateway that never recovers: the message is dead-lettered after exactly
+// the attempt budget, with the attempts and the last error in its headers.
+func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
+	s := newStack(t)
+	if err := s.gateway.SetFaults(fakegateway.Faults{ErrorRate: 1}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.service()
+	s.publishOrder("msg-down", order("o-down", 800))
+	waitOutcome(t, m, "dead_lettered", 1)
+	var d amqp.Delivery
+	testenv.Eventually(t, 30*time.Second, "the dead letter", func() (bool, error) {
+		var ok bool
+		var err error
+		d, ok, err = s.pub.Get(s.topo.DeadLetterQueue, true)
+		return ok, err
+	})
+	if d.Headers[consumer.HeaderDeadLetterReason] != consumer.ReasonRetriesExhausted ||
+		fmt.Sprint(d.Headers[consumer.HeaderAttempt]) != "6" ||
+		!strings.Contains(fmt.Sprint(d.Headers[consumer.HeaderDeadLetterError]), "503") {
+		t.Fatalf("headers %v: want retries_exhausted after 6 attempts with the 503 error", d.Headers)
+	}
+	if outcomes(m, "retried") != 5 {
+		t.Fatalf("retried %d times, want 5", outcomes(m, "retried"))
+	}
+	if n := count(t, s.db, "payments", "order_id = ?", "o-down"); n != 0 {
+		t.Fatalf("%d payments for a failed order", n)
+	}
+}
