@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/config"
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/faults"
 	"github.com/inbox-template/payment-service/internal/gateway"
 	"github.com/inbox-template/payment-service/internal/health"
 	"github.com/inbox-template/payment-service/internal/inbox"
@@ -30,6 +32,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/retention"
 )
 
 func main() {
@@ -61,19 +64,28 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rt, err := newRuntime(cfg, db, consumer.NewMetrics(reg), log)
+	var crasher *faults.Crasher // nil unless FAULTS_ENABLED: every crash point is then a no-op
+	if cfg.FaultsEnabled {
+		crasher = faults.NewCrasher()
+		log.Warn("fault injection enabled: POST /faults/crash arms crash points")
+	}
+	rt, err := newRuntime(cfg, db, crasher, consumer.NewMetrics(reg), log)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{
-		Addr:              cfg.HTTPAddr,
-		ReadHeaderTimeout: 5 * time.Second,
-		Handler: health.Mux(reg, map[string]health.Check{
-			"broker":   func(context.Context) error { return rt.Ready() },
-			"database": func(ctx context.Context) error { return database.Ping(ctx, db) },
-		}),
+	pruner, err := newPruner(cfg, db, reg, log)
+	if err != nil {
+		return err
 	}
-	return serve(ctx, srv, rt, cfg.ShutdownTimeout, log)
+	mux := health.Mux(reg, map[string]health.Check{
+		"broker":   func(context.Context) error { return rt.Ready() },
+		"database": func(ctx context.Context) error { return database.Ping(ctx, db) },
+	})
+	if crasher != nil {
+		mux.Handle("/faults/", crasher.Handler())
+	}
+	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: mux}
+	return serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log)
 }
 
 func openDatabase(ctx context.Context, cfg config.PaymentService, log *slog.Logger) (*gorm.DB, error) {
@@ -99,8 +111,12 @@ func openDatabase(ctx context.Context, cfg config.PaymentService, log *slog.Logg
 	return db, nil
 }
 
-func newRuntime(cfg config.PaymentService, db *gorm.DB, m *consumer.Metrics, log *slog.Logger) (*consumer.Runtime, error) {
-	handler := payment.NewHandler(gateway.NewClient(cfg.GatewayURL, cfg.GatewayTimeout))
+func newRuntime(cfg config.PaymentService, db *gorm.DB, crasher *faults.Crasher, m *consumer.Metrics, log *slog.Logger) (*consumer.Runtime, error) {
+	var gw payment.Charger = gateway.NewClient(cfg.GatewayURL, cfg.GatewayTimeout)
+	var onStage func(consumer.Stage)
+	if crasher != nil {
+		gw, onStage = faults.CrashAfterCharge(gw, crasher), crasher.OnStage
+	}
 	return consumer.New(consumer.Config{
 		Name:      cfg.Consumer,
 		AMQPURL:   cfg.AMQPURL,
@@ -124,13 +140,32 @@ func newRuntime(cfg config.PaymentService, db *gorm.DB, m *consumer.Metrics, log
 		ReconnectMaxWait: cfg.ReconnectMaxWait,
 		DatabaseCheck:    func(ctx context.Context) error { return database.Ping(ctx, db) },
 		DatabaseDown:     database.IsUnavailable,
-	}, inbox.New(db, cfg.Consumer), handler, cfg.HandlerTimeout, m, log)
+		OnStage:          onStage,
+	}, inbox.New(db, cfg.Consumer), payment.NewHandler(gw), cfg.HandlerTimeout, m, log)
 }
 
-// serve runs the HTTP server and the consumer until ctx is cancelled or the
-// server fails, then stops the consumer first (it waits for in-flight messages)
-// and the server last, so readiness stays observable during the drain.
-func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, timeout time.Duration, log *slog.Logger) error {
+// newPruner is the inbox retention: every replica runs it, one prunes at a time.
+func newPruner(cfg config.PaymentService, db *gorm.DB, reg prometheus.Registerer, log *slog.Logger) (*retention.Pruner, error) {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	return retention.New(sqlDB, retention.Config{
+		Consumer:    cfg.Consumer,
+		Window:      cfg.InboxRetention,
+		BatchSize:   cfg.InboxPruneBatch,
+		Pause:       retention.DefaultPause,
+		Interval:    cfg.InboxPruneInterval,
+		RetryDelays: cfg.RetryDelays,
+		MaxAttempts: cfg.MaxAttempts,
+	}, retention.NewMetrics(reg), log)
+}
+
+// serve runs the HTTP server, the consumer and the inbox pruner until ctx is
+// cancelled or the server fails, then stops the consumer first (it waits for
+// in-flight messages), the pruner (its batch in flight rolls back) and the
+// server last, so readiness stays observable during the drain.
+func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, timeout time.Duration, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", srv.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR %s: %w", srv.Addr, err)
@@ -147,8 +182,12 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, timeout 
 		cancel()
 	}()
 	log.Info("serving", "addr", ln.Addr().String())
+	var pruning sync.WaitGroup
+	pruning.Go(func() { pruner.Run(ctx) })
 	rtErr := rt.Run(ctx)
 	log.Info("consumer stopped; shutting down")
+	cancel()
+	pruning.Wait()
 	shutdownCtx, done := context.WithTimeout(context.Background(), timeout)
 	defer done()
 	err = errors.Join(rtErr, srv.Shutdown(shutdownCtx), <-srvErr)

@@ -44,6 +44,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	out, err := r.apply(ctx, msg)
 	switch {
 	case err == nil:
+		r.stage(StageCommitted)
 		r.ack(d, msg, out, log)
 	case ctx.Err() != nil:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
@@ -133,6 +134,7 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	var out Outcome
 	fresh, err := r.inbox.Process(ctx, msg.ID, msg.Body, func(tx *gorm.DB) error {
+		r.stage(StageClaimed)
 		var err error
 		out, err = r.handler.Handle(ctx, tx, msg)
 		return err
@@ -157,6 +159,7 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 		log.Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return
 	}
+	r.stage(StageAcked)
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(out)).Inc()
 	level := slog.LevelInfo
 	if out == OutcomeProcessed {

@@ -65,3 +65,14 @@ func Chain(h Handler, mws ...Middleware) Handler {
 	}
 	return h
 }
+
+// Stage is a point in the flow of a message that the runtime reports to
+// Config.OnStage, for fault injection and tracing.
+type Stage string
+
+// Stages, in the order a message passes them.
+const (
+	StageClaimed   Stage = "after-inbox-insert" // inbox row inserted, transaction still open
+	StageCommitted Stage = "after-commit"       // effects committed, delivery not yet acked
+	StageAcked     Stage = "after-ack"          // delivery acked
+)

@@ -43,6 +43,8 @@ type Config struct {
 	// DatabaseDown classifies a handler or inbox error as the database being
 	// unreachable (pause and requeue) rather than a failure of the message.
 	DatabaseDown func(err error) bool
+	// OnStage, if set, is called as each message passes each Stage.
+	OnStage func(Stage)
 }
 
 func (c *Config) setDefaults() {
@@ -121,6 +123,12 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	r.handler = Chain(h, mws...)
 	m.ready.WithLabelValues(cfg.Name).Set(0)
 	return r, nil
+}
+
+func (r *Runtime) stage(s Stage) {
+	if r.cfg.OnStage != nil {
+		r.cfg.OnStage(s)
+	}
 }
 
 func (r *Runtime) onPanic(v any, stack []byte) {
