@@ -349,3 +349,8 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 		t.Fatalf("%d payments for a failed order", n)
 	}
 }
+
+func TestModelMatchesSchema(t *testing.T) {
+	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	testenv.AssertModelMatchesTable(t, db, &payment.Payment{})
+}

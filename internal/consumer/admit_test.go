@@ -1,0 +1,69 @@
+package consumer
+
+import (
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
+	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
+	r.cfg.KeyFromBody = func(b []byte) string {
+		if s, ok := strings.CutPrefix(string(b), "id:"); ok {
+			return s
+		}
+		return ""
+	}
+	r.cfg.setDefaults()
+	r.cfg.MaxBodyBytes = 64
+	tests := []struct {
+		name       string
+		d          amqp.Delivery
+		wantKey    string
+		wantReason string
+	}{
+		{"message_id property wins", amqp.Delivery{MessageId: "m1", Body: []byte("id:b1")}, "m1", ""},
+		{"body id when no property", amqp.Delivery{Body: []byte("id:b1")}, "b1", ""},
+		{"no id anywhere", amqp.Delivery{Body: []byte("{}")}, "", ReasonMissingID},
+		{"body id too long", amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 60))}, "", ""},
+		{"json with charset", amqp.Delivery{MessageId: "m2", ContentType: "application/json; charset=utf-8"}, "m2", ""},
+		{"empty content type is JSON", amqp.Delivery{MessageId: "m3"}, "m3", ""},
+		{"text/plain", amqp.Delivery{MessageId: "m4", ContentType: "text/plain"}, "m4", ReasonUnsupportedContent},
+		{"garbled content type", amqp.Delivery{MessageId: "m5", ContentType: "application/"}, "m5", ReasonUnsupportedContent},
+		{"too large", amqp.Delivery{MessageId: "m6", Body: make([]byte, 65)}, "m6", ReasonBodyTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := message(tt.d)
+			reason, _ := r.admit(tt.d, &msg)
+			if reason != tt.wantReason || (tt.wantKey != "" && msg.ID != tt.wantKey) {
+				t.Fatalf("admit = key %q, reason %q; want key %q, reason %q", msg.ID, reason, tt.wantKey, tt.wantReason)
+			}
+		})
+	}
+	long := amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 300))}
+	r.cfg.MaxBodyBytes = 1024
+	msg := message(long)
+	if reason, _ := r.admit(long, &msg); reason != ReasonInvalidID || msg.ID != "" {
+		t.Fatalf("a 300-byte body id: reason %q, id %q; want %s and no id on the copy", reason, msg.ID, ReasonInvalidID)
+	}
+}
+
+func TestAttemptComesFromOurHeader(t *testing.T) {
+	tests := []struct {
+		headers amqp.Table
+		want    int
+	}{
+		{nil, 1},
+		{amqp.Table{HeaderAttempt: int32(3)}, 3},
+		{amqp.Table{HeaderAttempt: int64(4)}, 4},
+		{amqp.Table{HeaderAttempt: "5"}, 1}, // not ours: ignored
+		{amqp.Table{"x-death": []any{amqp.Table{"count": int64(9)}}}, 1},
+	}
+	for _, tt := range tests {
+		if got := message(amqp.Delivery{Headers: tt.headers}).Attempt; got != tt.want {
+			t.Errorf("headers %v: attempt %d, want %d", tt.headers, got, tt.want)
+		}
+	}
+}
