@@ -69,7 +69,14 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			"x-dead-letter-routing-key": t.DeadLetterKey(),
 			"x-delivery-limit":          int64(t.DeliveryLimit),
 		})},
-		{t.DeadLetterQueue, amqp.Table{"x-queue-type": "quorum"}},
+		// The dead-letter queue is a classic queue: it has no dead-letter target
+		// of its own, and RabbitMQ 4.x gives every quorum queue a default
+		// delivery limit of 20, past which a message that was only looked at
+		// (basic.get, then requeued) would be dropped. "-1" lifts that limit on
+		// 4.x, but on 3.10 it drops a message the first time it is requeued
+		// (seen here); a classic queue has no limit on either. In a cluster,
+		// use a quorum queue with x-delivery-limit -1 on 4.x.
+		{t.DeadLetterQueue, amqp.Table{"x-queue-type": "classic"}},
 	}
 	for _, d := range t.RetryDelays {
 		queues = append(queues, struct {
