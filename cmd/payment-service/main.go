@@ -51,7 +51,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if len(args) > 0 && args[0] == "healthcheck" {
-		return health.Probe(ctx, localURL(cfg.HTTPAddr)+"/healthz")
+		// Readiness, not liveness: a container is healthy once it consumes.
+		return health.Probe(ctx, localURL(cfg.HTTPAddr)+"/readyz")
 	}
 	log := logging.New(stdout, cfg.LogLevel, "payment-service")
 	log.Info("starting", "config", config.LogValue(&cfg))
