@@ -25,6 +25,13 @@ func TestLoadNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"FAULTS_ENABLED": "maybe"}, "FAULTS_ENABLED"},
 		{map[string]string{"LOG_LEVEL": "trace"}, "LOG_LEVEL"},
 		{map[string]string{"DB_STATEMENT_TIMEOUT": "1ms"}, "DB_STATEMENT_TIMEOUT"},
+		{map[string]string{"INBOX_RETENTION": "23h"}, "INBOX_RETENTION"},
+		// 2 × (24h + 24h) of retry trips is above the 72h window.
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "72h"}, "INBOX_RETENTION"},
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, ""},
+		{map[string]string{"INBOX_PRUNE_INTERVAL": "0"}, ""},
+		{map[string]string{"INBOX_PRUNE_INTERVAL": "10ms"}, "INBOX_PRUNE_INTERVAL"},
+		{map[string]string{"INBOX_PRUNE_BATCH": "0"}, "INBOX_PRUNE_BATCH"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.variable, func(t *testing.T) {
@@ -60,5 +67,36 @@ func TestLogValueMasksSecrets(t *testing.T) {
 	}
 	if v["PREFETCH"] != "32" || !strings.Contains(v["AMQP_URL"], "user:") {
 		t.Errorf("log value lost non-secret fields: %v", v)
+	}
+}
+
+func TestOpsConfigsNameTheVariableAtFault(t *testing.T) {
+	tests := []struct {
+		name     string
+		cfg      validator
+		env      map[string]string
+		variable string // "" means valid
+	}{
+		{"dlq defaults", &DeadLetterOps{}, nil, ""},
+		{"dlq broker URL", &DeadLetterOps{}, map[string]string{"AMQP_URL": "localhost"}, "AMQP_URL"},
+		{"dlq queue", &DeadLetterOps{}, map[string]string{"DEAD_LETTER_QUEUE": ""}, "DEAD_LETTER_QUEUE"},
+		{"prune defaults", &InboxPrune{}, nil, ""},
+		{"prune window", &InboxPrune{}, map[string]string{"INBOX_RETENTION": "1h"}, "INBOX_RETENTION"},
+		{"prune batch", &InboxPrune{}, map[string]string{"INBOX_PRUNE_BATCH": "100001"}, "INBOX_PRUNE_BATCH"},
+		{"prune attempts", &InboxPrune{}, map[string]string{"MAX_ATTEMPTS": "0"}, "MAX_ATTEMPTS"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			err := Load(tt.cfg)
+			switch {
+			case tt.variable == "" && err != nil:
+				t.Fatalf("rejected: %v", err)
+			case tt.variable != "" && (err == nil || !strings.Contains(err.Error(), tt.variable)):
+				t.Fatalf("err = %v, want one naming %s", err, tt.variable)
+			}
+		})
 	}
 }

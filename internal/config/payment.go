@@ -39,6 +39,11 @@ type PaymentService struct {
 	ShutdownTimeout time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s"`
 	FaultsEnabled   bool            `envconfig:"FAULTS_ENABLED" default:"false"`
 	LogLevel        string          `envconfig:"LOG_LEVEL" default:"info"`
+	// Inbox rows older than InboxRetention are pruned every InboxPruneInterval
+	// (0 disables the pruner), InboxPruneBatch rows per transaction.
+	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h"`
+	InboxPruneInterval time.Duration `envconfig:"INBOX_PRUNE_INTERVAL" default:"1h"`
+	InboxPruneBatch    int           `envconfig:"INBOX_PRUNE_BATCH" default:"1000"`
 }
 
 // Validate reports every out-of-range value, naming its variable.
@@ -56,11 +61,10 @@ func (c *PaymentService) Validate() error {
 	// RabbitMQ closes the channel of a consumer that holds a delivery for longer
 	// than consumer_timeout (30 minutes by default); stay far below it.
 	v.require(c.HandlerTimeout <= 10*time.Minute, "HANDLER_TIMEOUT", "must be at most 10m (RabbitMQ's consumer_timeout is 30m), got %s", c.HandlerTimeout)
-	v.require(len(c.RetryDelays) > 0, "RETRY_DELAYS", "needs at least one delay")
-	for _, d := range c.RetryDelays {
-		v.require(d >= 10*time.Millisecond && d <= 24*time.Hour, "RETRY_DELAYS", "each delay must be between 10ms and 24h, got %s", d)
-	}
-	v.require(c.MaxAttempts >= 1 && c.MaxAttempts <= 100, "MAX_ATTEMPTS", "must be between 1 and 100, got %d", c.MaxAttempts)
+	validateRetries(&v, c.RetryDelays, c.MaxAttempts)
+	validateRetention(&v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
+	v.require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
+		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
 	v.require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.require(validLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	return v.err()
@@ -81,6 +85,14 @@ func (d *Database) validate(v *checks) {
 	v.url("DATABASE_URL", d.URL, "postgres", "postgresql")
 	v.require(d.MaxConns >= 2, "DB_MAX_CONNS", "must be at least 2, got %d", d.MaxConns)
 	v.require(d.StatementTimeout >= 100*time.Millisecond, "DB_STATEMENT_TIMEOUT", "must be at least 100ms, got %s", d.StatementTimeout)
+}
+
+func validateRetries(v *checks, delays []time.Duration, maxAttempts int) {
+	v.require(len(delays) > 0, "RETRY_DELAYS", "needs at least one delay")
+	for _, d := range delays {
+		v.require(d >= 10*time.Millisecond && d <= 24*time.Hour, "RETRY_DELAYS", "each delay must be between 10ms and 24h, got %s", d)
+	}
+	v.require(maxAttempts >= 1 && maxAttempts <= 100, "MAX_ATTEMPTS", "must be between 1 and 100, got %d", maxAttempts)
 }
 
 func validLogLevel(s string) bool {

@@ -138,6 +138,43 @@ func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
 	if !strings.Contains(s.service.out.String(), "stopped cleanly") {
 		t.Error("no clean-stop log line")
 	}
+	s.assertVerify(t, summaryPath, 0, "PASS: every invariant holds")
+
+	// Break the invariants behind the service's back: verify must notice.
+	ctx := context.Background()
+	exec := func(url, sql string) {
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(s.gatewayDB, `INSERT INTO charges (id, idempotency_key, request_sha256, order_id, customer_id, amount_cents, currency, state, status)
+		SELECT 'ch_twice', 'random-key-per-attempt', request_sha256, order_id, customer_id, amount_cents, currency, state, status
+		FROM charges ORDER BY order_id LIMIT 1`)
+	exec(s.paymentsDB, `DELETE FROM payments WHERE order_id = (SELECT max(order_id) FROM payments)`)
+	out = s.assertVerify(t, summaryPath, 1, "FAIL: an invariant is broken")
+	for _, want := range []string{"FAIL  nothing lost", "FAIL  no order charged twice"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("verify did not report %q:\n%s", want, out)
+		}
+	}
+}
+
+// assertVerify runs inboxctl verify on the stack and checks its exit code and verdict.
+func (s *stack) assertVerify(t *testing.T, summaryPath string, wantCode int, wantVerdict string) string {
+	t.Helper()
+	code, out := run(t, time.Minute, "inboxctl", []string{
+		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_DATABASE_URL=" + s.gatewayDB,
+		"RETRY_DELAYS=100ms,500ms",
+	}, "verify", "--summary", summaryPath)
+	if code != wantCode || !strings.Contains(out, wantVerdict) {
+		t.Fatalf("inboxctl verify: exit %d, want %d with %q:\n%s", code, wantCode, wantVerdict, out)
+	}
+	return out
 }
 
 // metric reads one sample from the service's /metrics.

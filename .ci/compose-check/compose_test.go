@@ -1,0 +1,577 @@
+// Package composecheck validates the repository's docker-compose.yml with
+// compose-go, the loader Docker Compose itself uses (schema, interpolation,
+// merge keys, consistency), then checks what the stack promises: health checks
+// and start order, two payment-service replicas, named volumes, the images,
+// and every .env.example variable reaching the programs that read it.
+//
+// It is a module of its own so that the main module does not depend on
+// compose-go. No Docker engine is needed: run.sh runs it.
+package composecheck
+
+import (
+	"context"
+	"maps"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/dotenv"
+	"github.com/compose-spec/compose-go/v2/types"
+	"github.com/sirupsen/logrus"
+	"go.yaml.in/yaml/v4"
+)
+
+const (
+	repoRoot    = "../.."
+	composeFile = repoRoot + "/docker-compose.yml"
+	envExample  = repoRoot + "/.env.example"
+	// binDir is where the Dockerfile puts the four programs.
+	binDir = "/usr/local/bin/"
+)
+
+// connectionSettings are the variables docker-compose.yml sets per service
+// instead of taking them from .env: inside Compose they name the other
+// containers. Each check gets the service's program and returns what is wrong
+// with the value, or "".
+var connectionSettings = map[string]func(program, value string) string{
+	"AMQP_URL": func(_, v string) string { return wantHost(v, "amqp", "rabbitmq:5672") },
+	"DATABASE_URL": func(prog, v string) string {
+		db := map[string]string{"payment-service": "/payments", "fake-gateway": "/gateway", "inboxctl": "/payments"}[prog]
+		if msg := wantHost(v, "postgres", "postgres:5432"); msg != "" {
+			return msg
+		}
+		if u, _ := url.Parse(v); u.Path != db {
+			return "want database " + db
+		}
+		return ""
+	},
+	"GATEWAY_DATABASE_URL": func(_, v string) string {
+		if msg := wantHost(v, "postgres", "postgres:5432"); msg != "" {
+			return msg
+		}
+		if u, _ := url.Parse(v); u.Path != "/gateway" {
+			return "want database /gateway"
+		}
+		return ""
+	},
+	"GATEWAY_URL": func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
+	"HTTP_ADDR": func(prog, v string) string {
+		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081"}[prog]
+		if v != want {
+			return "want " + want
+		}
+		return ""
+	},
+	// The demo injects faults at run time.
+	"FAULTS_ENABLED": func(_, v string) string {
+		if v != "true" {
+			return "want true for the fault demo"
+		}
+		return ""
+	},
+}
+
+// warnings collects what compose-go logs while loading (an unset variable, an
+// obsolete `version` key): Docker Compose prints these, so they fail here.
+var warnings struct {
+	sync.Mutex
+	lines []string
+}
+
+type warningHook struct{}
+
+func (warningHook) Levels() []logrus.Level { return logrus.AllLevels[:logrus.WarnLevel+1] }
+func (warningHook) Fire(e *logrus.Entry) error {
+	warnings.Lock()
+	defer warnings.Unlock()
+	warnings.lines = append(warnings.lines, e.Message)
+	return nil
+}
+
+func TestMain(m *testing.M) {
+	logrus.AddHook(warningHook{})
+	os.Exit(m.Run())
+}
+
+// load loads docker-compose.yml the way `docker compose --profile '*'` does,
+// with env as the whole environment (no .env file, no process environment).
+func load(t *testing.T, env map[string]string) *types.Project {
+	t.Helper()
+	var list []string
+	for k, v := range env {
+		list = append(list, k+"="+v)
+	}
+	opts, err := cli.NewProjectOptions([]string{composeFile},
+		cli.WithWorkingDirectory(repoRoot),
+		cli.WithEnv(list),
+		cli.WithProfiles([]string{"*"}),
+		cli.WithResolvedPaths(true),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings.Lock()
+	warnings.lines = nil
+	warnings.Unlock()
+	p, err := opts.LoadProject(context.Background())
+	if err != nil {
+		t.Fatalf("docker-compose.yml does not load: %v", err)
+	}
+	warnings.Lock()
+	defer warnings.Unlock()
+	slices.Sort(warnings.lines)
+	for _, w := range slices.Compact(warnings.lines) {
+		t.Errorf("compose warns: %s", w)
+	}
+	return p
+}
+
+// envExampleValues reads .env.example with Compose's own dotenv parser, and
+// checks that a plain NAME=value reading (a shell's, the config package
+// test's) agrees with it.
+func envExampleValues(t *testing.T) map[string]string {
+	t.Helper()
+	env, err := dotenv.ReadFile(envExample, func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf(".env.example: %v", err)
+	}
+	if len(env) == 0 {
+		t.Fatal(".env.example has no variables")
+	}
+	plain := map[string]string{}
+	for name, v := range envExampleEntries(t) {
+		plain[name] = v.value
+	}
+	if !maps.Equal(env, plain) {
+		t.Errorf(".env.example: Compose reads %v, a plain NAME=value reading gives %v", env, plain)
+	}
+	return env
+}
+
+type envEntry struct {
+	value    string
+	programs []string // from the comment above: "# [payment-service, inboxctl] ..."
+}
+
+// envExampleEntries reads .env.example as NAME=value lines, each with the
+// programs named at the start of the comment above it (internal/config's test
+// holds that list to the programs' configuration structs).
+func envExampleEntries(t *testing.T) map[string]envEntry {
+	t.Helper()
+	raw, err := os.ReadFile(envExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := map[string]envEntry{}
+	comment := ""
+	for line := range strings.Lines(string(raw)) {
+		line = strings.TrimSpace(line)
+		if c, ok := strings.CutPrefix(line, "#"); ok {
+			comment = strings.TrimSpace(c)
+			continue
+		}
+		name, value, ok := strings.Cut(line, "=")
+		if !ok {
+			comment = ""
+			continue
+		}
+		e := envEntry{value: value}
+		if list, ok := strings.CutPrefix(comment, "["); ok {
+			list, _, _ = strings.Cut(list, "]")
+			e.programs = strings.Split(list, ", ")
+		}
+		if len(e.programs) == 0 {
+			t.Errorf(".env.example: the comment above %s does not start with [programs]", name)
+		}
+		entries[name] = e
+		comment = ""
+	}
+	return entries
+}
+
+// program is the program a service of our image runs, or "".
+func program(s types.ServiceConfig) string {
+	if s.Build == nil || len(s.Entrypoint) == 0 {
+		return ""
+	}
+	return strings.TrimPrefix(s.Entrypoint[0], binDir)
+}
+
+func TestLoadsWithAndWithoutEnvFile(t *testing.T) {
+	withEnv := load(t, envExampleValues(t))
+	without := load(t, nil)
+	a, err := yaml.Marshal(withEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := yaml.Marshal(without)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// .env.example holds the programs' defaults, and so must every
+	// ${NAME:-default} in docker-compose.yml.
+	if string(a) != string(b) {
+		t.Errorf("docker-compose.yml's ${NAME:-default} defaults differ from .env.example:\n%s", diffLines(string(b), string(a)))
+	}
+}
+
+func TestEnvExampleReachesTheServices(t *testing.T) {
+	env := envExampleValues(t)
+	marked := map[string]string{}
+	for name := range env {
+		marked[name] = "marker-" + strings.ToLower(name)
+	}
+	p := load(t, marked)
+	for name := range env {
+		_, fixed := connectionSettings[name]
+		readers := 0
+		for _, s := range p.Services {
+			v, ok := s.Environment[name]
+			if !ok || v == nil {
+				continue
+			}
+			switch {
+			case fixed && *v == marked[name]:
+				t.Errorf("%s: %s comes from .env, but must name the Compose services", s.Name, name)
+			case !fixed && *v != marked[name]:
+				t.Errorf("%s: %s=%s is fixed in docker-compose.yml; write ${%s:-%s} so that .env changes it", s.Name, name, *v, name, env[name])
+			default:
+				readers++
+			}
+		}
+		if !fixed && readers == 0 {
+			t.Errorf("%s is in .env.example but no service receives it", name)
+		}
+	}
+}
+
+func TestConnectionSettingsNameTheServices(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	for _, s := range p.Services {
+		for variable, check := range connectionSettings {
+			v, ok := s.Environment[variable]
+			if !ok || v == nil {
+				continue
+			}
+			if msg := check(program(s), *v); msg != "" {
+				t.Errorf("%s: %s=%s: %s", s.Name, variable, *v, msg)
+			}
+		}
+	}
+}
+
+// TestEveryProgramGetsWhatItReads fails when a service lacks a variable its
+// program reads: the program would fall back to its local default silently
+// (localhost, or a value .env cannot change).
+func TestEveryProgramGetsWhatItReads(t *testing.T) {
+	entries := envExampleEntries(t)
+	p := load(t, envExampleValues(t))
+	seen := map[string]bool{}
+	for _, s := range p.Services {
+		prog := program(s)
+		if prog == "" {
+			continue
+		}
+		seen[prog] = true
+		for name, e := range entries {
+			if v := s.Environment[name]; slices.Contains(e.programs, prog) && v == nil {
+				t.Errorf("%s: %s reads %s, which the service does not set", s.Name, prog, name)
+			}
+		}
+	}
+	for _, prog := range programs(t) {
+		if !seen[prog] {
+			t.Errorf("no service runs cmd/%s", prog)
+		}
+	}
+}
+
+func TestLongRunningServicesHaveHealthChecks(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	for _, s := range p.Services {
+		if s.Restart == types.RestartPolicyNo {
+			continue
+		}
+		if s.Restart != types.RestartPolicyUnlessStopped {
+			t.Errorf("%s: restart %q, want unless-stopped", s.Name, s.Restart)
+		}
+		hc := s.HealthCheck
+		if hc == nil || hc.Disable || len(hc.Test) < 2 || hc.Test[0] != "CMD" {
+			t.Errorf("%s: needs an exec-form health check ([\"CMD\", ...]), got %+v", s.Name, hc)
+			continue
+		}
+		if hc.StartInterval != nil && hc.StartPeriod == nil {
+			// Docker Compose refuses this at `up`, not at load time.
+			t.Errorf("%s: healthcheck.start_interval needs healthcheck.start_period", s.Name)
+		}
+		if s.Build != nil {
+			// Our image has no shell: the program probes itself.
+			want := []string{"CMD", s.Entrypoint[0], "healthcheck"}
+			if !slices.Equal(hc.Test, want) {
+				t.Errorf("%s: health check %q, want %q", s.Name, hc.Test, want)
+			}
+		}
+	}
+	wantTest := map[string]string{
+		"rabbitmq": "CMD rabbitmq-diagnostics -q ping",
+		"postgres": "CMD pg_isready",
+	}
+	for name, prefix := range wantTest {
+		if got := strings.Join(service(t, p, name).HealthCheck.Test, " "); !strings.HasPrefix(got, prefix) {
+			t.Errorf("%s: health check %q, want %q…", name, got, prefix)
+		}
+	}
+}
+
+func TestPaymentServiceRunsTwoReplicas(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	s := service(t, p, "payment-service")
+	if s.Deploy == nil || s.Deploy.Replicas == nil || *s.Deploy.Replicas != 2 {
+		t.Errorf("payment-service: want deploy.replicas 2, got %d replicas", s.GetScale())
+	}
+	if s.Restart != types.RestartPolicyUnlessStopped {
+		t.Errorf("payment-service: restart %q, want unless-stopped", s.Restart)
+	}
+	for _, port := range s.Ports {
+		if port.Published != "" && !strings.Contains(port.Published, "-") {
+			t.Errorf("payment-service: host port %s cannot be shared by two replicas", port.Published)
+		}
+	}
+	// Docker kills a container stop_grace_period after SIGTERM; the service
+	// needs SHUTDOWN_TIMEOUT to finish its in-flight messages.
+	shutdown, err := time.ParseDuration(*s.Environment["SHUTDOWN_TIMEOUT"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) <= shutdown {
+		t.Errorf("payment-service: stop_grace_period %v must exceed SHUTDOWN_TIMEOUT %s", s.StopGracePeriod, shutdown)
+	}
+	if !slices.Contains(s.Entrypoint, binDir+"payment-service") {
+		t.Errorf("payment-service: entrypoint %q", s.Entrypoint)
+	}
+}
+
+func TestStartOrderWaitsForHealth(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	want := map[string][]string{
+		"fake-gateway":    {"postgres"},
+		"payment-service": {"fake-gateway", "postgres", "rabbitmq"},
+		"order-publisher": {"payment-service", "rabbitmq"},
+		"inboxctl":        {"postgres", "rabbitmq"},
+	}
+	for _, s := range p.Services {
+		var deps []string
+		for dep, d := range s.DependsOn {
+			deps = append(deps, dep)
+			if d.Condition != types.ServiceConditionHealthy {
+				t.Errorf("%s: depends_on %s with condition %q, want service_healthy", s.Name, dep, d.Condition)
+			}
+			if hc := service(t, p, dep).HealthCheck; hc == nil || hc.Disable {
+				t.Errorf("%s: depends on %s being healthy, which has no health check", s.Name, dep)
+			}
+		}
+		slices.Sort(deps)
+		if w, ok := want[s.Name]; ok && !slices.Equal(deps, w) {
+			t.Errorf("%s: depends on %q, want %q", s.Name, deps, w)
+		}
+	}
+}
+
+func TestOrderPublisherIsAOneShotDemo(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	s := service(t, p, "order-publisher")
+	if s.Restart != types.RestartPolicyNo {
+		t.Errorf("order-publisher: restart %q, want \"no\"", s.Restart)
+	}
+	if !slices.Equal(s.Entrypoint, types.ShellCommand{binDir + "order-publisher"}) {
+		t.Errorf("order-publisher: entrypoint %q", s.Entrypoint)
+	}
+	for _, flag := range []string{"-count", "-duplicate-rate", "-republish-rate", "-poison"} {
+		if !slices.Contains(s.Command, flag) {
+			t.Errorf("order-publisher: command %q lacks %s", s.Command, flag)
+		}
+	}
+}
+
+func TestImages(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	want := map[string]*regexp.Regexp{
+		"postgres": regexp.MustCompile(`^postgres:17([.-]|$)`),
+		"rabbitmq": regexp.MustCompile(`^rabbitmq:4(\.\d+){0,2}-management(-alpine)?$`),
+	}
+	for name, re := range want {
+		if img := service(t, p, name).Image; !re.MatchString(img) {
+			t.Errorf("%s: image %q, want %s", name, img, re)
+		}
+	}
+	for _, s := range p.Services {
+		if s.Build == nil {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(s.Build.Context, s.Build.Dockerfile)); err != nil {
+			t.Errorf("%s: %v", s.Name, err)
+		}
+		if len(s.Entrypoint) != 1 || !strings.HasPrefix(s.Entrypoint[0], binDir) {
+			t.Errorf("%s: entrypoint %q, want one of the programs in %s", s.Name, s.Entrypoint, binDir)
+		}
+	}
+}
+
+func TestDataLivesInNamedVolumes(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	want := map[string]struct{ volume, target string }{
+		"rabbitmq": {"rabbitmq-data", "/var/lib/rabbitmq"},
+		"postgres": {"postgres-data", "/var/lib/postgresql/data"},
+	}
+	for name, w := range want {
+		if _, ok := p.Volumes[w.volume]; !ok {
+			t.Errorf("volume %s is not declared", w.volume)
+		}
+		found := false
+		for _, v := range service(t, p, name).Volumes {
+			found = found || (v.Type == types.VolumeTypeVolume && v.Source == w.volume && v.Target == w.target)
+		}
+		if !found {
+			t.Errorf("%s: want volume %s on %s", name, w.volume, w.target)
+		}
+	}
+	for _, s := range p.Services {
+		for _, v := range s.Volumes {
+			if v.Type != types.VolumeTypeBind {
+				continue
+			}
+			if _, err := os.Stat(v.Source); err != nil {
+				t.Errorf("%s: bind mount source: %v", s.Name, err)
+			}
+		}
+	}
+	initdb := false
+	for _, v := range service(t, p, "postgres").Volumes {
+		initdb = initdb || strings.HasPrefix(v.Target, "/docker-entrypoint-initdb.d")
+	}
+	if !initdb {
+		t.Error("postgres: nothing mounted into /docker-entrypoint-initdb.d creates the databases")
+	}
+}
+
+func TestPorts(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	want := map[string][]uint32{
+		"rabbitmq":        {5672, 15672},
+		"postgres":        {5432},
+		"fake-gateway":    {8081},
+		"payment-service": {8080},
+	}
+	hostPorts := map[string]string{}
+	for _, s := range p.Services {
+		var targets []uint32
+		for _, port := range s.Ports {
+			targets = append(targets, port.Target)
+			if port.Published == "" {
+				continue
+			}
+			key := net.JoinHostPort(port.HostIP, port.Published)
+			if other, dup := hostPorts[key]; dup {
+				t.Errorf("%s and %s both publish %s", other, s.Name, key)
+			}
+			hostPorts[key] = s.Name
+		}
+		for _, w := range want[s.Name] {
+			if !slices.Contains(targets, w) {
+				t.Errorf("%s: port %d is not published", s.Name, w)
+			}
+		}
+	}
+}
+
+func TestPrometheusScrapesEveryReplica(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	s := service(t, p, "prometheus")
+	if !slices.Equal(s.Profiles, []string{"metrics"}) {
+		t.Errorf("prometheus: profiles %q, want [metrics]", s.Profiles)
+	}
+	var cfgPath string
+	for _, v := range s.Volumes {
+		if v.Target == "/etc/prometheus/prometheus.yml" {
+			cfgPath = v.Source
+		}
+	}
+	if cfgPath == "" {
+		t.Fatal("prometheus: no /etc/prometheus/prometheus.yml mounted")
+	}
+	raw, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName      string `yaml:"job_name"`
+			DNSSDConfigs []struct {
+				Names []string `yaml:"names"`
+				Type  string   `yaml:"type"`
+				Port  int      `yaml:"port"`
+			} `yaml:"dns_sd_configs"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(raw, &cfg); err != nil {
+		t.Fatalf("%s: %v", cfgPath, err)
+	}
+	var replicas, gateway bool
+	for _, sc := range cfg.ScrapeConfigs {
+		for _, d := range sc.DNSSDConfigs {
+			replicas = replicas || (slices.Equal(d.Names, []string{"payment-service"}) && d.Type == "A" && d.Port == 8080)
+		}
+		for _, st := range sc.StaticConfigs {
+			gateway = gateway || slices.Contains(st.Targets, "fake-gateway:8081")
+		}
+	}
+	if !replicas {
+		t.Error("prometheus.yml: want dns_sd_configs names [payment-service], type A, port 8080")
+	}
+	if !gateway {
+		t.Error("prometheus.yml: want the target fake-gateway:8081")
+	}
+}
+
+func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
+	t.Helper()
+	s, err := p.GetService(name)
+	if err != nil {
+		t.Fatalf("docker-compose.yml: %v", err)
+	}
+	return s
+}
+
+func wantHost(raw, scheme, host string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != scheme || u.Host != host {
+		return "want a " + scheme + " URL on " + host
+	}
+	return ""
+}
+
+// diffLines shows the lines of b that a lacks, enough to find the culprit.
+func diffLines(a, b string) string {
+	have := map[string]bool{}
+	for _, l := range strings.Split(a, "\n") {
+		have[l] = true
+	}
+	var out []string
+	for _, l := range strings.Split(b, "\n") {
+		if !have[l] {
+			out = append(out, "  "+strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(out, "\n")
+}

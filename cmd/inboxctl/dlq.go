@@ -1,0 +1,227 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/config"
+	"github.com/inbox-template/payment-service/internal/deadletter"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+func dlq(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("dlq: missing subcommand (list, replay or purge)\n" + usage)
+	}
+	switch args[0] {
+	case "list":
+		return dlqList(ctx, args[1:], stdout)
+	case "replay":
+		return dlqReplay(ctx, args[1:], stdout)
+	case "purge":
+		return dlqPurge(args[1:], stdin, stdout)
+	}
+	return fmt.Errorf("dlq: unknown subcommand %q (want list, replay or purge)\n%s", args[0], usage)
+}
+
+// withQueue connects to the broker of the environment's configuration and
+// runs f on the service's dead-letter queue.
+func withQueue(f func(q *deadletter.Queue) error) error {
+	var cfg config.DeadLetterOps
+	if err := config.Load(&cfg); err != nil {
+		return err
+	}
+	conn, err := rabbit.Dial(cfg.AMQPURL, cfg.Heartbeat, "inboxctl")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return f(deadletter.New(conn, rabbit.Topology{
+		Exchange:           cfg.Exchange,
+		RoutingKey:         cfg.RoutingKey,
+		Queue:              cfg.Queue,
+		DeadLetterExchange: cfg.DeadLetterEx,
+		DeadLetterQueue:    cfg.DeadLetterQueue,
+		DeliveryLimit:      cfg.DeliveryLimit,
+	}))
+}
+
+func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("dlq list", flag.ContinueOnError)
+	limit := fs.Int("limit", 100, "show at most this many messages")
+	asJSON := fs.Bool("json", false, "print JSON instead of a table")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *limit < 1 {
+		return fmt.Errorf("dlq list: --limit must be at least 1, got %d", *limit)
+	}
+	return withQueue(func(q *deadletter.Queue) error {
+		l, err := q.List(ctx, *limit)
+		if err != nil {
+			return fmt.Errorf("dlq list: %w", err)
+		}
+		if *asJSON {
+			return printListingJSON(stdout, q.Name(), l, time.Now())
+		}
+		return printListing(stdout, q.Name(), l, time.Now())
+	})
+}
+
+func printListing(w io.Writer, queue string, l deadletter.Listing, now time.Time) error {
+	fmt.Fprintf(w, "%s: %d messages, showing %d\n", queue, l.Depth, len(l.Messages))
+	if len(l.Messages) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "MESSAGE ID\tORDER ID\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
+	for _, m := range l.Messages {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.OrderID), orDash(m.Reason),
+			m.Attempts, m.Replays, age(m.Age(now)), orDash(oneLine(m.FirstError, 80)))
+	}
+	return tw.Flush()
+}
+
+func printListingJSON(w io.Writer, queue string, l deadletter.Listing, now time.Time) error {
+	type message struct {
+		deadletter.Message
+		AgeSeconds int64 `json:"age_seconds"`
+	}
+	out := struct {
+		Queue    string    `json:"queue"`
+		Depth    int       `json:"depth"`
+		Messages []message `json:"messages"`
+	}{Queue: queue, Depth: l.Depth, Messages: []message{}}
+	for _, m := range l.Messages {
+		out.Messages = append(out.Messages, message{m, int64(m.Age(now).Seconds())})
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
+
+func dlqReplay(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("dlq replay", flag.ContinueOnError)
+	var sel deadletter.Selector
+	fs.StringVar(&sel.ID, "id", "", "replay the message with this message id")
+	fs.StringVar(&sel.Reason, "reason", "", "replay every message dead-lettered with this reason")
+	fs.BoolVar(&sel.All, "all", false, "replay every message")
+	opts := deadletter.ReplayOptions{}
+	fs.BoolVar(&opts.DryRun, "dry-run", false, "show what would be replayed; change nothing")
+	fs.IntVar(&opts.MaxReplays, "max-replays", deadletter.DefaultMaxReplays, "refuse a message replayed this often already")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if sel.Validate() != nil {
+		return errors.New("dlq replay: give exactly one of --id, --reason or --all\n" + usage)
+	}
+	if opts.MaxReplays < 1 {
+		return fmt.Errorf("dlq replay: --max-replays must be at least 1, got %d", opts.MaxReplays)
+	}
+	return withQueue(func(q *deadletter.Queue) error {
+		rep, err := q.Replay(ctx, sel, opts)
+		printReplay(stdout, rep, opts)
+		if err != nil {
+			return fmt.Errorf("dlq replay: %w", err)
+		}
+		return nil
+	})
+}
+
+func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.ReplayOptions) {
+	verb := "replayed"
+	if opts.DryRun {
+		verb = "would replay"
+	}
+	for _, m := range rep.Replayed {
+		fmt.Fprintf(w, "%s %s (order %s, reason %s) as replay %d of %d\n",
+			verb, orDash(m.ID), orDash(m.OrderID), orDash(m.Reason), m.Replays, opts.MaxReplays)
+	}
+	for _, m := range rep.Refused {
+		fmt.Fprintf(w, "refused %s (order %s, reason %s): replayed %d times already (--max-replays %d); left in the dead-letter queue\n",
+			orDash(m.ID), orDash(m.OrderID), orDash(m.Reason), m.Replays, opts.MaxReplays)
+	}
+	fmt.Fprintf(w, "%d %s, %d refused, %d not selected (visited %d of %d)\n",
+		len(rep.Replayed), verb, len(rep.Refused), rep.Skipped, rep.Visited, rep.Depth)
+	if opts.DryRun {
+		fmt.Fprintln(w, "dry run: nothing changed")
+	}
+}
+
+func dlqPurge(args []string, stdin io.Reader, stdout io.Writer) error {
+	fs := flag.NewFlagSet("dlq purge", flag.ContinueOnError)
+	yes := fs.Bool("yes", false, "do not ask for confirmation")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return withQueue(func(q *deadletter.Queue) error {
+		if !*yes {
+			if err := confirmPurge(q, stdin, stdout); err != nil {
+				return err
+			}
+		}
+		n, err := q.Purge()
+		if err != nil {
+			return fmt.Errorf("dlq purge: %w", err)
+		}
+		_, err = fmt.Fprintf(stdout, "purged %d messages from %s\n", n, q.Name())
+		return err
+	})
+}
+
+// confirmPurge asks for the queue's name: a purge cannot be undone, and
+// typing the name proves the operator knows which vhost and queue it hits.
+func confirmPurge(q *deadletter.Queue, stdin io.Reader, stdout io.Writer) error {
+	n, err := q.Depth()
+	if err != nil {
+		return fmt.Errorf("dlq purge: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s holds %d messages; a purge deletes them for good.\nType the queue name to confirm: ", q.Name(), n)
+	line, err := bufio.NewReader(stdin).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("dlq purge: read confirmation: %w", err)
+	}
+	if strings.TrimSpace(line) != q.Name() {
+		return errors.New("dlq purge: confirmation did not match the queue name; nothing purged")
+	}
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// oneLine fits an error message into one table cell.
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
+}
+
+// age prints a duration the way an operator reads it: 42s, 12m, 5h3m, 3d4h.
+func age(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "-"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inbox-template/payment-service/internal/config"
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/logging"
+	"github.com/inbox-template/payment-service/internal/retention"
+)
+
+func inbox(ctx context.Context, args []string, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("inbox: missing subcommand (prune)\n" + usage)
+	}
+	if args[0] != "prune" {
+		return fmt.Errorf("inbox: unknown subcommand %q (want prune)\n%s", args[0], usage)
+	}
+	return inboxPrune(ctx, args[1:], stdout)
+}
+
+// inboxPrune runs the service's scheduled prune once, now: the same code,
+// lock and window rule, with the window and batch size overridable by flags.
+func inboxPrune(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("inbox prune", flag.ContinueOnError)
+	olderThan := fs.Duration("older-than", retention.DefaultWindow, "delete rows received longer ago than this (default INBOX_RETENTION)")
+	batch := fs.Int("batch", retention.DefaultBatchSize, "rows per transaction (default INBOX_PRUNE_BATCH)")
+	dryRun := fs.Bool("dry-run", false, "count the rows that would be deleted; delete nothing")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var cfg config.InboxPrune
+	if err := config.Load(&cfg); err != nil {
+		return err
+	}
+	rc, err := pruneConfig(fs, cfg, *olderThan, *batch)
+	if err != nil {
+		return err
+	}
+	log := logging.New(io.Discard, "error", "inboxctl")
+	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: "inboxctl"}, log)
+	if err != nil {
+		return err
+	}
+	defer database.Close(db)
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	p, err := retention.New(sqlDB, rc, retention.NewMetrics(prometheus.NewRegistry()), log)
+	if err != nil {
+		return err
+	}
+	if *dryRun {
+		return pruneDryRun(ctx, p, rc, stdout)
+	}
+	return prune(ctx, p, rc, stdout)
+}
+
+// pruneConfig is the environment's retention settings with the flags given on
+// the command line applied; a bad flag is named as the flag.
+func pruneConfig(fs *flag.FlagSet, cfg config.InboxPrune, olderThan time.Duration, batch int) (retention.Config, error) {
+	rc := retention.Config{
+		Consumer: cfg.Consumer, Window: cfg.Retention, BatchSize: cfg.Batch, Pause: retention.DefaultPause,
+		RetryDelays: cfg.RetryDelays, MaxAttempts: cfg.MaxAttempts,
+	}
+	if isSet(fs, "older-than") {
+		rc.Window = olderThan
+		if floor := retention.MinWindow(rc.RetryDelays, rc.MaxAttempts); olderThan < floor {
+			return rc, fmt.Errorf("inbox prune: --older-than %s is below %s, the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS (%s): %w",
+				olderThan, floor, retention.MinWindowRule, retention.ErrWindowTooShort)
+		}
+	}
+	if isSet(fs, "batch") {
+		rc.BatchSize = batch
+		if batch < 1 || batch > retention.MaxBatchSize {
+			return rc, fmt.Errorf("inbox prune: --batch must be between 1 and %d, got %d", retention.MaxBatchSize, batch)
+		}
+	}
+	return rc, rc.Validate()
+}
+
+func pruneDryRun(ctx context.Context, p *retention.Pruner, rc retention.Config, stdout io.Writer) error {
+	n, cutoff, err := p.Pending(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox prune: %w", err)
+	}
+	_, err = fmt.Fprintf(stdout, "would delete %d inbox rows of consumer %s received before %s (older than %s); dry run: nothing deleted\n",
+		n, rc.Consumer, cutoff.UTC().Format(time.RFC3339), rc.Window)
+	return err
+}
+
+func prune(ctx context.Context, p *retention.Pruner, rc retention.Config, stdout io.Writer) error {
+	res, err := p.Prune(ctx)
+	if err != nil {
+		return fmt.Errorf("inbox prune: %d rows deleted before: %w", res.Deleted, err)
+	}
+	if res.Skipped {
+		return errors.New("inbox prune: another prune run (a payment-service replica?) holds the lock; nothing deleted, try again later")
+	}
+	_, err = fmt.Fprintf(stdout, "deleted %d inbox rows of consumer %s received before %s in %d batches of up to %d; took %s, longest batch %s\n",
+		res.Deleted, rc.Consumer, res.Cutoff.UTC().Format(time.RFC3339), res.Batches, rc.BatchSize,
+		res.Elapsed.Round(time.Millisecond), res.LongestBatch.Round(time.Microsecond))
+	return err
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// inboxctl runs the command as main does, with stdin as its input.
+func inboxctl(t *testing.T, stdin string, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(context.Background(), args, strings.NewReader(stdin), &out)
+	return out.String(), err
+}
+
+// Every usage error is refused before anything is contacted, and says what is wrong.
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{nil, "no command"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"dlq"}, "dlq: missing subcommand"},
+		{[]string{"dlq", "peek"}, `dlq: unknown subcommand "peek"`},
+		{[]string{"dlq", "list", "--limit", "0"}, "--limit must be at least 1"},
+		{[]string{"dlq", "list", "--limit", "many"}, `invalid value "many" for flag -limit`},
+		{[]string{"dlq", "list", "extra"}, `unexpected argument "extra"`},
+		{[]string{"dlq", "replay"}, "exactly one of --id, --reason or --all"},
+		{[]string{"dlq", "replay", "--id", "m-1", "--all"}, "exactly one of --id, --reason or --all"},
+		{[]string{"dlq", "replay", "--all", "--max-replays", "0"}, "--max-replays must be at least 1"},
+		{[]string{"dlq", "purge", "--force"}, "flag provided but not defined: -force"},
+		{[]string{"inbox"}, "inbox: missing subcommand"},
+		{[]string{"inbox", "vacuum"}, `inbox: unknown subcommand "vacuum"`},
+		{[]string{"inbox", "prune", "--older-than", "1h"}, "--older-than 1h0m0s is below 24h0m0s"},
+		{[]string{"inbox", "prune", "--batch", "0"}, "--batch must be between 1 and 100000"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			_, err := inboxctl(t, "", tt.args...)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHelpPrintsUsage(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"dlq", "replay", "-h"}, {"inbox", "prune", "--help"}} {
+		out, err := inboxctl(t, "", args...)
+		if err != nil || !strings.Contains(out, "dlq replay (--id ID | --reason R | --all)") {
+			t.Errorf("%v: err %v, output %q; want the usage", args, err, out)
+		}
+	}
+}
+
+// dlqEnv is a vhost with the service's default topology, pointed to by AMQP_URL.
+type dlqEnv struct {
+	t    *testing.T
+	ch   *amqp.Channel
+	topo rabbit.Topology
+}
+
+func newDLQEnv(t *testing.T) *dlqEnv {
+	t.Helper()
+	url := testenv.VHost(t)
+	t.Setenv("AMQP_URL", url)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &dlqEnv{t: t, ch: ch, topo: rabbit.Topology{
+		Exchange: "orders", RoutingKey: "order.placed", Queue: "payments.order-placed",
+		DeadLetterExchange: "payments.dlx", DeadLetterQueue: "payments.order-placed.dlq", DeliveryLimit: 20,
+		RetryDelays: []time.Duration{time.Second},
+	}}
+	if err := e.topo.Declare(ch); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *dlqEnv) deadLetter(id, reason string) {
+	e.t.Helper()
+	err := rabbit.PublishConfirmed(context.Background(), e.ch, e.topo.DeadLetterExchange, e.topo.DeadLetterKey(), amqp.Publishing{
+		MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
+		Body:    fmt.Appendf(nil, `{"order_id":"order-of-%s"}`, id),
+		Headers: amqp.Table{consumer.HeaderDeadLetterReason: reason, consumer.HeaderAttempt: int32(5)},
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *dlqEnv) waitDepth(queue string, n int) {
+	e.t.Helper()
+	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d messages in %s", n, queue), func() (bool, error) {
+		q, err := e.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		return err == nil && q.Messages == n, err
+	})
+}
+
+func TestDLQPurgeAsksForTheQueueName(t *testing.T) {
+	e := newDLQEnv(t)
+	e.deadLetter("m-1", "malformed_json")
+	e.deadLetter("m-2", "malformed_json")
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+	for _, stdin := range []string{"", "\n", "yes\n", "payments.order-placed\n"} {
+		out, err := inboxctl(t, stdin, "dlq", "purge")
+		if err == nil || !strings.Contains(err.Error(), "nothing purged") {
+			t.Fatalf("confirmation %q: err = %v, want a refusal", stdin, err)
+		}
+		if !strings.Contains(out, "payments.order-placed.dlq holds 2 messages") {
+			t.Errorf("prompt %q does not say what would be deleted", out)
+		}
+		e.waitDepth(e.topo.DeadLetterQueue, 2)
+	}
+	out, err := inboxctl(t, "payments.order-placed.dlq\n", "dlq", "purge")
+	if err != nil || !strings.Contains(out, "purged 2 messages from payments.order-placed.dlq") {
+		t.Fatalf("confirmed purge: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 0)
+
+	e.deadLetter("m-3", "malformed_json")
+	e.waitDepth(e.topo.DeadLetterQueue, 1)
+	if out, err := inboxctl(t, "", "dlq", "purge", "--yes"); err != nil || !strings.Contains(out, "purged 1 messages") {
+		t.Fatalf("purge --yes: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 0)
+}
+
+func TestDLQListAndReplay(t *testing.T) {
+	e := newDLQEnv(t)
+	e.deadLetter("m-1", "retries_exhausted")
+	e.deadLetter("m-2", "malformed_json")
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+
+	out, err := inboxctl(t, "", "dlq", "list", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listing struct {
+		Depth    int `json:"depth"`
+		Messages []struct {
+			ID       string `json:"message_id"`
+			OrderID  string `json:"order_id"`
+			Reason   string `json:"reason"`
+			Attempts int    `json:"attempts"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal([]byte(out), &listing); err != nil {
+		t.Fatalf("list --json: %v\n%s", err, out)
+	}
+	if listing.Depth != 2 || len(listing.Messages) != 2 || listing.Messages[0].OrderID != "order-of-m-1" || listing.Messages[0].Attempts != 5 {
+		t.Errorf("list --json: %+v", listing)
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+	if out, err := inboxctl(t, "", "dlq", "list"); err != nil || !strings.Contains(out, "m-2") || !strings.Contains(out, "MESSAGE ID") {
+		t.Errorf("list: err %v, output %q", err, out)
+	}
+
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+	out, err = inboxctl(t, "", "dlq", "replay", "--reason", "retries_exhausted", "--dry-run")
+	if err != nil || !strings.Contains(out, "would replay m-1") || !strings.Contains(out, "nothing changed") {
+		t.Fatalf("replay --dry-run: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+	out, err = inboxctl(t, "", "dlq", "replay", "--id", "m-1")
+	if err != nil || !strings.Contains(out, "replayed m-1 (order order-of-m-1, reason retries_exhausted) as replay 1 of 3") {
+		t.Fatalf("replay --id: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.Queue, 1)
+	e.waitDepth(e.topo.DeadLetterQueue, 1)
+}
+
+func TestInboxPrune(t *testing.T) {
+	gdb, url := testenv.MigratedDB(t, migrations.Payments)
+	t.Setenv("DATABASE_URL", url)
+	err := gdb.Exec(`
+		INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)
+		SELECT 'm-' || g, 'payment-service', sha256(g::text::bytea),
+		       now() - CASE WHEN g <= 3 THEN interval '15 days' ELSE interval '1 day' END
+		FROM generate_series(1, 5) g`).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := inboxctl(t, "", "inbox", "prune", "--dry-run")
+	if err != nil || !strings.Contains(out, "would delete 3 inbox rows of consumer payment-service") {
+		t.Fatalf("dry run: err %v, output %q", err, out)
+	}
+	out, err = inboxctl(t, "", "inbox", "prune", "--batch", "2")
+	if err != nil || !strings.Contains(out, "deleted 3 inbox rows of consumer payment-service") || !strings.Contains(out, "in 2 batches of up to 2") {
+		t.Fatalf("prune: err %v, output %q", err, out)
+	}
+	var left int64
+	if err := gdb.Table("inbox").Count(&left).Error; err != nil || left != 2 {
+		t.Fatalf("%d rows left (%v), want 2", left, err)
+	}
+}

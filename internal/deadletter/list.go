@@ -1,0 +1,61 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Listing is a look at the head of the dead-letter queue.
+type Listing struct {
+	Depth    int       // messages ready in the queue when the listing began
+	Messages []Message // the first of them, at most the limit
+}
+
+// List shows up to limit messages from the head of the dead-letter queue and
+// leaves every one of them there.
+//
+// AMQP 0-9-1 cannot browse a queue, so List takes the messages with basic.get
+// without auto-ack on a channel of its own and then closes that channel
+// without acking: the broker returns every one of them to the queue. That is
+// not free, and an operator should know it:
+//   - the returned messages are marked redelivered, and their order may change
+//     (a classic queue puts them back in place; a quorum queue delivers
+//     returned messages first);
+//   - a quorum queue counts each return in the message's x-delivery-count, and
+//     past an x-delivery-limit it drops or dead-letters the message. The
+//     dead-letter queue is therefore a classic queue with no such limit
+//     (rabbit.Topology.Declare): listing can never drop a message. Whoever
+//     makes it a quorum queue must lift the limit, which RabbitMQ 4.x sets to
+//     20 by default (TestListingRepeatedlyKeepsMessages looks 25 times).
+//
+// Closing the channel returns them all in one step, and also when List fails
+// halfway or the process dies: no path acks a listed message.
+func (q *Queue) List(ctx context.Context, limit int) (Listing, error) {
+	if limit < 1 {
+		return Listing{}, errors.New("list: limit must be at least 1")
+	}
+	ch, err := q.conn.Channel()
+	if err != nil {
+		return Listing{}, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close() // returns every message taken below to the queue
+	var l Listing
+	if l.Depth, err = depth(ch, q.topo.DeadLetterQueue); err != nil {
+		return l, err
+	}
+	for len(l.Messages) < min(limit, l.Depth) {
+		if err := ctx.Err(); err != nil {
+			return l, err
+		}
+		d, ok, err := ch.Get(q.topo.DeadLetterQueue, false)
+		if err != nil {
+			return l, fmt.Errorf("get from %s: %w", q.topo.DeadLetterQueue, err)
+		}
+		if !ok {
+			break
+		}
+		l.Messages = append(l.Messages, describe(d))
+	}
+	return l, nil
+}

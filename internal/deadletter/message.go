@@ -1,0 +1,112 @@
+package deadletter
+
+import (
+	"encoding/json"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+)
+
+// Headers of ours, in addition to the consumer runtime's.
+const (
+	// HeaderReplayCount counts the replays of a message out of the dead-letter
+	// queue. The runtime copies it into every retry and dead-letter copy, so it
+	// survives the next dead-lettering, and a message at the cap is refused:
+	// a replay can never loop.
+	HeaderReplayCount = "x-replay-count"
+	HeaderReplayedAt  = "x-replayed-at"
+)
+
+// Message is what an operator sees of a dead letter.
+type Message struct {
+	ID             string    `json:"message_id"`
+	OrderID        string    `json:"order_id,omitempty"`
+	Reason         string    `json:"reason"`
+	Attempts       int       `json:"attempts"`
+	FirstError     string    `json:"first_error,omitempty"`
+	DeadLetteredAt time.Time `json:"dead_lettered_at,omitzero"`
+	Replays        int       `json:"replays"`
+}
+
+// Age is how long the message has been dead, or 0 if unknown.
+func (m Message) Age(now time.Time) time.Duration {
+	if m.DeadLetteredAt.IsZero() {
+		return 0
+	}
+	return now.Sub(m.DeadLetteredAt)
+}
+
+// describe reads a dead letter's headers. Messages the runtime dead-lettered
+// carry our headers; those RabbitMQ dead-lettered itself (a crash loop past
+// the work queue's delivery limit) carry only the broker's x-death.
+func describe(d amqp.Delivery) Message {
+	h := d.Headers
+	m := Message{
+		ID:         d.MessageId,
+		OrderID:    orderID(d.Body),
+		Reason:     stringHeader(h, consumer.HeaderDeadLetterReason),
+		Attempts:   intHeader(h, consumer.HeaderAttempt),
+		FirstError: stringHeader(h, consumer.HeaderFirstError),
+		Replays:    intHeader(h, HeaderReplayCount),
+	}
+	if m.FirstError == "" {
+		m.FirstError = stringHeader(h, consumer.HeaderDeadLetterError)
+	}
+	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, consumer.HeaderDeadLetteredAt)); err == nil {
+		m.DeadLetteredAt = at
+	}
+	if death, ok := lastDeath(h); ok {
+		if m.Reason == "" {
+			m.Reason, _ = death["reason"].(string)
+		}
+		if t, ok := death["time"].(time.Time); ok && m.DeadLetteredAt.IsZero() {
+			m.DeadLetteredAt = t
+		}
+	}
+	return m
+}
+
+// orderID peeks at the body's order_id; a body it cannot read shows none.
+func orderID(body []byte) string {
+	var v struct {
+		OrderID string `json:"order_id"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return ""
+	}
+	return v.OrderID
+}
+
+// lastDeath is the broker's record of the dead-lettering that put the message
+// here: x-death lists the newest first.
+func lastDeath(h amqp.Table) (amqp.Table, bool) {
+	deaths, _ := h["x-death"].([]any)
+	if len(deaths) == 0 {
+		return nil, false
+	}
+	death, ok := deaths[0].(amqp.Table)
+	return death, ok
+}
+
+func stringHeader(h amqp.Table, key string) string {
+	s, _ := h[key].(string)
+	return s
+}
+
+func intHeader(h amqp.Table, key string) int {
+	switch v := h[key].(type) {
+	case int8:
+		return int(v)
+	case int16:
+		return int(v)
+	case int32:
+		return int(v)
+	case int64:
+		return int(v)
+	case int:
+		return v
+	}
+	return 0
+}

@@ -1,0 +1,253 @@
+package deadletter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+// DefaultMaxReplays is how often one message may be replayed.
+const DefaultMaxReplays = 3
+
+// publishTimeout bounds one replay publish and its confirm.
+const publishTimeout = 15 * time.Second
+
+// Selector chooses the dead letters to replay: exactly one field is set.
+type Selector struct {
+	ID     string // this message id
+	Reason string // every message dead-lettered with this reason
+	All    bool   // every message
+}
+
+// Validate reports a selector that chooses nothing or is ambiguous.
+func (s Selector) Validate() error {
+	n := 0
+	for _, set := range []bool{s.ID != "", s.Reason != "", s.All} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return errors.New("choose exactly one of a message id, a reason or all")
+	}
+	return nil
+}
+
+func (s Selector) matches(m Message) bool {
+	switch {
+	case s.All:
+		return true
+	case s.ID != "":
+		return m.ID == s.ID
+	}
+	return m.Reason == s.Reason
+}
+
+// ReplayOptions tune a replay.
+type ReplayOptions struct {
+	// MaxReplays refuses a message replayed this often already.
+	MaxReplays int
+	// DryRun reports what would be replayed and changes nothing.
+	DryRun bool
+}
+
+// ReplayReport says what a replay did with each message it looked at.
+type ReplayReport struct {
+	Depth    int       // messages ready when the replay began; at most this many were visited
+	Visited  int       // messages taken from the queue and looked at
+	Replayed []Message // back in the work queue (or, with DryRun, would be); Replays is the new count
+	Refused  []Message // selected but at the replay cap: left in the dead-letter queue
+	Skipped  int       // not selected: left in the dead-letter queue
+}
+
+// Replay moves the selected dead letters back to the work queue with their
+// original message id, body and properties, a fresh retry budget and
+// x-replay-count raised by one.
+//
+// Each copy is published with a confirm and the dead letter is acked only
+// after that: a crash in between leaves both, and the copy replayed twice is a
+// duplicate the inbox suppresses. Messages not replayed are held unacked until
+// the end and then returned by closing the channel (see List), so no message
+// is taken twice in one run, and at most Depth messages are visited: dead
+// letters arriving meanwhile, including a replayed message failing again at
+// once, wait for the next run.
+//
+// On an error Replay stops; the report says what was done until then.
+func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (ReplayReport, error) {
+	var rep ReplayReport
+	if err := sel.Validate(); err != nil {
+		return rep, err
+	}
+	if opts.MaxReplays < 1 {
+		return rep, errors.New("replay: the replay cap must be at least 1")
+	}
+	get, err := q.conn.Channel()
+	if err != nil {
+		return rep, fmt.Errorf("open channel: %w", err)
+	}
+	defer get.Close() // returns the messages not replayed
+	if rep.Depth, err = depth(get, q.topo.DeadLetterQueue); err != nil {
+		return rep, err
+	}
+	if _, err := depth(get, q.topo.Queue); err != nil {
+		return rep, err
+	}
+	var pub *publisher
+	if !opts.DryRun {
+		if pub, err = openPublisher(q.conn); err != nil {
+			return rep, err
+		}
+		defer pub.ch.Close()
+	}
+	for rep.Visited < rep.Depth {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		d, ok, err := get.Get(q.topo.DeadLetterQueue, false)
+		if err != nil {
+			return rep, fmt.Errorf("get from %s: %w", q.topo.DeadLetterQueue, err)
+		}
+		if !ok {
+			break
+		}
+		rep.Visited++
+		if err := q.visit(ctx, &rep, sel, opts, pub, d); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *publisher, d amqp.Delivery) error {
+	m := describe(d)
+	switch {
+	case !sel.matches(m):
+		rep.Skipped++
+		return nil
+	case m.Replays >= opts.MaxReplays:
+		rep.Refused = append(rep.Refused, m)
+		return nil
+	}
+	m.Replays++
+	if !opts.DryRun {
+		if err := q.replay(ctx, pub, d, m.Replays); err != nil {
+			return fmt.Errorf("replay message %q: %w", m.ID, err)
+		}
+	}
+	rep.Replayed = append(rep.Replayed, m)
+	return nil
+}
+
+// replay publishes the copy to the work queue and acks the dead letter.
+//
+// The copy goes through the default exchange straight to the work queue, not
+// through the original exchange (the x-original-exchange header): on a topic
+// exchange it would also reach every other queue bound to the key, and other
+// services would receive the event again. The retry queues route back the same
+// way. The x-original-* headers stay on the message, so they keep naming where
+// it first came from.
+func (q *Queue) replay(ctx context.Context, pub *publisher, d amqp.Delivery, replays int) error {
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	if err := pub.publish(pctx, q.topo.Queue, replayCopy(d, replays)); err != nil {
+		return err
+	}
+	if err := d.Ack(false); err != nil {
+		return fmt.Errorf("copy confirmed but the dead letter not acked (it stays there; a second replay is a duplicate the inbox suppresses): %w", err)
+	}
+	return nil
+}
+
+// resetHeaders are removed from a replayed copy: the runtime's attempt counter,
+// so the retry budget starts again, and the history of the dead-lettering,
+// which the next failure would otherwise report as its own. The broker's
+// counters are the dead-letter queue's, not the work queue's.
+var resetHeaders = []string{
+	consumer.HeaderAttempt,
+	consumer.HeaderDeadLetterReason,
+	consumer.HeaderDeadLetterError,
+	consumer.HeaderDeadLetteredAt,
+	consumer.HeaderDeadLetterBy,
+	consumer.HeaderFirstError,
+	consumer.HeaderLastError,
+	"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
+	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
+	"x-delivery-count", "x-acquired-count",
+}
+
+// replayCopy is d as the producer sent it, plus the replay count. Its message
+// id is the inbox key, so a copy of a message already applied is suppressed.
+// The expiration and user-id properties are dropped like in the runtime's own
+// copies: a stale per-message TTL would expire the replay, and RabbitMQ
+// refuses a user-id other than the publishing connection's user.
+func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
+	headers := amqp.Table{}
+	maps.Copy(headers, d.Headers)
+	for _, k := range resetHeaders {
+		delete(headers, k)
+	}
+	headers[HeaderReplayCount] = int32(replays)
+	headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}
+
+// publisher publishes mandatory messages with confirms. A confirm alone does
+// not prove a message was stored: the broker also confirms a message no queue
+// took. With mandatory set it first returns such a message, and the return
+// arrives before the confirm of the same publish.
+type publisher struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+func openPublisher(conn *amqp.Connection) (*publisher, error) {
+	ch, err := rabbit.ConfirmChannel(conn)
+	if err != nil {
+		return nil, err
+	}
+	// One publish is in flight at a time, so one slot always suffices and the
+	// client's reader never blocks on it.
+	return &publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}, nil
+}
+
+func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
+	if err != nil {
+		return fmt.Errorf("publish to queue %s: %w", queue, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("wait for confirm of publish to queue %s: %w", queue, err)
+	}
+	if !acked {
+		return fmt.Errorf("publish to queue %s: %w", queue, rabbit.ErrNotConfirmed)
+	}
+	select {
+	case r, ok := <-p.returns:
+		if ok {
+			return fmt.Errorf("publish to queue %s: returned by the broker: %d %s", queue, r.ReplyCode, r.ReplyText)
+		}
+	default:
+	}
+	return nil
+}

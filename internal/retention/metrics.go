@@ -1,0 +1,20 @@
+package retention
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the pruner's Prometheus collectors.
+type Metrics struct {
+	pruned *prometheus.CounterVec
+}
+
+// NewMetrics creates the collectors and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		pruned: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_pruned_rows_total",
+			Help: "Inbox rows deleted by retention, by consumer.",
+		}, []string{"consumer"}),
+	}
+	reg.MustRegister(m.pruned)
+	return m
+}

@@ -1,0 +1,158 @@
+package retention
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"hash/fnv"
+	"time"
+)
+
+// Result is what one prune run did.
+type Result struct {
+	Skipped      bool      // another run held the lock: nothing was done
+	Cutoff       time.Time // rows received before this were deleted (database clock)
+	Deleted      int64
+	Batches      int
+	LongestBatch time.Duration
+	Elapsed      time.Duration
+}
+
+// deleteBatch deletes the oldest rows of one batch. Rows are picked by ctid
+// through ARRAY(…) so that PostgreSQL deletes them with a TID scan; FOR UPDATE
+// SKIP LOCKED passes over a row another transaction holds instead of waiting
+// for it. As a single statement, each batch is its own short transaction:
+// locks live for one batch, never for the whole run.
+const deleteBatch = `
+DELETE FROM inbox WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM inbox
+	WHERE consumer = $1 AND received_at < $2
+	ORDER BY received_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED))`
+
+// Prune deletes the consumer's rows older than the window, batch by batch,
+// until a batch deletes fewer than the batch size. It runs only if it can take
+// the consumer's advisory lock at once; otherwise it returns Skipped, because
+// another replica is pruning the same rows right now.
+func (p *Pruner) Prune(ctx context.Context) (Result, error) {
+	start := time.Now()
+	// A session advisory lock belongs to a connection, so the run keeps one
+	// connection of the pool from lock to unlock.
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("prune inbox of %s: take a connection: %w", p.cfg.Consumer, err)
+	}
+	defer conn.Close()
+	var locked bool
+	if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock($1)`, p.lockKey).Scan(&locked); err != nil {
+		return Result{}, fmt.Errorf("prune inbox of %s: take the lock: %w", p.cfg.Consumer, err)
+	}
+	if !locked {
+		return Result{Skipped: true}, nil
+	}
+	defer p.unlock(conn)
+	res, err := p.deleteOld(ctx, conn)
+	res.Elapsed = time.Since(start)
+	return res, err
+}
+
+func (p *Pruner) deleteOld(ctx context.Context, conn *sql.Conn) (Result, error) {
+	var res Result
+	var err error
+	// One cutoff for the whole run, on the database's clock (received_at is
+	// its now()): rows that age past the window meanwhile wait for the next run,
+	// so a run always ends.
+	if res.Cutoff, err = p.cutoff(ctx, conn); err != nil {
+		return res, err
+	}
+	for {
+		began := time.Now()
+		r, err := conn.ExecContext(ctx, deleteBatch, p.cfg.Consumer, res.Cutoff, p.cfg.BatchSize)
+		if err != nil {
+			return res, fmt.Errorf("prune inbox of %s: batch %d: %w", p.cfg.Consumer, res.Batches+1, err)
+		}
+		n, err := r.RowsAffected()
+		if err != nil {
+			return res, fmt.Errorf("prune inbox of %s: rows deleted: %w", p.cfg.Consumer, err)
+		}
+		res.Batches++
+		res.Deleted += n
+		res.LongestBatch = max(res.LongestBatch, time.Since(began))
+		p.metrics.pruned.WithLabelValues(p.cfg.Consumer).Add(float64(n))
+		if n < int64(p.cfg.BatchSize) {
+			return res, nil
+		}
+		if !sleep(ctx, p.cfg.Pause) {
+			return res, fmt.Errorf("prune inbox of %s: %w", p.cfg.Consumer, ctx.Err())
+		}
+	}
+}
+
+// Pending counts the rows a run would delete now, and the cutoff it would use.
+func (p *Pruner) Pending(ctx context.Context) (int64, time.Time, error) {
+	conn, err := p.db.Conn(ctx)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("count prunable inbox rows: %w", err)
+	}
+	defer conn.Close()
+	cutoff, err := p.cutoff(ctx, conn)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	var n int64
+	err = conn.QueryRowContext(ctx, `SELECT count(*) FROM inbox WHERE consumer = $1 AND received_at < $2`,
+		p.cfg.Consumer, cutoff).Scan(&n)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("count prunable inbox rows of %s: %w", p.cfg.Consumer, err)
+	}
+	return n, cutoff, nil
+}
+
+func (p *Pruner) cutoff(ctx context.Context, conn *sql.Conn) (time.Time, error) {
+	var t time.Time
+	err := conn.QueryRowContext(ctx, `SELECT now() - make_interval(secs => $1)`, p.cfg.Window.Seconds()).Scan(&t)
+	if err != nil {
+		return t, fmt.Errorf("prune inbox of %s: compute cutoff: %w", p.cfg.Consumer, err)
+	}
+	return t, nil
+}
+
+// unlock releases the advisory lock. A session lock outlives its statement, so
+// a connection whose unlock failed must not go back to the pool holding it:
+// it is discarded instead, and closing the session releases the lock.
+func (p *Pruner) unlock(conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var released bool
+	err := conn.QueryRowContext(ctx, `SELECT pg_advisory_unlock($1)`, p.lockKey).Scan(&released)
+	if err == nil && released {
+		return
+	}
+	p.log.Warn("could not release the prune lock; discarding its connection", "err", err)
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}
+
+// lockKey is the advisory lock of one consumer's prune runs: replicas of the
+// same consumer exclude each other, different consumers sharing the table do not.
+func lockKey(consumer string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("inbox-retention:" + consumer))
+	return int64(h.Sum64())
+}
+
+// sleep waits for d or until ctx is done, and reports whether it slept fully.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,44 @@
+package verify
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/deadletter"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+// amqpBroker reads queue depths and dead letters over one connection.
+type amqpBroker struct {
+	conn *amqp.Connection
+	dlq  *deadletter.Queue
+}
+
+// NewBroker returns the Broker of a connection; it leaves every message in place.
+func NewBroker(conn *amqp.Connection, topo rabbit.Topology) Broker {
+	return &amqpBroker{conn: conn, dlq: deadletter.New(conn, topo)}
+}
+
+func (b *amqpBroker) Depth(queue string) (int, error) {
+	ch, err := b.conn.Channel()
+	if err != nil {
+		return 0, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+func (b *amqpBroker) DeadLetters(ctx context.Context) ([]deadletter.Message, error) {
+	n, err := b.dlq.Depth()
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	l, err := b.dlq.List(ctx, n)
+	return l.Messages, err
+}
