@@ -191,3 +191,21 @@ func TestHandlerDuplicateOutcome(t *testing.T) {
 		t.Fatalf("inbox rows = %d, want 1", n)
 	}
 }
+
+// A producer bug: the same message id with another body. The second is not
+// silently dropped as a duplicate: it is dead-lettered as payload_mismatch.
+func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), nil)
+	e.publish("reused", `{"amount":100}`)
+	waitFor(t, "first processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	e.publish("reused", `{"amount":999}`)
+	d := e.deadLetters(1)[0]
+	if d.Headers[HeaderDeadLetterReason] != ReasonPayloadMismatch || string(d.Body) != `{"amount":999}` {
+		t.Fatalf("dead letter %q with reason %v, want the second body with %s", d.Body, d.Headers[HeaderDeadLetterReason], ReasonPayloadMismatch)
+	}
+	got := counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, ReasonPayloadMismatch))
+	if got != 1 || e.effects("reused") != 1 || rt.count(OutcomeDuplicate) != 0 {
+		t.Fatalf("payload_mismatch counted %d, effects %d, duplicates %d", got, e.effects("reused"), rt.count(OutcomeDuplicate))
+	}
+}
