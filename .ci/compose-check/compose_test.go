@@ -1,8 +1,10 @@
 // Package composecheck validates the repository's docker-compose.yml with
 // compose-go, the loader Docker Compose itself uses (schema, interpolation,
 // merge keys, consistency), then checks what the stack promises: health checks
-// and start order, two payment-service replicas, named volumes, the images,
-// and every .env.example variable reaching the programs that read it.
+// and start order, two payment-service replicas, named volumes, the images
+// and the Dockerfile targets they build, and every .env.example variable
+// reaching the programs that read it. dockerfile_test.go checks the
+// Dockerfile: its targets, and each image's size.
 //
 // It is a module of its own so that the main module does not depend on
 // compose-go. No Docker engine is needed: run.sh runs it.
@@ -17,6 +19,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -33,9 +36,18 @@ const (
 	repoRoot    = "../.."
 	composeFile = repoRoot + "/docker-compose.yml"
 	envExample  = repoRoot + "/.env.example"
-	// binDir is where the Dockerfile puts the four programs.
+	// binDir is where the Dockerfile's images hold the programs.
 	binDir = "/usr/local/bin/"
 )
+
+// wantBuildTargets is the Dockerfile target each service of ours builds and
+// runs: inboxctl ships in the payment-service image.
+var wantBuildTargets = map[string]string{
+	"fake-gateway":    "fake-gateway",
+	"payment-service": "payment-service",
+	"order-publisher": "order-publisher",
+	"inboxctl":        "payment-service",
+}
 
 // connectionSettings are the variables docker-compose.yml sets per service
 // instead of taking them from .env: inside Compose they name the other
@@ -421,6 +433,70 @@ func TestImages(t *testing.T) {
 		}
 		if len(s.Entrypoint) != 1 || !strings.HasPrefix(s.Entrypoint[0], binDir) {
 			t.Errorf("%s: entrypoint %q, want one of the programs in %s", s.Name, s.Entrypoint, binDir)
+		}
+	}
+}
+
+// TestServicesBuildTheirTargets: each service of ours builds the Dockerfile
+// target holding its program, under that target's own image name, and the
+// ports it publishes are the ones the image exposes.
+func TestServicesBuildTheirTargets(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	targets, _ := dockerfileTargets(t)
+	imageOf := map[string]string{}  // target -> image
+	targetOf := map[string]string{} // image -> target
+	seen := map[string]bool{}
+	for _, s := range p.Services {
+		if s.Build == nil {
+			if _, ours := wantBuildTargets[s.Name]; ours {
+				t.Errorf("%s: no build section; want target %s", s.Name, wantBuildTargets[s.Name])
+			}
+			continue
+		}
+		seen[s.Name] = true
+		name := s.Build.Target
+		if want, ok := wantBuildTargets[s.Name]; !ok {
+			t.Errorf("%s: builds target %q; add the service to wantBuildTargets", s.Name, name)
+		} else if name != want {
+			t.Errorf("%s: builds target %q, want %q", s.Name, name, want)
+		}
+		tg, ok := targetNamed(targets, name)
+		if !ok {
+			t.Errorf("%s: build target %q is not an image stage of the Dockerfile", s.Name, name)
+			continue
+		}
+		if prog := program(s); !slices.Contains(tg.programs, prog) {
+			t.Errorf("%s: runs %s%s, which image %s does not hold (it holds %q)", s.Name, binDir, prog, name, tg.programs)
+		}
+		if hc := s.HealthCheck; hc != nil && len(hc.Test) > 1 && strings.HasPrefix(hc.Test[1], binDir) &&
+			!slices.Contains(tg.programs, strings.TrimPrefix(hc.Test[1], binDir)) {
+			t.Errorf("%s: health check runs %s, which image %s does not hold", s.Name, hc.Test[1], name)
+		}
+		for _, port := range s.Ports {
+			if !slices.Contains(tg.expose, strconv.FormatUint(uint64(port.Target), 10)) {
+				t.Errorf("%s: publishes port %d, which image %s does not expose (%q)", s.Name, port.Target, name, tg.expose)
+			}
+		}
+		// One image name per target: services of one target share the
+		// image, and no two targets write the same tag.
+		if s.Image == "" {
+			t.Errorf("%s: builds target %s without an image name", s.Name, name)
+			continue
+		}
+		if repo, _, _ := strings.Cut(s.Image, ":"); repo != name && !strings.HasSuffix(repo, "/"+name) {
+			t.Errorf("%s: image %q for target %s; name the image after its target", s.Name, s.Image, name)
+		}
+		if img, ok := imageOf[name]; ok && img != s.Image {
+			t.Errorf("%s: target %s is built as both %q and %q", s.Name, name, img, s.Image)
+		}
+		if other, ok := targetOf[s.Image]; ok && other != name {
+			t.Errorf("%s: image %q is built from both targets %s and %s", s.Name, s.Image, other, name)
+		}
+		imageOf[name], targetOf[s.Image] = s.Image, name
+	}
+	for name := range wantBuildTargets {
+		if !seen[name] {
+			t.Errorf("no service %s builds its image", name)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package composecheck
 
 import (
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +14,31 @@ import (
 	"github.com/mattn/go-shellwords"
 )
 
-const dockerfile = repoRoot + "/Dockerfile"
+const (
+	dockerfile = repoRoot + "/Dockerfile"
+	// buildStage is the one stage that compiles; every other stage is an image.
+	buildStage = "build"
+	// runtimeBase is the base of every image.
+	runtimeBase = "gcr.io/distroless/static-debian12:nonroot"
+	// runtimeBaseSize is about what distroless static-debian12 adds to the
+	// binaries.
+	runtimeBaseSize = 2e6
+	// maxImageSize is the project's limit for each image, in bytes.
+	maxImageSize = 40e6
+)
+
+// wantTargets are the Dockerfile's images and the programs each one holds:
+// operators run inboxctl next to the service. The last one is the default
+// of `docker build .`.
+var wantTargets = []struct {
+	name     string
+	programs []string
+	expose   []string
+}{
+	{"fake-gateway", []string{"fake-gateway"}, []string{"8081"}},
+	{"order-publisher", []string{"order-publisher"}, nil},
+	{"payment-service", []string{"inboxctl", "payment-service"}, []string{"8080"}},
+}
 
 // dockerfileLines returns the Dockerfile's instructions with continuation
 // lines joined and comments dropped.
@@ -40,6 +65,106 @@ func dockerfileLines(t *testing.T) []string {
 	return lines
 }
 
+// stage is one FROM of the Dockerfile and its instructions.
+type stage struct {
+	from  string   // the FROM line
+	base  string   // the image (or stage) it starts from
+	name  string   // AS name, or ""
+	lines []string // the instructions after FROM
+}
+
+// target is what an image stage puts together.
+type target struct {
+	name       string
+	programs   []string // copied from the build stage into binDir, sorted
+	expose     []string
+	user       string
+	entrypoint string
+}
+
+func dockerfileStages(t *testing.T) []stage {
+	t.Helper()
+	var stages []stage
+	fromRE := regexp.MustCompile(`^FROM (--platform=\S+ )?(\S+)( AS (\S+))?$`)
+	for _, l := range dockerfileLines(t) {
+		if strings.HasPrefix(l, "FROM ") {
+			m := fromRE.FindStringSubmatch(l)
+			if m == nil {
+				t.Fatalf("Dockerfile: cannot read %q", l)
+			}
+			stages = append(stages, stage{from: l, base: m[2], name: m[4]})
+			continue
+		}
+		if len(stages) == 0 {
+			continue // ARG before the first FROM
+		}
+		stages[len(stages)-1].lines = append(stages[len(stages)-1].lines, l)
+	}
+	if len(stages) == 0 {
+		t.Fatal("Dockerfile: no FROM")
+	}
+	return stages
+}
+
+// dockerfileTargets reads every stage but the build stage as an image, and
+// returns what such a stage must not do among the problems; only
+// TestDockerfileTargets reports those.
+func dockerfileTargets(t *testing.T) (targets []target, problems []string) {
+	t.Helper()
+	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
+	copyRE := regexp.MustCompile(`^COPY --from=` + buildStage + `((?: /out/[a-z0-9-]+)+) ` + binDir + `$`)
+	entryRE := regexp.MustCompile(`^ENTRYPOINT \["` + binDir + `([a-z0-9-]+)"\]$`)
+	for _, s := range dockerfileStages(t) {
+		if s.name == buildStage {
+			continue
+		}
+		tg := target{name: s.name}
+		if s.base != runtimeBase || s.name == "" {
+			report("Dockerfile: %q: every image stage must be `FROM %s AS <target>`", s.from, runtimeBase)
+		}
+		for _, l := range s.lines {
+			instr, _, _ := strings.Cut(l, " ")
+			switch instr {
+			case "COPY":
+				m := copyRE.FindStringSubmatch(l)
+				if m == nil {
+					report("Dockerfile: target %s: %q; an image copies only binaries from /out/ of the build stage into %s", s.name, l, binDir)
+					continue
+				}
+				for _, src := range strings.Fields(m[1]) {
+					tg.programs = append(tg.programs, strings.TrimPrefix(src, "/out/"))
+				}
+			case "USER":
+				tg.user = strings.TrimPrefix(l, "USER ")
+			case "EXPOSE":
+				tg.expose = append(tg.expose, strings.Fields(strings.TrimPrefix(l, "EXPOSE "))...)
+			case "ENTRYPOINT":
+				if m := entryRE.FindStringSubmatch(l); m != nil {
+					tg.entrypoint = m[1]
+				} else {
+					report("Dockerfile: target %s: %q; want the exec form with one program of %s", s.name, l, binDir)
+				}
+			case "LABEL", "ARG", "ENV", "WORKDIR", "CMD", "STOPSIGNAL":
+			default:
+				// RUN, ADD, ...: the images hold the binaries and nothing else.
+				report("Dockerfile: target %s: %q; an image only copies its binaries", s.name, l)
+			}
+		}
+		slices.Sort(tg.programs)
+		targets = append(targets, tg)
+	}
+	return targets, problems
+}
+
+// targetNamed returns the image called name among targets.
+func targetNamed(targets []target, name string) (target, bool) {
+	i := slices.IndexFunc(targets, func(tg target) bool { return tg.name == name })
+	if i < 0 {
+		return target{}, false
+	}
+	return targets[i], true
+}
+
 func programs(t *testing.T) []string {
 	t.Helper()
 	entries, err := os.ReadDir(repoRoot + "/cmd")
@@ -55,40 +180,103 @@ func programs(t *testing.T) []string {
 	return names
 }
 
-func TestDockerfileShipsEveryProgramOnDistroless(t *testing.T) {
+// TestDockerfileBuildsOnceInOneStage: one build stage, with the module and
+// build caches, compiles every program in one `go build`.
+func TestDockerfileBuildsOnceInOneStage(t *testing.T) {
 	lines := dockerfileLines(t)
 	want := []*regexp.Regexp{
-		regexp.MustCompile(`^FROM (--platform=\S+ )?golang:(\$\{GO_VERSION\}|1\.26[.\d]*\S*) AS build$`),
 		regexp.MustCompile(`^ARG GO_VERSION=1\.26(\.\d+)?$`),
+		regexp.MustCompile(`^FROM (--platform=\S+ )?golang:(\$\{GO_VERSION\}|1\.26[.\d]*\S*) AS ` + buildStage + `$`),
 		regexp.MustCompile(`^RUN --mount=type=cache,target=/go/pkg/mod .*go mod download`),
 		regexp.MustCompile(`^RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build .*go build`),
-		regexp.MustCompile(`^FROM gcr\.io/distroless/static-debian12:nonroot$`),
-		regexp.MustCompile(`^COPY --from=build /out/ ` + binDir + `$`),
-		regexp.MustCompile(`^USER nonroot:nonroot$`),
 	}
 	for _, re := range want {
 		if !slices.ContainsFunc(lines, re.MatchString) {
 			t.Errorf("Dockerfile: no instruction matches %s", re)
 		}
 	}
-	// The final stage copies binaries only.
-	final := slices.IndexFunc(lines, want[4].MatchString)
-	for _, l := range lines[max(final, 0):] {
-		if strings.HasPrefix(l, "COPY ") && !strings.HasPrefix(l, "COPY --from=build /out/") || strings.HasPrefix(l, "RUN ") {
-			t.Errorf("Dockerfile: the runtime stage should only copy the binaries, got %q", l)
+	builds := 0
+	for _, s := range dockerfileStages(t) {
+		for _, l := range s.lines {
+			if strings.Contains(l, " go build ") {
+				builds++
+				if s.name != buildStage {
+					t.Errorf("Dockerfile: stage %q runs go build; only the %s stage may", s.name, buildStage)
+				}
+			}
+		}
+		if s.name == buildStage && !want[1].MatchString(s.from) {
+			t.Errorf("Dockerfile: the %s stage is %q", buildStage, s.from)
 		}
 	}
-	p := load(t, envExampleValues(t))
-	for _, s := range p.Services {
-		if prog := program(s); s.Build != nil && !slices.Contains(programs(t), prog) {
-			t.Errorf("%s: entrypoint %q is not one of cmd/%q", s.Name, s.Entrypoint, programs(t))
+	if builds != 1 {
+		t.Errorf("Dockerfile: %d go build commands, want one for all the programs", builds)
+	}
+}
+
+// TestDockerfileTargets: each image is a distroless static stage, run as
+// nonroot, holding its binaries only, with its own entrypoint and ports; the
+// last stage is payment-service, and every program ships in an image.
+func TestDockerfileTargets(t *testing.T) {
+	targets, problems := dockerfileTargets(t)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	if len(targets) == 0 {
+		t.Fatal("Dockerfile: no image stage after the build stage")
+	}
+	var names []string
+	shipped := map[string]string{}
+	for _, tg := range targets {
+		names = append(names, tg.name)
+		if tg.user != "nonroot:nonroot" {
+			t.Errorf("Dockerfile: target %s: USER %q, want nonroot:nonroot", tg.name, tg.user)
+		}
+		if tg.entrypoint != tg.name || !slices.Contains(tg.programs, tg.entrypoint) {
+			t.Errorf("Dockerfile: target %s: entrypoint %s%s, want %s%s, one of its programs %q",
+				tg.name, binDir, tg.entrypoint, binDir, tg.name, tg.programs)
+		}
+		for _, p := range tg.programs {
+			if !slices.Contains(programs(t), p) {
+				t.Errorf("Dockerfile: target %s copies %s, which is not one of cmd/%q", tg.name, p, programs(t))
+			}
+			if other, dup := shipped[p]; dup {
+				t.Errorf("Dockerfile: %s ships in both %s and %s", p, other, tg.name)
+			}
+			shipped[p] = tg.name
+		}
+	}
+	var wantNames []string
+	for _, w := range wantTargets {
+		wantNames = append(wantNames, w.name)
+		tg, ok := targetNamed(targets, w.name)
+		if !ok {
+			continue
+		}
+		if !slices.Equal(tg.programs, w.programs) {
+			t.Errorf("Dockerfile: target %s holds %q, want %q", w.name, tg.programs, w.programs)
+		}
+		if !slices.Equal(tg.expose, w.expose) {
+			t.Errorf("Dockerfile: target %s exposes %q, want %q", w.name, tg.expose, w.expose)
+		}
+	}
+	if got, want := slices.Sorted(slices.Values(names)), wantNames; !slices.Equal(got, want) {
+		t.Errorf("Dockerfile: targets %q, want %q", got, want)
+	}
+	if last := names[len(names)-1]; last != "payment-service" {
+		t.Errorf("Dockerfile: the last stage is %q; `docker build .` must give payment-service", last)
+	}
+	for _, p := range programs(t) {
+		if _, ok := shipped[p]; !ok {
+			t.Errorf("Dockerfile: no image ships cmd/%s", p)
 		}
 	}
 }
 
 // TestDockerfileBuildCommandBuildsHere runs the Dockerfile's `go build`, as
 // written there, on this machine: the one part of the image build that needs no
-// Docker engine. The binaries must be static, as distroless/static has no libc.
+// Docker engine. The binaries must be static, as distroless/static has no libc,
+// and each image (its binaries plus distroless/static) under maxImageSize.
 func TestDockerfileBuildCommandBuildsHere(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the four programs")
@@ -138,7 +326,7 @@ func TestDockerfileBuildCommandBuildsHere(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s: %v\n%s", strings.Join(append(env, args...), " "), err, b)
 	}
-	var total int64
+	sizes := map[string]int64{}
 	for _, p := range programs(t) {
 		path := filepath.Join(out, p)
 		fi, err := os.Stat(path)
@@ -146,7 +334,7 @@ func TestDockerfileBuildCommandBuildsHere(t *testing.T) {
 			t.Errorf("%s was not built: %v", p, err)
 			continue
 		}
-		total += fi.Size()
+		sizes[p] = fi.Size()
 		t.Logf("%-16s %5.1f MB", p, float64(fi.Size())/1e6)
 		f, err := elf.Open(path)
 		if err != nil {
@@ -159,5 +347,21 @@ func TestDockerfileBuildCommandBuildsHere(t *testing.T) {
 		}
 		f.Close()
 	}
-	t.Logf("%-16s %5.1f MB (plus ~2 MB of distroless/static)", "total", float64(total)/1e6)
+	targets, _ := dockerfileTargets(t)
+	for _, tg := range targets {
+		size := int64(runtimeBaseSize)
+		for _, p := range tg.programs {
+			s, ok := sizes[p]
+			if !ok {
+				t.Errorf("image %s: %s is not built by go build", tg.name, p)
+			}
+			size += s
+		}
+		t.Logf("image %-16s %5.1f MB (%s, plus ~%.0f MB of distroless/static)",
+			tg.name, float64(size)/1e6, strings.Join(tg.programs, ", "), runtimeBaseSize/1e6)
+		if size >= maxImageSize {
+			t.Errorf("image %s: %.1f MB (%s plus distroless/static), want under %.0f MB",
+				tg.name, float64(size)/1e6, strings.Join(tg.programs, ", "), maxImageSize/1e6)
+		}
+	}
 }

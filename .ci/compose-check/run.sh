@@ -5,7 +5,8 @@
 #   2. this module's tests: docker-compose.yml loaded by compose-go, the loader
 #      Docker Compose uses, with and without .env.example, plus the stack's
 #      promises (health checks, replicas, start order, volumes, images), and
-#      the Dockerfile's `go build` run here;
+#      the Dockerfile's targets (distroless static, nonroot, binaries only)
+#      and its `go build` run here, with each image's size checked;
 #   3. `docker compose config -q` with the real Compose CLI, when one is
 #      installed, or built from its Go module with --build-plugin (a cold build
 #      takes 6-8 minutes on 2 cores; later runs reuse the installed binary).
