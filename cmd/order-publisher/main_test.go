@@ -137,7 +137,7 @@ func readSummary(t *testing.T, path string) map[string]any {
 
 func bindQueue(t *testing.T, url string) {
 	t.Helper()
-	withChannel(t, url, func(ch *amqp.Channel) error {
+	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare("orders", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -153,7 +153,7 @@ func bindQueue(t *testing.T, url string) {
 func queueLength(t *testing.T, url string) int {
 	t.Helper()
 	n := 0
-	withChannel(t, url, func(ch *amqp.Channel) error {
+	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get("payments", true)
 			if err != nil || !ok {
@@ -170,20 +170,4 @@ func queueLength(t *testing.T, url string) int {
 
 func isPoison(d amqp.Delivery) bool {
 	return strings.HasPrefix(d.MessageId, "poison-") || d.MessageId == ""
-}
-
-func withChannel(t *testing.T, url string, f func(*amqp.Channel) error) {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f(ch); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
@@ -69,21 +68,7 @@ func scalar(t *testing.T, url, sql string) int {
 }
 
 func queueDepth(t *testing.T, amqpURL, queue string) int {
-	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return q.Messages
+	return testenv.QueueDepth(t, amqpURL, queue)
 }
 
 // The README's "done when": 1000 orders with 20% duplicates and 6 poison

@@ -170,16 +170,14 @@ func mustRun(t *testing.T, cfg Config) Summary {
 // service would.
 func bindQueue(t *testing.T, url string) {
 	t.Helper()
-	withChannel(t, url, func(ch *amqp.Channel) {
+	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(testExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
+			return err
 		}
 		if _, err := ch.QueueDeclare("payments", true, false, false, false, nil); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if err := ch.QueueBind("payments", testKey, testExchange, false, nil); err != nil {
-			t.Fatal(err)
-		}
+		return ch.QueueBind("payments", testKey, testExchange, false, nil)
 	})
 }
 
@@ -188,33 +186,16 @@ func bindQueue(t *testing.T, url string) {
 func consumeAll(t *testing.T, url string) []amqp.Delivery {
 	t.Helper()
 	var out []amqp.Delivery
-	withChannel(t, url, func(ch *amqp.Channel) {
+	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get("payments", true)
-			if err != nil {
-				t.Fatalf("get: %v", err)
-			}
-			if !ok {
-				return
+			if err != nil || !ok {
+				return err
 			}
 			out = append(out, d)
 		}
 	})
 	return out
-}
-
-func withChannel(t *testing.T, url string, f func(*amqp.Channel)) {
-	t.Helper()
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	f(ch)
 }
 
 // consumed sorts what a consumer received.
