@@ -140,7 +140,6 @@ func newRuntime(cfg config.PaymentService, db *gorm.DB, crasher *faults.Crasher,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
 		ReconnectMaxWait: cfg.ReconnectMaxWait,
 		DatabaseCheck:    func(ctx context.Context) error { return database.Ping(ctx, db) },
-		DatabaseDown:     database.IsUnavailable,
 		OnStage:          onStage,
 	}, inbox.New(db, cfg.Consumer), payment.NewHandler(gw), cfg.HandlerTimeout, m, log)
 }

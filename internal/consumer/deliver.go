@@ -36,9 +36,10 @@ const maxIDLen = 255
 // meanwhile, left for the broker to redeliver.
 func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	msg := message(d)
-	log := r.messageLogger(d, msg)
-	if reason, err := r.admit(d, &msg); reason != "" {
-		r.deadLetter(ctx, s, d, msg, reason, err, log)
+	reason, admitErr := r.admit(d, &msg)
+	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	if reason != "" {
+		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
 	out, err := r.apply(ctx, msg)
@@ -54,7 +55,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
 	case errors.Is(err, ErrPermanent):
 		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
-	case r.databaseDown(ctx, err):
+	case r.pingDatabase(ctx) != nil:
 		log.Warn("database unavailable: requeueing and pausing", "err", err)
 		_ = d.Nack(false, true)
 		s.requestPause()
@@ -65,15 +66,13 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	}
 }
 
-// databaseDown tells a database outage from a failure of the message: the
-// error says so, or the database does not answer a ping right now.
-func (r *Runtime) databaseDown(ctx context.Context, err error) bool {
-	if r.cfg.DatabaseDown(err) {
-		return true
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+// pingDatabase tells a database outage from a failure of the message. Error
+// classes alone cannot: a handler's HTTP call fails with the same network
+// errors, and a pool can still answer while new connections are refused.
+func (r *Runtime) pingDatabase(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return r.cfg.DatabaseCheck(pingCtx) != nil
+	return r.cfg.DatabaseCheck(ctx)
 }
 
 // message builds the handler's view of a delivery.
@@ -132,6 +131,8 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 
 // apply runs the handler inside the inbox transaction.
 func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
+	defer cancel()
 	var out Outcome
 	fresh, err := r.inbox.Process(ctx, msg.ID, msg.Body, func(tx *gorm.DB) error {
 		r.stage(StageClaimed)
@@ -145,7 +146,7 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	case !fresh:
 		return OutcomeDuplicate, nil
 	case out == "":
-		return OutcomeProcessed, nil
+		out = OutcomeProcessed
 	}
 	if !msg.PublishedAt.IsZero() {
 		r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
@@ -168,10 +169,12 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
 }
 
-func (r *Runtime) messageLogger(d amqp.Delivery, msg Message) *slog.Logger {
-	log := r.log.With("message_id", msg.ID, "delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered)
-	if r.cfg.LogAttrs != nil && len(d.Body) <= r.cfg.MaxBodyBytes {
-		for _, a := range r.cfg.LogAttrs(d.Body) {
+// messageLogger puts the message's id (the resolved dedupe key) and the
+// handler's attributes (an order id) on every line about it.
+func (r *Runtime) messageLogger(msg Message, tag uint64, redelivered bool) *slog.Logger {
+	log := r.log.With("message_id", msg.ID, "delivery_tag", tag, "redelivered", redelivered)
+	if r.cfg.LogAttrs != nil && len(msg.Body) <= r.cfg.MaxBodyBytes {
+		for _, a := range r.cfg.LogAttrs(msg.Body) {
 			log = log.With(a)
 		}
 	}

@@ -14,7 +14,12 @@ type PermanentError struct {
 	Err    error
 }
 
-func (e *PermanentError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *PermanentError) Error() string {
+	if e.Err == nil {
+		return e.Reason
+	}
+	return e.Reason + ": " + e.Err.Error()
+}
 
 // Unwrap returns the cause.
 func (e *PermanentError) Unwrap() error { return e.Err }

@@ -174,3 +174,34 @@ func TestBackendsTerminatedMidTransaction(t *testing.T) {
 	}
 	t.Logf("terminated %d backends; retried %d, pauses %d", killed, rt.count(OutcomeRetried), rt.pauses())
 }
+
+// PostgreSQL goes silent (a blackhole, not a refusal): no worker hangs until
+// TCP gives up; the transaction deadline and the ping find the outage, the
+// runtime pauses, and everything is applied once after the link is back.
+func TestBlackholedDatabaseDoesNotWedgeWorkers(t *testing.T) {
+	e := newEnv(t)
+	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
+	db, err := database.Open(context.Background(), database.Options{
+		URL: proxiedURL(t, e.dbURL, proxy.Listen), MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "blackhole",
+	}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	const n = 200
+	e.publishMany(n, "silent")
+	rt := e.startWith(slowHandler(5*time.Millisecond), e.url, db, func(c *Config) { c.MaxAttempts = 2 })
+	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 30 })
+	for _, stream := range []string{"upstream", "downstream"} {
+		testenv.AddToxic(t, proxy, `{"name":"silent-`+stream+`","type":"timeout","stream":"`+stream+`","attributes":{"timeout":0}}`)
+	}
+	testenv.Eventually(t, time.Minute, "the pause", func() (bool, error) { return rt.pauses() >= 1, nil })
+	for _, stream := range []string{"upstream", "downstream"} {
+		testenv.RemoveToxic(t, proxy, "silent-"+stream)
+	}
+	proxy.Stop() // cut the connections that saw the blackhole, as a real network reset would
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+}

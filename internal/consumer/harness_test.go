@@ -104,7 +104,6 @@ func (e *env) startWith(h Handler, amqpURL string, db *gorm.DB, tune func(*Confi
 			return ""
 		},
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, db) },
-		DatabaseDown:  database.IsUnavailable,
 	}
 	if tune != nil {
 		tune(&cfg)

@@ -10,12 +10,12 @@ import (
 
 // Recover turns a handler panic into an error, so one bad message cannot crash
 // the service; the message is retried and the panic counted.
-func Recover(onPanic func(v any, stack []byte)) Middleware {
+func Recover(onPanic func(msg Message, v any, stack []byte)) Middleware {
 	return func(next Handler) Handler {
 		return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (out Outcome, err error) {
 			defer func() {
 				if v := recover(); v != nil {
-					onPanic(v, debug.Stack())
+					onPanic(msg, v, debug.Stack())
 					out, err = "", panicError(v)
 				}
 			}()

@@ -37,12 +37,11 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// ReconnectMaxWait caps the jittered exponential backoff between sessions.
 	ReconnectMaxWait time.Duration
-	// DatabaseCheck reports whether the database answers; while it fails the
-	// runtime stays paused instead of spending the retry budget of good messages.
+	// DatabaseCheck reports whether the database answers. After a failed
+	// message the runtime asks it: if it fails, the failure was the database's,
+	// not the message's, and the runtime pauses instead of spending the retry
+	// budget of good messages.
 	DatabaseCheck func(ctx context.Context) error
-	// DatabaseDown classifies a handler or inbox error as the database being
-	// unreachable (pause and requeue) rather than a failure of the message.
-	DatabaseDown func(err error) bool
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
 }
@@ -75,9 +74,6 @@ func (c *Config) setDefaults() {
 	if c.Heartbeat == 0 {
 		c.Heartbeat = 10 * time.Second
 	}
-	if c.DatabaseDown == nil {
-		c.DatabaseDown = func(error) bool { return false }
-	}
 	if c.DatabaseCheck == nil {
 		c.DatabaseCheck = func(context.Context) error { return nil }
 	}
@@ -106,6 +102,9 @@ type Runtime struct {
 	metrics *Metrics
 	log     *slog.Logger
 	ready   atomic.Bool
+	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
+	// a database that goes silent cannot wedge a worker until TCP gives up.
+	applyTimeout time.Duration
 }
 
 // New builds a runtime. The handler is wrapped with Recover, Observe and, if
@@ -115,10 +114,11 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
-	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name)}
+	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour}
 	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}
 	if handlerTimeout > 0 {
 		mws = append(mws, Timeout(handlerTimeout))
+		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
 	m.ready.WithLabelValues(cfg.Name).Set(0)
@@ -131,9 +131,13 @@ func (r *Runtime) stage(s Stage) {
 	}
 }
 
-func (r *Runtime) onPanic(v any, stack []byte) {
+// applyMargin is the time an inbox transaction gets beyond the handler's own
+// timeout: the claim (which may wait for a concurrent duplicate) and the commit.
+const applyMargin = 15 * time.Second
+
+func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 	r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
-	r.log.Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))
+	r.messageLogger(msg, 0, false).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))
 }
 
 // Ready reports nil while the runtime is connected, has declared its topology
@@ -195,14 +199,14 @@ func (r *Runtime) Run(ctx context.Context) error {
 
 func (r *Runtime) waitForDatabase(ctx context.Context, b *backoff) error {
 	for {
+		if !sleep(ctx, b.next()) {
+			return ctx.Err()
+		}
 		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := r.cfg.DatabaseCheck(pingCtx)
 		cancel()
 		if err == nil {
 			return nil
-		}
-		if !sleep(ctx, b.next()) {
-			return ctx.Err()
 		}
 	}
 }

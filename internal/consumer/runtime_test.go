@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
@@ -207,5 +208,61 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 	got := counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, ReasonPayloadMismatch))
 	if got != 1 || e.effects("reused") != 1 || rt.count(OutcomeDuplicate) != 0 {
 		t.Fatalf("payload_mismatch counted %d, effects %d, duplicates %d", got, e.effects("reused"), rt.count(OutcomeDuplicate))
+	}
+}
+
+// A PermanentError built without a cause still dead-letters with its reason.
+func TestBarePermanentError(t *testing.T) {
+	e := newEnv(t)
+	e.start(HandlerFunc(func(context.Context, *gorm.DB, Message) (Outcome, error) {
+		return "", &PermanentError{Reason: "bad_sku"}
+	}), nil)
+	e.publish("sku", `{}`)
+	if d := e.deadLetters(1)[0]; d.Headers[HeaderDeadLetterReason] != "bad_sku" {
+		t.Fatalf("reason %v, want bad_sku", d.Headers[HeaderDeadLetterReason])
+	}
+}
+
+// An error that looks like the database's while the database answers is a
+// failure of the message: retried, not a pause.
+func TestDatabaseErrorWithDatabaseUpIsRetried(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(m Message) error {
+		if m.Attempt == 1 {
+			return &pgconn.PgError{Code: "53300", Message: "too many connections"}
+		}
+		return nil
+	}), nil)
+	e.publish("busy", `{}`)
+	waitFor(t, "processed on the retry", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if rt.count(OutcomeRetried) != 1 || counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name)) != 0 {
+		t.Fatalf("retried %d, pauses %d: want one retry and no pause", rt.count(OutcomeRetried),
+			counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name)))
+	}
+}
+
+// The dead-letter queue is gone (deleted by hand): the broker would confirm
+// the copy and drop it, so the runtime publishes it mandatory and keeps the
+// original until the queue exists again.
+func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.channel().QueueDelete(e.topo.DeadLetterQueue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	rt := e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 16 })
+	// The runtime declared its topology again at start; delete the queue after that.
+	if _, err := e.channel().QueueDelete(e.topo.DeadLetterQueue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("too-big", `{"pad":"xxxxxxxxxxxxxxxx"}`)
+	waitFor(t, "a refused move", func() bool { return strings.Contains(rt.logs.String(), "could not move the message") })
+	rt.shutdown(t)
+	if rt.count(OutcomeDeadLettered) != 0 {
+		t.Fatal("counted as dead-lettered although no queue took the copy")
+	}
+	e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 16 }) // redeclares the queue
+	d := e.deadLetters(1)[0]
+	if d.MessageId != "too-big" || d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge {
+		t.Fatalf("dead letter %q with reason %v", d.MessageId, d.Headers[HeaderDeadLetterReason])
 	}
 }

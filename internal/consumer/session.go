@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 type session struct {
 	conn    *amqp.Connection
 	consume *amqp.Channel
-	publish *amqp.Channel
+	publish *rabbit.Publisher
 	// pause is closed once by the first worker that finds the database down.
 	pause     chan struct{}
 	pauseOnce sync.Once
@@ -52,7 +53,7 @@ func (r *Runtime) openChannels(s *session) error {
 	if err := s.consume.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	s.publish, err = rabbit.ConfirmChannel(s.conn)
+	s.publish, err = rabbit.NewPublisher(s.conn)
 	return err
 }
 
@@ -60,7 +61,7 @@ func (r *Runtime) openChannels(s *session) error {
 // shutdown, returns nil), the connection or a channel dies, or the database
 // goes down (returns errDatabaseDown).
 func (r *Runtime) session(ctx context.Context) error {
-	if err := r.cfg.DatabaseCheck(ctx); err != nil {
+	if err := r.pingDatabase(ctx); err != nil {
 		return fmt.Errorf("%w: %w", errDatabaseDown, err)
 	}
 	s, err := r.openSession()
@@ -108,7 +109,7 @@ func (r *Runtime) session(ctx context.Context) error {
 	}
 	r.setReady(false)
 	close(stop)
-	if reason == nil {
+	if reason == nil || errors.Is(reason, errDatabaseDown) {
 		// Tell the broker to stop sending; prefetched deliveries not yet taken by
 		// a worker go back to the queue when the channel closes.
 		_ = s.consume.Cancel(tag, false)
@@ -151,7 +152,24 @@ func (r *Runtime) work(ctx context.Context, s *session, deliveries <-chan amqp.D
 			if !ok {
 				return
 			}
-			r.deliver(ctx, s, d)
+			r.deliverSafely(ctx, s, d)
 		}
 	}
+}
+
+// deliverSafely contains a panic outside the handler (the handler's own are
+// recovered by the Recover middleware): in a KeyFromBody or LogAttrs of a
+// cloner, say. The delivery is rejected without requeue, so RabbitMQ
+// dead-letters it (x-death reason "rejected") instead of every replica
+// crashing on it in turn.
+func (r *Runtime) deliverSafely(ctx context.Context, s *session, d amqp.Delivery) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Error("panic outside the handler; rejecting the delivery to the dead-letter exchange",
+				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			_ = d.Reject(false)
+		}
+	}()
+	r.deliver(ctx, s, d)
 }

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
 // publishTimeout bounds a retry or dead-letter publish and its confirm.
@@ -74,8 +72,9 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *slog.Logger) bool {
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	if err := rabbit.PublishConfirmed(pctx, s.publish, exchange, key, pub); err != nil {
+	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
 		log.Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
+		sleep(ctx, time.Second) // the broker will not route it any better right away
 		_ = d.Nack(false, true)
 		return false
 	}
@@ -97,15 +96,18 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 		headers[HeaderOriginalKey] = d.RoutingKey
 	}
 	return amqp.Publishing{
-		Headers:       headers,
-		ContentType:   d.ContentType,
-		DeliveryMode:  amqp.Persistent,
-		CorrelationId: d.CorrelationId,
-		MessageId:     msg.ID,
-		Timestamp:     d.Timestamp,
-		Type:          d.Type,
-		AppId:         d.AppId,
-		Body:          d.Body,
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       msg.ID,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
 	}
 }
 

@@ -5,16 +5,12 @@ package database
 
 import (
 	"context"
-	"database/sql/driver"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -89,23 +85,4 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 		return err
 	}
 	return sqlDB.PingContext(ctx)
-}
-
-// IsUnavailable reports whether err is PostgreSQL (or the way to it) failing,
-// as opposed to PostgreSQL rejecting a statement: the caller should hold the work
-// back until the database returns rather than count it against the message. It
-// only recognises errors that come from the driver; callers that also see other
-// network errors (an HTTP call in the same transaction) should ping to be sure.
-func IsUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		code := pgErr.Code
-		// connection exception, admin/crash shutdown, cannot connect now, too many connections
-		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") || code == "53300"
-	}
-	var connErr *pgconn.ConnectError
-	return errors.As(err, &connErr) || errors.Is(err, driver.ErrBadConn) || pgconn.SafeToRetry(err)
 }

@@ -2,6 +2,7 @@ package deadletter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -339,15 +340,15 @@ func TestReplayOfAMissingWorkQueueMovesNothing(t *testing.T) {
 
 	// Should the queue vanish after that check, the broker returns the copy
 	// instead of confirming it as stored.
-	pub, err := openPublisher(b.conn)
+	pub, err := rabbit.NewPublisher(b.conn)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pub.ch.Close()
-	if err := pub.publish(context.Background(), "no-such-queue", amqp.Publishing{Body: []byte("{}")}); err == nil {
-		t.Fatal("a publish no queue took was reported as stored")
+	defer pub.Close()
+	if err := pub.Publish(context.Background(), "", "no-such-queue", amqp.Publishing{Body: []byte("{}")}); !errors.Is(err, rabbit.ErrReturned) {
+		t.Fatalf("a publish no queue took: err %v, want ErrReturned", err)
 	}
-	if err := pub.publish(context.Background(), b.topo.Queue, amqp.Publishing{Body: []byte("{}")}); err != nil {
+	if err := pub.Publish(context.Background(), "", b.topo.Queue, amqp.Publishing{Body: []byte("{}")}); err != nil {
 		t.Fatalf("the publisher is unusable after a return: %v", err)
 	}
 }

@@ -32,7 +32,6 @@ func startRuntime(t *testing.T, b *broker, db *gorm.DB) *consumer.Metrics {
 		Name: "test", AMQPURL: b.url, Heartbeat: 2 * time.Second, Topology: b.topo,
 		Prefetch: 4, Workers: 2, MaxAttempts: 3, ShutdownTimeout: 5 * time.Second, ReconnectMaxWait: time.Second,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, db) },
-		DatabaseDown:  database.IsUnavailable,
 	}
 	m := consumer.NewMetrics(prometheus.NewRegistry())
 	rt, err := consumer.New(cfg, inbox.New(db, cfg.Name), record, 5*time.Second, m, testenv.Logger(t))

@@ -99,12 +99,12 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 	if _, err := depth(get, q.topo.Queue); err != nil {
 		return rep, err
 	}
-	var pub *publisher
+	var pub *rabbit.Publisher
 	if !opts.DryRun {
-		if pub, err = openPublisher(q.conn); err != nil {
+		if pub, err = rabbit.NewPublisher(q.conn); err != nil {
 			return rep, err
 		}
-		defer pub.ch.Close()
+		defer pub.Close()
 	}
 	for rep.Visited < rep.Depth {
 		if err := ctx.Err(); err != nil {
@@ -125,7 +125,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 	return rep, nil
 }
 
-func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *publisher, d amqp.Delivery) error {
+func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *rabbit.Publisher, d amqp.Delivery) error {
 	m := describe(d)
 	switch {
 	case !sel.matches(m):
@@ -153,10 +153,10 @@ func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts
 // services would receive the event again. The retry queues route back the same
 // way. The x-original-* headers stay on the message, so they keep naming where
 // it first came from.
-func (q *Queue) replay(ctx context.Context, pub *publisher, d amqp.Delivery, replays int) error {
+func (q *Queue) replay(ctx context.Context, pub *rabbit.Publisher, d amqp.Delivery, replays int) error {
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	if err := pub.publish(pctx, q.topo.Queue, replayCopy(d, replays)); err != nil {
+	if err := pub.Publish(pctx, "", q.topo.Queue, replayCopy(d, replays)); err != nil {
 		return err
 	}
 	if err := d.Ack(false); err != nil {
@@ -209,45 +209,4 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
-}
-
-// publisher publishes mandatory messages with confirms. A confirm alone does
-// not prove a message was stored: the broker also confirms a message no queue
-// took. With mandatory set it first returns such a message, and the return
-// arrives before the confirm of the same publish.
-type publisher struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-}
-
-func openPublisher(conn *amqp.Connection) (*publisher, error) {
-	ch, err := rabbit.ConfirmChannel(conn)
-	if err != nil {
-		return nil, err
-	}
-	// One publish is in flight at a time, so one slot always suffices and the
-	// client's reader never blocks on it.
-	return &publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}, nil
-}
-
-func (p *publisher) publish(ctx context.Context, queue string, msg amqp.Publishing) error {
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, msg)
-	if err != nil {
-		return fmt.Errorf("publish to queue %s: %w", queue, err)
-	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		return fmt.Errorf("wait for confirm of publish to queue %s: %w", queue, err)
-	}
-	if !acked {
-		return fmt.Errorf("publish to queue %s: %w", queue, rabbit.ErrNotConfirmed)
-	}
-	select {
-	case r, ok := <-p.returns:
-		if ok {
-			return fmt.Errorf("publish to queue %s: returned by the broker: %d %s", queue, r.ReplyCode, r.ReplyText)
-		}
-	default:
-	}
-	return nil
 }

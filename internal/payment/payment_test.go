@@ -79,7 +79,6 @@ func (s *stack) service() *consumer.Metrics {
 		MaxAttempts: 6, ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
 		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
-		DatabaseDown:  database.IsUnavailable,
 	}
 	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second))
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))

@@ -15,7 +15,7 @@ import (
 // closed before it answered: the message may not be stored.
 var ErrNotConfirmed = errors.New("publish not confirmed by the broker")
 
-// Dial opens a connection that detects a dead peer within about two heartbeats
+// Dial opens a connection that detects a dead peer within three heartbeats
 // and names itself in the management UI.
 func Dial(url string, heartbeat time.Duration, name string) (*amqp.Connection, error) {
 	props := amqp.NewConnectionProperties()

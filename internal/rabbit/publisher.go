@@ -1,0 +1,76 @@
+package rabbit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrReturned means the broker took a mandatory message but no queue did: the
+// broker confirms such a message too, so a confirm alone proves nothing.
+var ErrReturned = errors.New("returned by the broker: no queue is bound for it")
+
+// Publisher publishes mandatory messages with confirms, one at a time, and
+// reports a message no queue took as ErrReturned. The broker sends the return
+// of a publish before its confirm, on the same channel, so one publish in
+// flight and a return slot of one are enough. Safe for concurrent use; meant
+// for rare moves (retries, dead letters, replays), not for bulk publishing.
+type Publisher struct {
+	mu      sync.Mutex
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+// NewPublisher opens a confirm-mode channel on conn.
+func NewPublisher(conn *amqp.Connection) (*Publisher, error) {
+	ch, err := ConfirmChannel(conn)
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}, nil
+}
+
+// NotifyClose registers c for the close of the publisher's channel.
+func (p *Publisher) NotifyClose(c chan *amqp.Error) chan *amqp.Error { return p.ch.NotifyClose(c) }
+
+// Close closes the channel.
+func (p *Publisher) Close() error { return p.ch.Close() }
+
+// Publish publishes msg and returns nil only once a queue has it.
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.drainReturns() // left by an earlier publish whose wait was cut short
+	dc, err := p.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, msg)
+	if err != nil {
+		return fmt.Errorf("publish to %q with key %q: %w", exchange, key, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("wait for confirm of publish to %q: %w", exchange, err)
+	case !acked:
+		return fmt.Errorf("publish to %q with key %q: %w", exchange, key, ErrNotConfirmed)
+	}
+	select {
+	case r, ok := <-p.returns:
+		if ok {
+			return fmt.Errorf("publish to %q with key %q: %w (%d %s)", exchange, key, ErrReturned, r.ReplyCode, r.ReplyText)
+		}
+	default:
+	}
+	return nil
+}
+
+func (p *Publisher) drainReturns() {
+	for {
+		select {
+		case <-p.returns:
+		default:
+			return
+		}
+	}
+}
