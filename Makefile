@@ -29,3 +29,18 @@ vet:
 
 clean:
 	rm -rf $(BIN)
+
+# Fault scripts (scripts/faults, scripts/chaos.sh): local processes on the local
+# RabbitMQ and PostgreSQL (or docker compose: STACK=compose), each run on a fresh
+# vhost and fresh databases. `faults` runs every scenario in turn and stops at
+# the first FAIL; scripts/faults/broker-restart.sh stops the local broker for a
+# few seconds. `chaos` is the bounded run CI uses.
+.PHONY: faults chaos
+FAULT_SCRIPTS ?= $(sort $(wildcard scripts/faults/*.sh))
+CHAOS_FLAGS   ?= --duration 60s --orders 1500
+
+faults: build
+	@for s in $(FAULT_SCRIPTS); do echo "== $$s"; ./$$s || exit 1; done
+
+chaos: build
+	./scripts/chaos.sh $(CHAOS_FLAGS)

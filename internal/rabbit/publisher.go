@@ -68,7 +68,10 @@ func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.
 func (p *Publisher) drainReturns() {
 	for {
 		select {
-		case <-p.returns:
+		case _, ok := <-p.returns:
+			if !ok { // the channel is closed: the publish below will say so
+				return
+			}
 		default:
 			return
 		}

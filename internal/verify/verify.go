@@ -196,30 +196,10 @@ func ids(s []string) string {
 
 func collect(ctx context.Context, src Sources, runs []Run) (facts, error) {
 	f := facts{paid: map[string]string{}, charges: map[string]int{}, queued: map[string]int{}}
-	prefixes := make([]string, len(runs))
-	for i, run := range runs {
-		prefixes[i] = run.RunID + "-%"
-	}
-	var payments []struct{ OrderID, Status string }
-	if err := src.Payments.WithContext(ctx).Table("payments").Select("order_id, status").
-		Where("order_id LIKE ANY (ARRAY[?])", prefixes).Find(&payments).Error; err != nil {
-		return f, fmt.Errorf("read payments: %w", err)
-	}
-	for _, p := range payments {
-		f.paid[p.OrderID] = p.Status
-	}
-	var charges []struct {
-		OrderID string
-		N       int
-		Replays int
-	}
-	if err := src.Gateway.WithContext(ctx).Table("charges").Select("order_id, count(*) AS n, sum(replays) AS replays").
-		Where("order_id LIKE ANY (ARRAY[?]) AND state = 'completed'", prefixes).Group("order_id").Find(&charges).Error; err != nil {
-		return f, fmt.Errorf("read charges: %w", err)
-	}
-	for _, c := range charges {
-		f.charges[c.OrderID] = c.N
-		f.replays += c.Replays
+	for _, run := range runs {
+		if err := collectRun(ctx, src, likePrefix(run.RunID+"-"), &f); err != nil {
+			return f, err
+		}
 	}
 	var err error
 	if f.dead, err = src.Broker.DeadLetters(ctx); err != nil {
@@ -236,6 +216,39 @@ func collect(ctx context.Context, src Sources, runs []Run) (facts, error) {
 		}
 	}
 	return f, nil
+}
+
+// collectRun reads the payments and charges of the orders whose id matches the
+// LIKE pattern of one run.
+func collectRun(ctx context.Context, src Sources, pattern string, f *facts) error {
+	var payments []struct{ OrderID, Status string }
+	if err := src.Payments.WithContext(ctx).Table("payments").Select("order_id, status").
+		Where(`order_id LIKE ? ESCAPE '\'`, pattern).Find(&payments).Error; err != nil {
+		return fmt.Errorf("read payments: %w", err)
+	}
+	for _, p := range payments {
+		f.paid[p.OrderID] = p.Status
+	}
+	var charges []struct {
+		OrderID string
+		N       int
+		Replays int
+	}
+	if err := src.Gateway.WithContext(ctx).Table("charges").Select("order_id, count(*) AS n, sum(replays) AS replays").
+		Where(`order_id LIKE ? ESCAPE '\' AND state = 'completed'`, pattern).Group("order_id").Find(&charges).Error; err != nil {
+		return fmt.Errorf("read charges: %w", err)
+	}
+	for _, c := range charges {
+		f.charges[c.OrderID] = c.N
+		f.replays += c.Replays
+	}
+	return nil
+}
+
+// likePrefix is a LIKE pattern matching every string that starts with prefix,
+// whose own % and _ are taken literally.
+func likePrefix(prefix string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(prefix) + "%"
 }
 
 // sortedKeys returns m's keys in order, for stable printing.

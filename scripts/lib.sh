@@ -1,0 +1,786 @@
+# shellcheck shell=bash
+# lib.sh: what every fault script shares. Source it, then
+#
+#   kit_init SCENARIO "$@"      # mode, run directory, traps
+#   stack_up [REPLICAS]         # a clean stack: fake gateway + payment-service replicas
+#   publish_bg NAME FLAGS...    # order-publisher in the background, summary in the run dir
+#   ... cause the fault ...
+#   wait_publishers; wait_drain
+#   finish                      # inboxctl verify, the report, PASS/FAIL SCENARIO, exit 0/1
+#
+# Two modes:
+#   local    (default when `docker info` fails): the programs of bin/ run as local
+#            processes on the local RabbitMQ and PostgreSQL, in a fresh vhost and two
+#            fresh databases, on free ports; logs in the run directory. The EXIT trap
+#            kills every process it started and, unless KEEP=1, deletes the vhost and
+#            the databases.
+#   compose  (--compose, STACK=compose, or default when Docker answers): drives
+#            docker-compose.yml under its own project name (COMPOSE_PROJECT, default
+#            inbox-faults) on fresh volumes; the EXIT trap runs `down -v` unless KEEP=1.
+#
+# Every wait is bounded: a timeout fails the script. Settings (environment):
+#   KEEP=1                  keep the vhost and databases (local) or the containers (compose)
+#   STACK=local|compose     force a mode
+#   FAULTS_DIR              parent of the run directories (default ${TMPDIR:-/tmp}/inbox-faults)
+#   BIN_DIR                 where the programs are (default bin/ of the repository)
+#   PGHOST PGPORT PGUSER    local PostgreSQL (default 127.0.0.1 5432 postgres; trust auth)
+#   AMQP_BASE               local broker without vhost (default amqp://guest:guest@127.0.0.1:5672)
+#   RABBITMQCTL             command for rabbitmqctl (default rabbitmqctl; e.g. "sudo rabbitmqctl")
+#   RETRY_DELAYS MAX_ATTEMPTS RECONNECT_MAX_WAIT   passed to the service (short defaults: quick drains)
+
+set -Eeuo pipefail
+
+KIT_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+BIN_DIR=${BIN_DIR:-$KIT_ROOT/bin}
+export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
+AMQP_BASE=${AMQP_BASE:-amqp://guest:guest@127.0.0.1:5672}
+read -r -a RABBITMQCTL_CMD <<<"${RABBITMQCTL:-rabbitmqctl}"
+KIT_RETRY_DELAYS=${RETRY_DELAYS:-200ms,1s,2s}
+KIT_MAX_ATTEMPTS=${MAX_ATTEMPTS:-8}
+KIT_RECONNECT_MAX_WAIT=${RECONNECT_MAX_WAIT:-5s}
+COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults}
+DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
+
+# State of one run.
+SCENARIO=""
+MODE=""
+RUN_DIR=""
+RUN_TAG=""
+VHOST=""
+AMQP_URL_RUN=""
+DB_PAYMENTS=""
+DB_GATEWAY=""
+GATEWAY_ADDR=""
+GATEWAY_PID=""
+REPLICAS=0
+SERVICE_PORT=()
+SERVICE_PID=()
+SERVICE_SEEN=() # last instance seen by supervise: a pid (local) or a start time (compose)
+SERVICE_ARM=()  # crash points to arm after each (re)start: "POINT:P POINT:P"
+SERVICE_ENV=()  # extra environment for local replicas
+PUB_PIDS=()
+PUB_NAMES=()
+SUMMARIES=()
+NOTES=()
+CHECKS=()
+CHECKS_FAILED=0
+CRASHES=0      # replicas found dead (or restarted by Docker) that the script did not kill
+KILLS=0        # replicas the script SIGKILLed itself
+RESTARTS=0     # replicas the script started again
+BROKER_STOPPED=0
+VERDICT_DONE=0
+KIT_T0=$SECONDS
+
+# ---------------------------------------------------------------- output
+
+say() { printf '[%4ds] %s\n' "$((SECONDS - KIT_T0))" "$*"; }
+warn() { printf '[%4ds] WARNING: %s\n' "$((SECONDS - KIT_T0))" "$*" >&2; }
+
+# note adds a line to the "before" paragraph of the report: what the fault was.
+note() { NOTES+=("$*"); }
+
+# die ends the run: FAIL, with the reason and where the logs are.
+die() {
+  printf '\nerror: %s\n' "$*" >&2
+  [[ -n $RUN_DIR ]] && printf 'logs: %s\n' "$RUN_DIR" >&2
+  verdict FAIL
+  exit 1
+}
+
+verdict() {
+  VERDICT_DONE=1
+  printf '%s took %ds\n' "$SCENARIO" "$((SECONDS - KIT_T0))"
+  printf '%s %s\n' "$1" "$SCENARIO"
+}
+
+on_err() {
+  printf "error: line %s: %s failed (exit %s)\n" "$1" "$2" "$3" >&2
+}
+
+usage_common() {
+  cat <<EOF
+usage: $0 [--local | --compose]
+
+Runs the fault scenario "$SCENARIO" on a clean stack and checks the invariants with
+inboxctl verify; prints PASS $SCENARIO or FAIL $SCENARIO and exits 0 or 1.
+Modes: local processes from bin/ on the local RabbitMQ and PostgreSQL (default
+when no Docker engine answers), or docker compose (--compose or STACK=compose).
+KEEP=1 keeps the vhost and databases (or the compose project) for inspection.
+Logs: \${TMPDIR:-/tmp}/inbox-faults/<scenario>-<timestamp>/.
+EOF
+}
+
+# ---------------------------------------------------------------- set-up
+
+# kit_init SCENARIO [--local|--compose|-h]: chooses the mode, makes the run
+# directory and installs the traps.
+kit_init() {
+  SCENARIO=$1
+  shift
+  MODE=${STACK:-}
+  local arg
+  for arg in "$@"; do
+    case $arg in
+      --compose) MODE=compose ;;
+      --local) MODE=local ;;
+      -h | --help) usage_common; exit 0 ;;
+      *) echo "unknown argument: $arg" >&2; usage_common >&2; exit 2 ;;
+    esac
+  done
+  if [[ -z $MODE ]]; then
+    if command -v docker >/dev/null 2>&1 && timeout 20 docker info >/dev/null 2>&1; then
+      MODE=compose
+    else
+      MODE=local
+    fi
+  fi
+  [[ $MODE == local || $MODE == compose ]] || { echo "STACK must be local or compose, got $MODE" >&2; exit 2; }
+  RUN_TAG="$(date +%Y%m%d%H%M%S)-$$"
+  RUN_DIR="${FAULTS_DIR:-${TMPDIR:-/tmp}/inbox-faults}/$SCENARIO-$RUN_TAG"
+  mkdir -p "$RUN_DIR"
+  trap 'on_err "$LINENO" "$BASH_COMMAND" "$?"' ERR
+  trap cleanup EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  local tool
+  for tool in curl timeout awk; do
+    command -v "$tool" >/dev/null || die "$tool is needed"
+  done
+  if [[ $MODE == local ]]; then
+    for tool in psql createdb dropdb "${RABBITMQCTL_CMD[0]}"; do
+      command -v "$tool" >/dev/null || die "$tool is needed in local mode"
+    done
+    local prog
+    for prog in payment-service fake-gateway order-publisher inboxctl; do
+      [[ -x $BIN_DIR/$prog ]] || die "$BIN_DIR/$prog is missing: run make build"
+    done
+  fi
+  say "$SCENARIO: $MODE mode, logs in $RUN_DIR"
+}
+
+# cleanup is the EXIT trap: no process of ours survives the script.
+cleanup() {
+  local rc=$?
+  trap - ERR
+  set +e
+  if ((VERDICT_DONE == 0)); then
+    printf 'FAIL %s (stopped with exit %s; logs in %s)\n' "$SCENARIO" "$rc" "$RUN_DIR"
+    ((rc == 0)) && rc=1
+  fi
+  if ((BROKER_STOPPED)); then
+    warn "the broker was left stopped: starting it again"
+    broker_start_app
+  fi
+  local pid
+  for pid in "${PUB_PIDS[@]}"; do
+    disown "$pid" 2>/dev/null # no "Killed" job notice
+    kill -TERM "$pid" 2>/dev/null
+  done
+  if [[ $MODE == compose ]]; then
+    compose logs --no-color --timestamps >"$RUN_DIR/compose.log" 2>&1
+    if [[ ${KEEP:-0} == 1 ]]; then
+      echo "KEEP=1: the compose project $COMPOSE_PROJECT is still up; remove it with"
+      echo "  docker compose -p $COMPOSE_PROJECT down -v"
+    else
+      compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1
+    fi
+    exit "$rc"
+  fi
+  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID"; do
+    [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null
+  done
+  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID"; do
+    [[ -n $pid ]] && wait_gone "$pid"
+  done
+  if [[ ${KEEP:-0} == 1 ]]; then
+    [[ -n $VHOST ]] && echo "KEEP=1: kept vhost $VHOST and databases $DB_PAYMENTS, $DB_GATEWAY; remove them with"
+    [[ -n $VHOST ]] && echo "  rabbitmqctl delete_vhost $VHOST; dropdb --force $DB_PAYMENTS; dropdb --force $DB_GATEWAY"
+  else
+    [[ -n $VHOST ]] && timeout 60 "${RABBITMQCTL_CMD[@]}" -q delete_vhost "$VHOST" >/dev/null 2>&1
+    [[ -n $DB_PAYMENTS ]] && timeout 60 dropdb --if-exists --force "$DB_PAYMENTS" 2>/dev/null
+    [[ -n $DB_GATEWAY ]] && timeout 60 dropdb --if-exists --force "$DB_GATEWAY" 2>/dev/null
+  fi
+  exit "$rc"
+}
+
+compose() { timeout 900 docker compose -p "$COMPOSE_PROJECT" -f "$KIT_ROOT/docker-compose.yml" "$@"; }
+rmq() { timeout 60 "${RABBITMQCTL_CMD[@]}" "$@"; }
+
+# free_port prints a TCP port of 127.0.0.1 that nothing listens on and that
+# this run has not taken yet.
+free_port() {
+  local p tries
+  for ((tries = 0; tries < 200; tries++)); do
+    p=$((20000 + RANDOM % 30000))
+    [[ " ${SERVICE_PORT[*]} ${GATEWAY_ADDR##*:} " == *" $p "* ]] && continue
+    if ! (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  echo "no free port found" >&2
+  return 1
+}
+
+# wait_until SECONDS WHAT CMD...: polls CMD every second; fails the run on timeout.
+wait_until() {
+  local limit=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@"; do
+    ((SECONDS < deadline)) || die "timed out after ${limit}s waiting for $what"
+    sleep 1
+  done
+}
+
+# wait_gone PID: at most 10 s for a killed process to disappear.
+wait_gone() {
+  local n
+  for ((n = 0; n < 100; n++)); do
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  return 0
+}
+
+http_ok() { curl -fsS -o /dev/null --max-time 3 "$1" 2>/dev/null; }
+
+# stack_up [REPLICAS]: a clean stack with the fake gateway and REPLICAS (1 or 2)
+# payment-service replicas, each ready.
+stack_up() {
+  REPLICAS=${1:-1}
+  if [[ $MODE == compose ]]; then
+    compose_up
+    return
+  fi
+  VHOST="inbox-faults-$SCENARIO-$RUN_TAG"
+  DB_PAYMENTS="faults_${RUN_TAG//-/_}_payments"
+  DB_GATEWAY="faults_${RUN_TAG//-/_}_gateway"
+  AMQP_URL_RUN="$AMQP_BASE/$VHOST"
+  say "fresh vhost $VHOST, databases $DB_PAYMENTS and $DB_GATEWAY"
+  rmq -q add_vhost "$VHOST" >/dev/null
+  rmq -q set_permissions -p "$VHOST" guest '.*' '.*' '.*' >/dev/null
+  timeout 60 createdb "$DB_PAYMENTS"
+  timeout 60 createdb "$DB_GATEWAY"
+  GATEWAY_ADDR="127.0.0.1:$(free_port)"
+  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" FAULTS_ENABLED=true LOG_LEVEL=info \
+    "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
+  GATEWAY_PID=$!
+  disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
+  wait_until 30 "the fake gateway on $GATEWAY_ADDR" http_ok "http://$GATEWAY_ADDR/healthz"
+  local i
+  for ((i = 1; i <= REPLICAS; i++)); do
+    SERVICE_PORT[i]=$(free_port)
+    service_start "$i"
+  done
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS on $(service_addrs)"
+}
+
+pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
+
+compose_up() {
+  command -v docker >/dev/null || die "docker is needed in compose mode"
+  # The compose file passes these through to the services and to inboxctl.
+  export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT"
+  say "compose project $COMPOSE_PROJECT on fresh volumes (needs 127.0.0.1:5672, 5432 and 8081 free)"
+  compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1 || true
+  compose build fake-gateway payment-service order-publisher inboxctl >>"$RUN_DIR/compose.log" 2>&1 ||
+    die "docker compose build failed (see $RUN_DIR/compose.log)"
+  compose up -d --wait rabbitmq postgres fake-gateway payment-service >>"$RUN_DIR/compose.log" 2>&1 ||
+    die "docker compose up failed (see $RUN_DIR/compose.log)"
+  REPLICAS=2 # the compose file runs two
+  GATEWAY_ADDR=127.0.0.1:8081
+  local i
+  for ((i = 1; i <= REPLICAS; i++)); do
+    SERVICE_SEEN[i]=$(service_instance "$i")
+    service_wait "$i" 60
+  done
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS on $(service_addrs)"
+}
+
+# ---------------------------------------------------------------- payment-service replicas
+
+service_container() { echo "$COMPOSE_PROJECT-payment-service-$1"; }
+
+# service_addr I prints host:port of replica I (compose maps a new port after a restart).
+service_addr() {
+  if [[ $MODE == local ]]; then
+    echo "127.0.0.1:${SERVICE_PORT[$1]}"
+  else
+    compose port --index "$1" payment-service 8080 2>/dev/null | tail -n1
+  fi
+}
+
+service_addrs() {
+  local i out=""
+  for ((i = 1; i <= REPLICAS; i++)); do out+="$(service_addr "$i") "; done
+  echo "${out% }"
+}
+
+# service_instance I prints what identifies the running process of replica I (a
+# pid, or a container start time), "restarting" while Docker's restart policy
+# brings the container back, or "dead".
+service_instance() {
+  if [[ $MODE == local ]]; then
+    local pid=${SERVICE_PID[$1]:-}
+    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then echo "$pid"; else echo dead; fi
+  else
+    local state
+    state=$(docker inspect -f '{{.State.Restarting}} {{.State.Running}} {{.State.StartedAt}}' \
+      "$(service_container "$1")" 2>/dev/null) || state=""
+    case $state in
+      true*) echo restarting ;; # Docker reports a restarting container as running too
+      "false true "*) echo "${state#false true }" ;;
+      *) echo dead ;;
+    esac
+  fi
+}
+
+service_alive() { [[ $(service_instance "$1") != dead ]]; }
+
+# service_start I [PROBE]: starts replica I, waits until PROBE answers 200
+# (readyz by default: consuming and the database answers; the supervisor uses
+# healthz, as a real one would not wait for readiness either), then arms the
+# crash points set for it with set_crash_points.
+service_start() {
+  local i=$1 probe=${2:-readyz}
+  if [[ $MODE == local ]]; then
+    printf '{"kit":"=== started by %s at %s"}\n' "$SCENARIO" "$(date -Is)" >>"$RUN_DIR/payment-service-$i.log"
+    env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" GATEWAY_URL="http://$GATEWAY_ADDR" \
+      HTTP_ADDR="127.0.0.1:${SERVICE_PORT[i]}" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
+      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
+      "${SERVICE_ENV[@]}" "$BIN_DIR/payment-service" >>"$RUN_DIR/payment-service-$i.log" 2>&1 &
+    SERVICE_PID[i]=$!
+    disown "${SERVICE_PID[i]}" # no "Killed" job notices when it crashes; bash still reaps it
+  else
+    docker start "$(service_container "$i")" >/dev/null || die "docker start $(service_container "$i") failed"
+  fi
+  service_wait "$i" 60 "$probe"
+  SERVICE_SEEN[i]=$(service_instance "$i")
+  arm_replica "$i"
+}
+
+service_probe() { service_alive "$1" && http_ok "http://$(service_addr "$1")/$2"; }
+
+# service_wait I SECONDS [PROBE]: /PROBE (readyz by default) answers 200, or the run fails.
+service_wait() {
+  local i=$1 limit=$2 probe=${3:-readyz}
+  local deadline=$((SECONDS + limit))
+  until service_probe "$i" "$probe"; do
+    if [[ $MODE == local ]] && ! service_alive "$i"; then
+      tail -n 5 "$RUN_DIR/payment-service-$i.log" >&2
+      die "payment-service replica $i exited during start"
+    fi
+    ((SECONDS < deadline)) || die "payment-service replica $i: /$probe not 200 within ${limit}s"
+    sleep 0.5
+  done
+}
+
+# service_kill I: SIGKILL, as an OOM killer or a power cut would.
+service_kill() {
+  local i=$1
+  if [[ $MODE == local ]]; then
+    kill -KILL "${SERVICE_PID[i]}" 2>/dev/null || true
+    wait_gone "${SERVICE_PID[i]}"
+  else
+    docker kill -s KILL "$(service_container "$i")" >/dev/null 2>&1 || true
+  fi
+  SERVICE_SEEN[i]=dead
+  KILLS=$((KILLS + 1))
+}
+
+# supervise does what a real supervisor (systemd, Kubernetes, Docker's restart
+# policy) does: every replica that died is started again, and re-armed. A death
+# the script did not cause itself counts as a crash.
+supervise() {
+  local i now
+  for ((i = 1; i <= REPLICAS; i++)); do
+    now=$(service_instance "$i")
+    [[ $now != dead && $now == "${SERVICE_SEEN[i]:-}" ]] && continue
+    [[ ${SERVICE_SEEN[i]:-dead} != dead ]] && CRASHES=$((CRASHES + 1))
+    SERVICE_SEEN[i]=dead
+    if [[ $now == dead ]]; then
+      RESTARTS=$((RESTARTS + 1))
+      service_start "$i" healthz
+    else
+      # compose: Docker's restart policy is bringing it back by itself.
+      service_wait "$i" 90 healthz
+      SERVICE_SEEN[i]=$(service_instance "$i")
+      arm_replica "$i"
+    fi
+  done
+}
+
+# supervise_for SECONDS: keeps the replicas up for that long.
+supervise_for() {
+  local deadline=$((SECONDS + $1))
+  while ((SECONDS < deadline)); do
+    supervise
+    sleep 0.5
+  done
+}
+
+# fault_loop SECONDS MIN MAX ACTION...: for SECONDS, runs ACTION every MIN to MAX
+# seconds (at random), keeping the replicas up in between.
+fault_loop() {
+  local secs=$1 min=$2 max=$3
+  shift 3
+  local end=$((SECONDS + secs)) next=$((SECONDS + min + RANDOM % (max - min + 1)))
+  while ((SECONDS < end)); do
+    supervise
+    if ((SECONDS >= next)); then
+      "$@"
+      next=$((SECONDS + min + RANDOM % (max - min + 1)))
+    fi
+    sleep 0.5
+  done
+}
+
+# random_replica prints a replica number.
+random_replica() { echo $((1 + RANDOM % REPLICAS)); }
+
+# ---------------------------------------------------------------- crash points
+
+# set_crash_points I "POINT:P ...": what replica I arms now and after each restart
+# (empty: nothing).
+set_crash_points() {
+  SERVICE_ARM[$1]=$2
+  service_alive "$1" && arm_replica "$1"
+  return 0
+}
+
+arm_replica() {
+  local i=$1 spec addr
+  addr=$(service_addr "$i")
+  curl -fsS -o /dev/null --max-time 5 -X DELETE "http://$addr/faults/crash" 2>/dev/null || return 0
+  for spec in ${SERVICE_ARM[i]:-}; do
+    curl -fsS -o /dev/null --max-time 5 -X POST "http://$addr/faults/crash?at=${spec%%:*}&probability=${spec##*:}" ||
+      warn "could not arm $spec on replica $i"
+  done
+}
+
+# disarm_all clears every crash point, now and for later restarts.
+disarm_all() {
+  local i
+  for ((i = 1; i <= REPLICAS; i++)); do set_crash_points "$i" ""; done
+}
+
+# crash_phase POINT PROBABILITY SECONDS [MIN_CRASHES]: arms POINT on every
+# replica, restarts each replica that kills itself (and arms it again), then
+# disarms. It stays armed for SECONDS, and longer while a publisher still runs
+# and fewer than MIN_CRASHES (default 3) crashes were seen.
+crash_phase() {
+  local point=$1 p=$2 secs=$3 want=${4:-3} i before=$CRASHES start=$SECONDS
+  say "arming crash point $point with probability $p on every replica; restarting each replica that dies"
+  for ((i = 1; i <= REPLICAS; i++)); do set_crash_points "$i" "$point:$p"; done
+  supervise_for "$secs"
+  while ((CRASHES - before < want)) && publishers_running; do
+    supervise
+    sleep 0.5
+  done
+  disarm_all
+  supervise
+  say "disarmed after $((SECONDS - start))s: $((CRASHES - before)) crashes at $point, each replica restarted"
+  note "payment-service killed itself $((CRASHES - before)) times at $point (armed with probability $p on each message for $((SECONDS - start))s) and was restarted each time"
+}
+
+# ---------------------------------------------------------------- gateway
+
+# gateway_faults JSON: POST /faults on the fake gateway (error_rate, lost_response_rate, latency).
+gateway_faults() {
+  curl -fsS -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' -d "$1" \
+    "http://$GATEWAY_ADDR/faults" || die "POST /faults $1 to the fake gateway failed"
+}
+
+# ---------------------------------------------------------------- broker and database
+
+# broker_ctl ARGS...: rabbitmqctl on the run's broker.
+broker_ctl() {
+  if [[ $MODE == local ]]; then rmq "$@"; else compose exec -T rabbitmq rabbitmqctl "$@"; fi
+}
+
+run_vhost() { if [[ $MODE == local ]]; then echo "$VHOST"; else echo /; fi; }
+
+# close_connections: the broker closes every connection of the run's vhost
+# (the service's and the publisher's).
+close_connections() {
+  broker_ctl -q close_all_connections -p "$(run_vhost)" "fault script $SCENARIO" >/dev/null ||
+    warn "close_all_connections failed"
+}
+
+broker_stop_app() {
+  BROKER_STOPPED=1
+  if [[ $MODE == local ]]; then rmq -q stop_app >/dev/null; else compose stop rabbitmq >/dev/null 2>&1; fi
+}
+
+broker_start_app() {
+  if [[ $MODE == local ]]; then
+    rmq -q start_app >/dev/null && rmq -q await_startup --timeout 120 >/dev/null
+  else
+    compose start rabbitmq >/dev/null 2>&1 && compose up -d --wait rabbitmq >/dev/null 2>&1
+  fi && BROKER_STOPPED=0
+}
+
+# queue_depths prints "queue messages unacked" for every queue of the run.
+queue_depths() {
+  broker_ctl -s list_queues -p "$(run_vhost)" name messages messages_unacknowledged
+}
+
+# pending_messages prints how many messages wait in, or are being handled from,
+# the work queue and the retry queues (the dead-letter queue is not counted).
+pending_messages() {
+  local out
+  out=$(queue_depths 2>/dev/null) || return 1
+  [[ -n $out ]] || return 1
+  awk -v dlq="$DLQ_NAME" '$1 != dlq { n += $2 + $3 } END { print n + 0 }' <<<"$out"
+}
+
+# psql_payments SQL: one query on the payments database, unaligned output.
+psql_payments() {
+  if [[ $MODE == local ]]; then
+    timeout 30 psql -d "$DB_PAYMENTS" -Atqc "$1"
+  else
+    compose exec -T postgres psql -U postgres -d payments -Atqc "$1"
+  fi
+}
+
+payments_count() { psql_payments "SELECT count(*) FROM payments"; }
+
+# kill_db_backends: pg_terminate_backend on every session of the payments
+# database; prints how many. The cluster itself keeps running (it is shared).
+kill_db_backends() {
+  local sql db
+  if [[ $MODE == local ]]; then db=$DB_PAYMENTS; else db=payments; fi
+  sql="SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '$db' AND pid <> pg_backend_pid()"
+  if [[ $MODE == local ]]; then
+    timeout 30 psql -d postgres -Atqc "$sql"
+  else
+    compose exec -T postgres psql -U postgres -d postgres -Atqc "$sql"
+  fi
+}
+
+# ---------------------------------------------------------------- publisher
+
+# publish_bg NAME FLAGS...: starts order-publisher with a run id of its own and
+# a summary file for verify.
+publish_bg() {
+  local name=$1
+  shift
+  local run_id="${SCENARIO}-${RUN_TAG}-$name"
+  local summary="summary-$name.json"
+  SUMMARIES+=("$summary")
+  PUB_NAMES+=("$name")
+  say "publishing ($name): order-publisher $*"
+  if [[ $MODE == local ]]; then
+    env AMQP_URL="$AMQP_URL_RUN" "$BIN_DIR/order-publisher" -run-id "$run_id" -summary "$RUN_DIR/$summary" \
+      -timeout 5m "$@" >"$RUN_DIR/publisher-$name.txt" 2>"$RUN_DIR/publisher-$name.log" &
+  else
+    compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" order-publisher \
+      -run-id "$run_id" -summary "/kit/$summary" -timeout 5m "$@" \
+      >"$RUN_DIR/publisher-$name.txt" 2>"$RUN_DIR/publisher-$name.log" &
+  fi
+  PUB_PIDS+=($!)
+}
+
+publishers_running() {
+  local pid
+  for pid in "${PUB_PIDS[@]}"; do
+    kill -0 "$pid" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+# wait_publishers: every publisher exits 0 (all confirmed) within
+# PUBLISH_TIMEOUT seconds (default 360), while the replicas are kept up.
+wait_publishers() {
+  local limit=${PUBLISH_TIMEOUT:-360} deadline k rc
+  deadline=$((SECONDS + limit))
+  while publishers_running; do
+    ((SECONDS < deadline)) || die "order-publisher still running after ${limit}s"
+    supervise
+    sleep 0.5
+  done
+  for k in "${!PUB_PIDS[@]}"; do
+    rc=0
+    wait "${PUB_PIDS[k]}" || rc=$?
+    if ((rc != 0)); then
+      tail -n 20 "$RUN_DIR/publisher-${PUB_NAMES[k]}.txt" "$RUN_DIR/publisher-${PUB_NAMES[k]}.log" >&2
+      die "order-publisher (${PUB_NAMES[k]}) exited $rc"
+    fi
+    say "published (${PUB_NAMES[k]}): $(summary_text "$RUN_DIR/summary-${PUB_NAMES[k]}.json")"
+  done
+  PUB_PIDS=()
+  PUB_NAMES=()
+}
+
+# summary_text FILE: what one publisher sent, from its summary.
+summary_text() {
+  awk -F'[:,]' '
+    /"orders":/ { o += $2 } /"published":/ { p += $2 } /"duplicates":/ { d += $2 }
+    /"republishes":/ { r += $2 } /"poison_total":/ { x += $2 } /"republished_after_reconnect":/ { a += $2 }
+    END { printf "%d orders in %d messages (%d duplicates, %d republishes, %d poison; %d sent again after a reconnect)", o, p, d, r, x, a }
+  ' "$1"
+}
+
+# summary_field FIELD: the sum of a numeric field over the summaries.
+summary_field() {
+  local f files=()
+  for f in "${SUMMARIES[@]}"; do files+=("$RUN_DIR/$f"); done
+  awk -F'[:,]' -v k="\"$1\"" '$1 ~ k { n += $2 } END { print n + 0 }' "${files[@]}"
+}
+
+# ---------------------------------------------------------------- drain and verify
+
+# wait_drain: the work and retry queues are empty and the payments count has
+# not moved over three polls a few seconds apart, within DRAIN_TIMEOUT seconds
+# (default 240). Replicas that die meanwhile are restarted.
+wait_drain() {
+  local limit=${DRAIN_TIMEOUT:-240} deadline pending paid last_paid=-1 quiet=0
+  deadline=$((SECONDS + limit))
+  say "waiting for the queues to drain (at most ${limit}s)"
+  while :; do
+    supervise
+    pending=$(pending_messages) || pending=unknown
+    paid=$(payments_count 2>/dev/null) || paid=unknown
+    if [[ $pending == 0 && $paid == "$last_paid" ]]; then
+      quiet=$((quiet + 1))
+    else
+      quiet=0
+    fi
+    ((quiet >= 2)) && break
+    last_paid=$paid
+    if ((SECONDS >= deadline)); then
+      # Not fatal here: verify still runs, so the report shows what is missing.
+      warn "queues not drained after ${limit}s ($pending messages pending, $paid payments):"
+      queue_depths >&2 || true
+      note "the queues did not drain within ${limit}s after the fault"
+      CHECKS+=("FAIL  the queues drained within ${limit}s")
+      CHECKS_FAILED=1
+      return 0
+    fi
+    sleep 1
+  done
+  say "drained: $paid payments, work and retry queues empty"
+}
+
+# run_verify: inboxctl verify on the summaries; the report goes to verify.txt.
+#
+# Each summary is verified alone: `inboxctl verify` with two or more --summary
+# flags currently fails with "operator does not exist: text ~~ record" (gorm
+# expands the run-id slice inside ARRAY[?] into a row). One summary at a time
+# checks the same invariants: each report covers its run's orders, and the
+# queue and dead-letter figures are the broker's, common to all.
+run_verify() {
+  local f rc
+  VERIFY_RC=0
+  : >"$RUN_DIR/verify.txt"
+  for f in "${SUMMARIES[@]}"; do
+    ((${#SUMMARIES[@]} == 1)) || printf '== inboxctl verify --summary %s\n' "$f" >>"$RUN_DIR/verify.txt"
+    rc=0
+    if [[ $MODE == local ]]; then
+      env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" \
+        GATEWAY_DATABASE_URL="$(pg_url "$DB_GATEWAY")" RETRY_DELAYS="$KIT_RETRY_DELAYS" \
+        timeout 120 "$BIN_DIR/inboxctl" verify --summary "$RUN_DIR/$f" >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
+    else
+      compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \
+        >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
+    fi
+    ((rc == 0)) || VERIFY_RC=$rc
+    ((${#SUMMARIES[@]} == 1)) || echo >>"$RUN_DIR/verify.txt"
+  done
+}
+
+# report_value LABEL: a number from the verify table, e.g. "gateway replays
+# served" (from the last table when there are several).
+report_value() {
+  awk -v k="$1" '{ sub(/^ +/, "") } index($0, k) == 1 && substr($0, length(k) + 1) ~ /^ +[0-9]+$/ { v = $NF } END { print v }' \
+    "$RUN_DIR/verify.txt"
+}
+
+# expect WHAT CMD...: a check of the scenario itself (that the fault happened and
+# had its visible effect), reported under the verify table.
+expect() {
+  local what=$1
+  shift
+  if "$@"; then
+    CHECKS+=("PASS  $what")
+  else
+    CHECKS+=("FAIL  $what")
+    CHECKS_FAILED=1
+  fi
+}
+
+gt() { [[ $1 =~ ^[0-9]+$ && $2 =~ ^[0-9]+$ ]] && (($1 > $2)); }
+eq() { [[ $1 == "$2" ]]; }
+
+# service_logs: every line the replicas logged in this run, across restarts.
+service_logs() {
+  if [[ $MODE == local ]]; then
+    cat "$RUN_DIR"/payment-service-*.log
+  else
+    compose logs --no-color --no-log-prefix payment-service 2>/dev/null
+  fi
+}
+
+# count_logged TEXT...: lines of the replicas' logs containing every TEXT.
+count_logged() {
+  local lines pattern
+  lines=$(service_logs) || true
+  for pattern in "$@"; do
+    lines=$(grep -F -- "$pattern" <<<"$lines") || true
+  done
+  if [[ -z $lines ]]; then echo 0; else wc -l <<<"$lines" | tr -d ' '; fi
+}
+
+# metric_sum SERIES: the sum of a Prometheus series over the live replicas (a
+# replica's counters start again from zero when it restarts).
+metric_sum() {
+  local i n page total=0
+  for ((i = 1; i <= REPLICAS; i++)); do
+    page=$(curl -fsS --max-time 5 "http://$(service_addr "$i")/metrics" 2>/dev/null) || page=""
+    n=$(awk -v s="$1" 'index($0, s " ") == 1 { n = $2 } END { print n + 0 }' <<<"$page")
+    total=$((total + n))
+  done
+  echo "$total"
+}
+
+# replicas_consuming: after the drain every replica must be consuming again
+# (/readyz 200 within 30 s). A replica that is alive but wedged hides behind a
+# healthy one: the queues drain, and only this check notices.
+replicas_consuming() {
+  local i deadline
+  for ((i = 1; i <= REPLICAS; i++)); do
+    deadline=$((SECONDS + 30))
+    until service_probe "$i" readyz || ((SECONDS >= deadline)); do sleep 1; done
+    expect "replica $i is consuming again at the end (/readyz 200)" service_probe "$i" readyz
+  done
+}
+
+# finish: verify, then the report: what the fault was, the verify table, the
+# scenario's own checks (the function scenario_checks, if the script defines
+# one, runs after verify and calls expect), and PASS or FAIL with the exit code.
+finish() {
+  replicas_consuming
+  say "inboxctl verify"
+  run_verify
+  if declare -F scenario_checks >/dev/null; then scenario_checks; fi
+  echo
+  echo "before verify, the fault was:"
+  local line
+  for line in "${NOTES[@]}"; do echo "  - $line"; done
+  echo
+  cat "$RUN_DIR/verify.txt"
+  if ((${#CHECKS[@]})); then
+    echo
+    echo "scenario checks:"
+    for line in "${CHECKS[@]}"; do echo "$line"; done
+  fi
+  echo
+  if ((VERIFY_RC == 0 && CHECKS_FAILED == 0)); then
+    verdict PASS
+    exit 0
+  fi
+  echo "logs: $RUN_DIR"
+  verdict FAIL
+  exit 1
+}
