@@ -6,31 +6,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/gateway"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
-
-// syncBuffer collects the logs of a run that is still writing them.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // freeAddr returns a loopback address that was free a moment ago.
 func freeAddr(t *testing.T) string {
@@ -51,7 +32,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	t.Setenv("LOG_LEVEL", "debug")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs syncBuffer
+	var logs testenv.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, &logs, &logs) }()
 	t.Cleanup(func() {

@@ -3,12 +3,13 @@ package consumer
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"strconv"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
 // publishTimeout bounds a retry or dead-letter publish and its confirm.
@@ -86,29 +87,16 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 }
 
 // republish copies a delivery for a retry or dead-letter publish, keeping its
-// message id (the inbox key, resolved from the body if need be) and properties.
+// properties and its message id (the inbox key, resolved from the body if need be).
 func republish(d amqp.Delivery, msg Message) amqp.Publishing {
-	headers := amqp.Table{}
-	maps.Copy(headers, d.Headers)
-	delete(headers, "x-death") // the broker's own history; ours is in x-attempt
-	if _, ok := headers[HeaderOriginalExchange]; !ok {
-		headers[HeaderOriginalExchange] = d.Exchange
-		headers[HeaderOriginalKey] = d.RoutingKey
+	p := rabbit.Copy(d)
+	p.MessageId = msg.ID
+	delete(p.Headers, "x-death") // the broker's own history; ours is in x-attempt
+	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
+		p.Headers[HeaderOriginalExchange] = d.Exchange
+		p.Headers[HeaderOriginalKey] = d.RoutingKey
 	}
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       msg.ID,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
+	return p
 }
 
 func truncate(s string) string {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -184,29 +183,12 @@ var resetHeaders = []string{
 
 // replayCopy is d as the producer sent it, plus the replay count. Its message
 // id is the inbox key, so a copy of a message already applied is suppressed.
-// The expiration and user-id properties are dropped like in the runtime's own
-// copies: a stale per-message TTL would expire the replay, and RabbitMQ
-// refuses a user-id other than the publishing connection's user.
 func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
-	headers := amqp.Table{}
-	maps.Copy(headers, d.Headers)
+	p := rabbit.Copy(d)
 	for _, k := range resetHeaders {
-		delete(headers, k)
+		delete(p.Headers, k)
 	}
-	headers[HeaderReplayCount] = int32(replays)
-	headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	return amqp.Publishing{
-		Headers:         headers,
-		ContentType:     d.ContentType,
-		ContentEncoding: d.ContentEncoding,
-		DeliveryMode:    amqp.Persistent,
-		Priority:        d.Priority,
-		CorrelationId:   d.CorrelationId,
-		ReplyTo:         d.ReplyTo,
-		MessageId:       d.MessageId,
-		Timestamp:       d.Timestamp,
-		Type:            d.Type,
-		AppId:           d.AppId,
-		Body:            d.Body,
-	}
+	p.Headers[HeaderReplayCount] = int32(replays)
+	p.Headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	return p
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -75,5 +76,29 @@ func (p *Publisher) drainReturns() {
 		default:
 			return
 		}
+	}
+}
+
+// Copy is d as its producer published it, ready to publish again: every
+// property and header (in a new table) but two, and persistent. The
+// expiration is dropped, since a stale per-message TTL would expire the copy,
+// and so is the user id, since RabbitMQ refuses one other than the publishing
+// connection's user.
+func Copy(d amqp.Delivery) amqp.Publishing {
+	headers := make(amqp.Table, len(d.Headers))
+	maps.Copy(headers, d.Headers)
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
 	}
 }

@@ -27,7 +27,8 @@ func CaptureLogger(t testing.TB) (*slog.Logger, *Buffer) {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
 }
 
-// Buffer is a goroutine-safe log store.
+// Buffer is a goroutine-safe log store: an io.Writer for the output of a
+// program that is still running.
 type Buffer struct {
 	mu sync.Mutex
 	b  strings.Builder
@@ -40,10 +41,11 @@ func (b *Buffer) String() string {
 	return b.b.String()
 }
 
-func (b *Buffer) write(p []byte) {
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.b.Write(p)
+	return b.b.Write(p)
 }
 
 type testWriter struct {
@@ -54,7 +56,7 @@ type testWriter struct {
 }
 
 func (w *testWriter) Write(p []byte) (int, error) {
-	w.keep.write(p)
+	_, _ = w.keep.Write(p)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.done {
