@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,19 +12,8 @@ import (
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func TestRunServesUntilCancelled(t *testing.T) {
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	t.Setenv("DATABASE_URL", testenv.Postgres(t))
 	t.Setenv("HTTP_ADDR", addr)
 	t.Setenv("FAULTS_ENABLED", "true")
@@ -90,7 +78,7 @@ func TestRunFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv("HTTP_ADDR", freeAddr(t))
+			t.Setenv("HTTP_ADDR", testenv.FreeAddr(t))
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}

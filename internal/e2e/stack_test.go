@@ -32,7 +32,7 @@ func startStack(t *testing.T, gatewayEnv, serviceEnv []string) *stack {
 	t.Helper()
 	s := &stack{
 		amqpURL: testenv.VHost(t), paymentsDB: testenv.Postgres(t), gatewayDB: testenv.Postgres(t),
-		gatewayAddr: freeAddr(t), serviceAddr: freeAddr(t),
+		gatewayAddr: testenv.FreeAddr(t), serviceAddr: testenv.FreeAddr(t),
 	}
 	start(t, "fake-gateway", append([]string{"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr}, gatewayEnv...))
 	waitHTTP(t, "http://"+s.gatewayAddr+"/healthz")
