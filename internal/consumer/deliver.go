@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"mime"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -54,15 +56,36 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
 	case errors.Is(err, ErrPermanent):
 		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
-	case r.pingDatabase(ctx) != nil:
-		log.Warn("database unavailable: requeueing and pausing", "err", err)
-		_ = d.Nack(false, true)
-		s.requestPause()
-	case msg.Attempt >= r.cfg.MaxAttempts:
-		r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
 	default:
+		if cause := r.infrastructure(ctx, err); cause != "" {
+			log.Warn("not the message's fault: putting it back without spending an attempt and pausing",
+				"cause", cause, "attempt", msg.Attempt, "err", err)
+			r.hold(ctx, s, d, msg, err, log)
+			s.requestPause(cause)
+			return
+		}
+		if msg.Attempt >= r.cfg.MaxAttempts {
+			r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
+			return
+		}
 		r.retry(ctx, s, d, msg, err, log)
 	}
+}
+
+// infrastructure names the fault of a failure that is not the message's: a
+// dependency the handler found misconfigured, an SQLSTATE of the database's
+// own trouble, a database step that got no answer, or (for an unknown error
+// of a database step) a database that fails its check. "" means the message
+// failed.
+func (r *Runtime) infrastructure(ctx context.Context, err error) string {
+	if cause := pauseCause(err); cause != "" {
+		return cause
+	}
+	var se *stepError
+	if errors.As(err, &se) && se.step != stepHandler && r.pingDatabase(ctx) != nil {
+		return CauseDatabase
+	}
+	return ""
 }
 
 // pingDatabase tells a database outage from a failure of the message. Error
@@ -117,9 +140,9 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason string, err error
 	switch {
 	case msg.ID == "":
 		return ReasonMissingID, errors.New("no message_id property and no id in the body")
-	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID):
+	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl):
 		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
-		return ReasonInvalidID, errors.New("message id is longer than 255 bytes or not UTF-8")
+		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
 	return "", nil
 }
@@ -154,18 +177,18 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	seen, err := r.inbox.Seen(ctx, msg.ID, msg.Body)
 	switch {
 	case err != nil:
-		return "", err
+		return "", failedAt(stepLookup, err)
 	case seen:
 		return OutcomeDuplicate, nil
 	}
 	writes, err := r.handler.Handle(ctx, msg)
 	if err != nil {
-		return "", err
+		return "", failedAt(stepHandler, err)
 	}
 	out, fresh, err := r.commits.commit(ctx, msg, writes)
 	switch {
 	case err != nil:
-		return "", err
+		return "", failedAt(stepCommit, err)
 	case !fresh:
 		return OutcomeDuplicate, nil
 	case out == "":

@@ -46,8 +46,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_pauses_total",
-			Help: "Times consumption paused because the database was unavailable.",
-		}, []string{"consumer"}),
+			Help: "Times consumption paused because the infrastructure failed every message, by cause (database, or a dependency's cause such as gateway_misconfigured).",
+		}, []string{"consumer", "cause"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_handler_panics_total",
 			Help: "Handler panics recovered.",

@@ -22,12 +22,16 @@ type session struct {
 	conn    *amqp.Connection
 	consume *amqp.Channel
 	publish *rabbit.Publisher
-	// pause is closed once by the first worker that finds the database down.
+	// pause is closed once by the first worker that finds the infrastructure
+	// at fault; cause names it.
 	pause     chan struct{}
 	pauseOnce sync.Once
+	cause     string
 }
 
-func (s *session) requestPause() { s.pauseOnce.Do(func() { close(s.pause) }) }
+func (s *session) requestPause(cause string) {
+	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
+}
 
 func (r *Runtime) openSession() (*session, error) {
 	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name)
@@ -58,11 +62,11 @@ func (r *Runtime) openChannels(s *session) error {
 }
 
 // session runs one broker session until the context is cancelled (graceful
-// shutdown, returns nil), the connection or a channel dies, or the database
-// goes down (returns errDatabaseDown).
+// shutdown, returns nil), the connection or a channel dies, or a worker finds
+// the infrastructure at fault (returns errPausedSession).
 func (r *Runtime) session(ctx context.Context) error {
 	if err := r.pingDatabase(ctx); err != nil {
-		return fmt.Errorf("%w: %w", errDatabaseDown, err)
+		return errPausedSession{cause: CauseDatabase}
 	}
 	s, err := r.openSession()
 	if err != nil {
@@ -105,16 +109,20 @@ func (r *Runtime) session(ctx context.Context) error {
 	case <-cancelled:
 		reason = errors.New("consumer cancelled by the broker (queue deleted?)")
 	case <-s.pause:
-		reason = errDatabaseDown
+		reason = errPausedSession{cause: s.cause}
 	}
 	r.setReady(false)
 	close(stop)
-	if reason == nil || errors.Is(reason, errDatabaseDown) {
-		// Tell the broker to stop sending; prefetched deliveries not yet taken by
-		// a worker go back to the queue when the channel closes.
-		_ = s.consume.Cancel(tag, false)
+	stopped := false
+	if reason == nil || errors.As(reason, new(errPausedSession)) {
+		// Tell the broker to stop sending; the deliveries it sent before the
+		// cancel-ok arrive, then the channel of deliveries closes.
+		stopped = s.consume.Cancel(tag, false) == nil
 	}
 	r.drain(&wg, cancelWork)
+	if stopped {
+		r.returnUnstarted(work, s, deliveries)
+	}
 	_ = s.consume.Close()
 	_ = s.publish.Close()
 	return reason

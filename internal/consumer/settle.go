@@ -42,6 +42,39 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 		"delay", expire.String(), "err", cause)
 }
 
+// hold puts a message that failed through no fault of its own (the database
+// or a dependency is down) back without spending an attempt: a copy goes to
+// the first delay queue with its attempt count unchanged, then the original is
+// acked. Unlike a nack with requeue, the copy is a new message to the broker,
+// so the work queue's x-delivery-limit never counts an outage against it.
+func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *slog.Logger) {
+	delay := r.cfg.Topology.RetryDelays[0]
+	pub := republish(d, msg)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	pub.Headers[HeaderLastError] = truncate(cause.Error())
+	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
+	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
+		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRequeued)).Inc()
+	}
+}
+
+// returnUnstarted gives back the deliveries a session received but no worker
+// started: each is republished to the work queue and then acked. Left to the
+// channel's close, the broker would requeue them and a quorum queue would
+// count each return in x-delivery-count, so that enough restarts, pauses or
+// deploys would dead-letter valid messages (delivery_limit) that never failed.
+func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	n := 0
+	for d := range deliveries {
+		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, rabbit.Copy(d), r.log) {
+			n++
+		}
+	}
+	if n > 0 {
+		r.log.Info("returned unstarted deliveries to the work queue", "count", n)
+	}
+}
+
 // retryDelay is the delay after a failed attempt (1-based): the n-th delay,
 // the last one repeating.
 func retryDelay(delays []time.Duration, attempt int) time.Duration {
