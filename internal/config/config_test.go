@@ -84,6 +84,11 @@ func TestOpsConfigsNameTheVariableAtFault(t *testing.T) {
 		{"prune window", &InboxPrune{}, map[string]string{"INBOX_RETENTION": "1h"}, "INBOX_RETENTION"},
 		{"prune batch", &InboxPrune{}, map[string]string{"INBOX_PRUNE_BATCH": "100001"}, "INBOX_PRUNE_BATCH"},
 		{"prune attempts", &InboxPrune{}, map[string]string{"MAX_ATTEMPTS": "0"}, "MAX_ATTEMPTS"},
+		{"gateway defaults", &FakeGateway{}, nil, ""},
+		{"gateway memory store", &FakeGateway{}, map[string]string{"STORE": "memory"}, ""},
+		{"gateway store", &FakeGateway{}, map[string]string{"STORE": "redis"}, "STORE"},
+		{"gateway database", &FakeGateway{}, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
+		{"memory store reads no database", &FakeGateway{}, map[string]string{"STORE": "memory", "DATABASE_URL": "mysql://x"}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

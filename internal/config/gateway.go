@@ -2,8 +2,15 @@ package config
 
 import "time"
 
+// Stores of the fake gateway (STORE).
+const (
+	GatewayStorePostgres = "postgres" // the table charges in DATABASE_URL
+	GatewayStoreMemory   = "memory"   // benchmarks only: no database, lost on exit
+)
+
 // FakeGateway is the configuration of cmd/fake-gateway.
 type FakeGateway struct {
+	Store            string        `envconfig:"STORE" default:"postgres"`
 	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable"`
 	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8081"`
 	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0"`
@@ -17,7 +24,11 @@ type FakeGateway struct {
 // Validate reports every out-of-range value, naming its variable.
 func (c *FakeGateway) Validate() error {
 	var v checks
-	v.url("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+	v.require(c.Store == GatewayStorePostgres || c.Store == GatewayStoreMemory, "STORE",
+		"must be %s or %s, got %q", GatewayStorePostgres, GatewayStoreMemory, c.Store)
+	if c.Store != GatewayStoreMemory { // the memory store reads no database
+		v.url("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+	}
 	v.require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
 	v.require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
 	v.require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
