@@ -157,7 +157,7 @@ func (t table) markdown() string {
 	}
 	b.WriteString("\n")
 	for _, n := range t.notes {
-		b.WriteString(n + "\n")
+		b.WriteString("- " + n + "\n")
 	}
 	return b.String()
 }
