@@ -181,30 +181,31 @@ func (w *watcher) close() {
 
 func (w *watcher) ready() (int, error) { return broker.Ready(w.ch, broker.Queue) }
 
-// drained polls until the payments table holds orders rows and no message is
-// ready in the queue, and returns when it first saw both. Duplicates the
+// drained polls until no message is ready in the queue and the payments table
+// holds orders rows, and returns when it first saw both. The cheap queue check
+// comes first, so that the table is counted only near the end. Duplicates the
 // consumer holds unacked at that moment are not waited for: they settle within
 // milliseconds, and settled checks them afterwards.
 func (w *watcher) drained(ctx context.Context, p *proc.Process, orders int, timeout time.Duration) (time.Time, error) {
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
+	paid := 0
 	for {
-		paid, err := w.obs.Payments(ctx)
+		ready, err := w.ready()
 		if err != nil {
-			return time.Time{}, fmt.Errorf("count payments: %w", err)
+			return time.Time{}, err
 		}
-		if paid >= orders {
-			n, err := w.ready()
-			if err != nil {
-				return time.Time{}, err
+		if ready == 0 {
+			if paid, err = w.obs.Payments(ctx); err != nil {
+				return time.Time{}, fmt.Errorf("count payments: %w", err)
 			}
-			if n == 0 {
+			if paid >= orders {
 				return time.Now(), nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("timed out after %s with %d of %d payments", timeout, paid, orders)
+			return time.Time{}, fmt.Errorf("timed out after %s with %d messages ready and %d of %d payments", timeout, ready, paid, orders)
 		}
 		select {
 		case <-ctx.Done():
