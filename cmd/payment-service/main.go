@@ -85,6 +85,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if crasher != nil {
 		mux.Handle("/faults/", crasher.Handler())
 	}
+	if cfg.PprofEnabled {
+		health.Pprof(mux)
+		log.Warn("profiling enabled: /debug/pprof/ is served on HTTP_ADDR")
+	}
 	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: mux}
 	return serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log)
 }
@@ -113,7 +117,8 @@ func openDatabase(ctx context.Context, cfg config.PaymentService, log *slog.Logg
 }
 
 func newRuntime(cfg config.PaymentService, db *gorm.DB, crasher *faults.Crasher, m *consumer.Metrics, log *slog.Logger) (*consumer.Runtime, error) {
-	var gw payment.Charger = gateway.NewClient(cfg.GatewayURL, cfg.GatewayTimeout)
+	// One keep-alive connection per worker: each may be in a gateway call.
+	var gw payment.Charger = gateway.NewClient(cfg.GatewayURL, cfg.GatewayTimeout, cfg.Workers)
 	var onStage func(consumer.Stage)
 	if crasher != nil {
 		gw, onStage = faults.CrashAfterCharge(gw, crasher), crasher.OnStage
@@ -133,6 +138,9 @@ func newRuntime(cfg config.PaymentService, db *gorm.DB, crasher *faults.Crasher,
 		},
 		Prefetch:         cfg.Prefetch,
 		Workers:          cfg.Workers,
+		Committers:       cfg.DBCommitters,
+		GroupCommitMax:   cfg.GroupCommitMax,
+		GroupCommitWait:  cfg.GroupCommitWait,
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		KeyFromBody:      payment.EventID,
 		LogAttrs:         payment.LogAttrs,

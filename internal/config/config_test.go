@@ -13,7 +13,14 @@ func TestLoadNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{}, ""},
 		{map[string]string{"PREFETCH": "many"}, "PREFETCH"},
 		{map[string]string{"PREFETCH": "0"}, "PREFETCH"},
-		{map[string]string{"WORKERS": "33"}, "WORKERS"},
+		{map[string]string{"WORKERS": "193"}, "WORKERS"},
+		{map[string]string{"WORKERS": "300", "PREFETCH": "300"}, ""},
+		{map[string]string{"DB_COMMITTERS": "10"}, "DB_MAX_CONNS"},
+		{map[string]string{"DB_COMMITTERS": "0"}, "DB_COMMITTERS"},
+		{map[string]string{"GROUP_COMMIT_MAX": "0"}, "GROUP_COMMIT_MAX"},
+		{map[string]string{"GROUP_COMMIT_MAX": "1", "GROUP_COMMIT_WAIT": "0s"}, ""},
+		{map[string]string{"GROUP_COMMIT_WAIT": "2s"}, "GROUP_COMMIT_WAIT"},
+		{map[string]string{"PPROF_ENABLED": "yes please"}, "PPROF_ENABLED"},
 		{map[string]string{"AMQP_URL": "localhost:5672"}, "AMQP_URL"},
 		{map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
 		{map[string]string{"GATEWAY_URL": "ftp://gw"}, "GATEWAY_URL"},
@@ -65,7 +72,7 @@ func TestLogValueMasksSecrets(t *testing.T) {
 			}
 		}
 	}
-	if v["PREFETCH"] != "32" || !strings.Contains(v["AMQP_URL"], "user:") {
+	if v["PREFETCH"] != "192" || !strings.Contains(v["AMQP_URL"], "user:") {
 		t.Errorf("log value lost non-secret fields: %v", v)
 	}
 }

@@ -18,7 +18,7 @@ type Broker struct {
 // Database is a PostgreSQL connection pool.
 type Database struct {
 	URL              string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/payments?sslmode=disable"`
-	MaxConns         int           `envconfig:"DB_MAX_CONNS" default:"20"`
+	MaxConns         int           `envconfig:"DB_MAX_CONNS" default:"10"`
 	StatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"5s"`
 }
 
@@ -26,12 +26,18 @@ type Database struct {
 type PaymentService struct {
 	Broker
 	Database
-	Consumer        string          `envconfig:"CONSUMER_NAME" default:"payment-service"`
-	GatewayURL      string          `envconfig:"GATEWAY_URL" default:"http://localhost:8081"`
-	GatewayTimeout  time.Duration   `envconfig:"GATEWAY_TIMEOUT" default:"5s"`
-	HTTPAddr        string          `envconfig:"HTTP_ADDR" default:":8080"`
-	Prefetch        int             `envconfig:"PREFETCH" default:"32"`
-	Workers         int             `envconfig:"WORKERS" default:"8"`
+	Consumer       string        `envconfig:"CONSUMER_NAME" default:"payment-service"`
+	GatewayURL     string        `envconfig:"GATEWAY_URL" default:"http://localhost:8081"`
+	GatewayTimeout time.Duration `envconfig:"GATEWAY_TIMEOUT" default:"5s"`
+	HTTPAddr       string        `envconfig:"HTTP_ADDR" default:":8080"`
+	Prefetch       int           `envconfig:"PREFETCH" default:"192"`
+	Workers        int           `envconfig:"WORKERS" default:"128"`
+	// DBCommitters transactions commit at once, GroupCommitMax messages at
+	// most in each, waiting at most GroupCommitWait for a batch to fill.
+	DBCommitters    int             `envconfig:"DB_COMMITTERS" default:"4"`
+	GroupCommitMax  int             `envconfig:"GROUP_COMMIT_MAX" default:"32"`
+	GroupCommitWait time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms"`
+	PprofEnabled    bool            `envconfig:"PPROF_ENABLED" default:"false"`
 	MaxBodyBytes    int             `envconfig:"MAX_BODY_BYTES" default:"65536"`
 	HandlerTimeout  time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s"`
 	RetryDelays     []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s"`
@@ -55,7 +61,13 @@ func (c *PaymentService) Validate() error {
 	v.require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
 	v.require(c.GatewayTimeout > 0, "GATEWAY_TIMEOUT", "must be positive, got %s", c.GatewayTimeout)
 	v.require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
-	v.require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d", c.Prefetch, c.Workers)
+	v.require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
+	v.require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
+	// Each committer holds a connection for its transaction; the inbox
+	// look-ups of the workers and the readiness ping need at least one more.
+	v.require(c.DBCommitters < c.MaxConns, "DB_MAX_CONNS", "must exceed DB_COMMITTERS (%d) so that look-ups and pings get a connection, got %d: raise DB_MAX_CONNS", c.DBCommitters, c.MaxConns)
+	v.require(c.GroupCommitMax >= 1 && c.GroupCommitMax <= 1000, "GROUP_COMMIT_MAX", "must be between 1 (a transaction per message) and 1000, got %d", c.GroupCommitMax)
+	v.require(c.GroupCommitWait >= 0 && c.GroupCommitWait <= time.Second, "GROUP_COMMIT_WAIT", "must be between 0 and 1s, got %s", c.GroupCommitWait)
 	v.require(c.MaxBodyBytes >= 256, "MAX_BODY_BYTES", "must be at least 256, got %d", c.MaxBodyBytes)
 	v.require(c.HandlerTimeout > c.GatewayTimeout, "HANDLER_TIMEOUT", "must exceed GATEWAY_TIMEOUT (%s), got %s", c.GatewayTimeout, c.HandlerTimeout)
 	// RabbitMQ closes the channel of a consumer that holds a delivery for longer

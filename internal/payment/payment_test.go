@@ -80,7 +80,8 @@ func (s *stack) service() *consumer.Metrics {
 		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second))
+	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8))
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
