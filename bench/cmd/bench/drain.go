@@ -21,6 +21,7 @@ type result struct {
 	settings string
 	rate     float64 // messages (pgbench: transactions) per second
 	drained  int     // messages in the drain
+	paced    pacedPhase
 	lat      quantiles
 	rss      int64 // bytes; 0 if not measured
 	conns    scratchdb.Connections
@@ -109,40 +110,52 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 		return fmt.Errorf("after the drain: %w", err)
 	}
 
-	since, err := b.paced(ctx, st, w, c, p, r.rate)
-	if err != nil {
+	if r.paced, err = b.paced(ctx, st, w, c, p, r.rate); err != nil {
 		return fmt.Errorf("paced phase: %w", err)
 	}
 	if r.rss, err = p.PeakRSS(); err != nil {
 		return err
 	}
-	if r.lat, err = c.finish(ctx, since); err != nil {
+	if r.lat, err = c.finish(ctx, r.paced.since); err != nil {
 		return fmt.Errorf("stop %s: %w", p.Name, err)
 	}
 	return nil
 }
 
+// pacedPhase is what the paced phase did.
+type pacedPhase struct {
+	since time.Time     // when publishing began
+	rate  float64       // messages per second
+	lag   time.Duration // from the last publish until every message was settled
+}
+
 // paced publishes for the paced phase at a fraction of the drain rate and waits
-// until it is consumed; it returns when the phase started.
-func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p *proc.Process, drainRate float64) (time.Time, error) {
+// until it is consumed. The lag tells whether the consumer kept up: the drain
+// rate was measured without a publisher on the same cores.
+func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p *proc.Process, drainRate float64) (pacedPhase, error) {
+	ph := pacedPhase{since: time.Now()}
 	if b.o.paced == 0 {
-		return time.Now(), nil
+		return ph, nil
 	}
-	rate := math.Min(b.o.pacedFraction*drainRate, b.o.pacedMaxRate)
-	orders := max(1, int(rate*b.o.paced.Seconds()/(1+b.o.duplicateRate)))
+	ph.rate = math.Min(b.o.pacedFraction*drainRate, b.o.pacedMaxRate)
+	orders := max(1, int(ph.rate*b.o.paced.Seconds()/(1+b.o.duplicateRate)))
 	msgs := load.Batch{Run: st.run, First: b.o.messages, Count: orders, DuplicateRate: b.o.duplicateRate, Seed: b.o.seed}.Messages()
 	if err := c.pacedStarts(ctx); err != nil {
-		return time.Time{}, err
+		return ph, err
 	}
-	b.logf("paced: %d messages at %.0f msg/s", len(msgs), rate)
-	since := time.Now()
-	if err := load.Publish(ctx, st.amqpURL, broker.Exchange, broker.RoutingKey, msgs, rate); err != nil {
-		return since, err
+	b.logf("paced: %d messages at %.0f msg/s", len(msgs), ph.rate)
+	ph.since = time.Now()
+	if err := load.Publish(ctx, st.amqpURL, broker.Exchange, broker.RoutingKey, msgs, ph.rate); err != nil {
+		return ph, err
 	}
-	if _, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout); err != nil {
-		return since, err
+	published := time.Now()
+	done, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout)
+	if err != nil {
+		return ph, err
 	}
-	return since, w.settled(ctx)
+	ph.lag = done.Sub(published)
+	b.logf("paced: settled %.1fs after the last publish", ph.lag.Seconds())
+	return ph, w.settled(ctx)
 }
 
 // watcher judges a drain: the payments committed and the messages still in
