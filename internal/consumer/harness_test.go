@@ -36,7 +36,7 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, url: testenv.VHost(t)}
 	e.vhost = e.url[strings.LastIndex(e.url, "/")+1:]
-	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Payments)
+	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Inbox)
 	if err := e.db.Exec(`CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}

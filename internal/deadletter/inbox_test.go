@@ -73,7 +73,7 @@ func effects(t *testing.T, db *gorm.DB, id string) int {
 // applied is applied once.
 func TestReplayedMessagesAreAppliedOnce(t *testing.T) {
 	b := newBroker(t)
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox)
 	m := startRuntime(t, b, db)
 
 	// The message was applied once through the work queue: say a copy of it

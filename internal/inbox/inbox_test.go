@@ -19,7 +19,7 @@ import (
 // for a handler's business writes.
 func setup(t *testing.T) *gorm.DB {
 	t.Helper()
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox)
 	if err := db.Exec(`CREATE TABLE effects (message_id text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}

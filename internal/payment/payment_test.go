@@ -41,7 +41,7 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	s := &stack{t: t, amqpURL: testenv.VHost(t)}
-	s.db, _ = testenv.MigratedDB(t, migrations.Payments)
+	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	s.gatewayDB, _ = testenv.MigratedDB(t, migrations.Gateway)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: 30 * time.Second})
@@ -351,6 +351,6 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 }
 
 func TestModelMatchesSchema(t *testing.T) {
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	testenv.AssertModelMatchesTable(t, db, &payment.Payment{})
 }

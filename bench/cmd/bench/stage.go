@@ -66,9 +66,10 @@ func (b *bench) newStage(ctx context.Context, name string, withBroker bool) (*st
 	return st, cleanup, nil
 }
 
-// migrate applies the payments schema with the template's inboxctl.
+// migrate applies the payment service's schemas (the inbox, then payments)
+// with the template's inboxctl.
 func (b *bench) migrate(ctx context.Context, dbURL string) error {
-	cmd := exec.CommandContext(ctx, b.bin("inboxctl"), "migrate", "payments")
+	cmd := exec.CommandContext(ctx, b.bin("inboxctl"), "migrate")
 	cmd.Env = []string{"DATABASE_URL=" + dbURL}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("inboxctl migrate: %w: %s", err, strings.TrimSpace(string(out)))
