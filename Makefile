@@ -49,3 +49,26 @@ faults: build
 
 chaos: build
 	./scripts/chaos.sh $(CHAOS_FLAGS)
+
+# Benchmarks: bench/ is a Go module of its own, so that this go.mod never
+# carries Watermill. `make bench` builds every program and runs the whole
+# comparison on the local RabbitMQ and PostgreSQL (needs pgbench and
+# rabbitmqctl; 3-4 minutes on 2 cores); BENCH_FLAGS passes flags, e.g.
+# make bench BENCH_FLAGS="-messages 5000 -configs amqp091,service-gc".
+# bench-smoke proves the harness in about a minute; bench-check is its gofmt
+# and vet.
+.PHONY: bench bench-build bench-smoke bench-check
+BENCH_FLAGS ?=
+
+bench-build: build
+	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath $(BIN))/ ./cmd/...
+
+bench: bench-build
+	$(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
+
+bench-smoke: bench-build
+	$(BIN)/bench -bin $(BIN) -messages 200 -paced 2s -configs all $(BENCH_FLAGS)
+
+bench-check:
+	@out=$$(gofmt -l bench); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
