@@ -174,7 +174,7 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 		return "", err
 	}
 	defer release()
-	seen, err := r.inbox.Seen(ctx, msg.ID, msg.Body)
+	seen, err := r.lookups.seen(ctx, msg.ID, msg.Body)
 	switch {
 	case err != nil:
 		return "", failedAt(stepLookup, err)

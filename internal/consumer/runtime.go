@@ -122,6 +122,7 @@ type Runtime struct {
 	cfg      Config
 	inbox    *inbox.Inbox
 	commits  *committer
+	lookups  *lookups
 	inFlight inFlight
 	handler  Handler
 	metrics  *Metrics
@@ -153,6 +154,7 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
+	r.lookups = &lookups{inbox: ib, jobs: make(chan *lookupJob)}
 	r.commits = &committer{
 		inbox: ib, max: cfg.GroupCommitMax, wait: cfg.GroupCommitWait, timeout: applyMargin,
 		jobs: make(chan *commitJob), stage: r.stage, metrics: m, name: cfg.Name,
@@ -171,6 +173,10 @@ func (r *Runtime) stage(s Stage) {
 		r.cfg.OnStage(s)
 	}
 }
+
+// LookupReaders is how many inbox look-ups run at once, each on one pooled
+// connection; a pool needs Committers + LookupReaders connections.
+const LookupReaders = 2
 
 // applyMargin is the time a message gets beyond the handler's own timeout: the
 // inbox look-up, then waiting for a committer and its transaction (the claim
@@ -232,6 +238,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
 	var committers sync.WaitGroup
 	r.commits.run(commitCtx, r.cfg.Committers, &committers)
+	r.lookups.run(commitCtx, LookupReaders, &committers)
 	defer func() { stopCommits(); committers.Wait() }()
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
