@@ -22,7 +22,7 @@ test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1)"
 	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m $(COMMIT_PACKAGES)
-	$(GO) test -race -count=1 -timeout 15m -tags disruptive -run Disruptive ./internal/e2e
+	$(GO) test -race -count=1 -timeout 15m -tags disruptive -run Disruptive ./internal/consumer ./internal/e2e
 
 check: fmt vet
 

@@ -37,6 +37,9 @@ const maxIDLen = 255
 // meanwhile, left for the broker to redeliver.
 func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	msg := message(d)
+	if !r.fromRetryQueue(d) {
+		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
+	}
 	reason, admitErr := r.admit(d, &msg)
 	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
 	if reason != "" {
@@ -95,6 +98,22 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return r.cfg.DatabaseCheck(ctx)
+}
+
+// fromRetryQueue reports whether the broker brought the delivery back from
+// one of our delay queues (x-death names the queue): only then was its
+// x-attempt header written by this runtime.
+func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
+	deaths, _ := d.Headers["x-death"].([]any)
+	prefix := r.cfg.Topology.Queue + ".retry."
+	for _, x := range deaths {
+		if t, ok := x.(amqp.Table); ok {
+			if q, _ := t["queue"].(string); strings.HasPrefix(q, prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // message builds the handler's view of a delivery.

@@ -16,6 +16,7 @@ type Metrics struct {
 	panics         *prometheus.CounterVec
 	ready          *prometheus.GaugeVec
 	batchSize      *prometheus.HistogramVec
+	blocked        *prometheus.GaugeVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -62,7 +63,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"consumer"}),
 	}
-	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize)
+	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "consumer_publishing_blocked",
+		Help: "1 while the broker blocks the publishing connection (a memory or disk alarm).",
+	}, []string{"consumer"})
+	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked)
 	return m
 }
 

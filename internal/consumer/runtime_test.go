@@ -454,3 +454,36 @@ func TestConcurrentDuplicateWaitsForTheFirst(t *testing.T) {
 		t.Fatalf("handler ran %d times, want once", n)
 	}
 }
+
+// A producer's own x-attempt header is not trusted: only a message the broker
+// brought back from one of our delay queues carries an attempt count of ours.
+// Otherwise a message published with x-attempt 5 would get a single try.
+func TestProducerAttemptHeaderIsIgnored(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(m Message) error {
+		if m.Attempt < 3 {
+			return errTransient
+		}
+		return nil
+	}), func(c *Config) { c.MaxAttempts = 3 })
+	e.publish("forged", `{}`, func(p *amqp.Publishing) { p.Headers = amqp.Table{HeaderAttempt: int32(5)} })
+	waitFor(t, "processed on the third attempt", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if rt.count(OutcomeRetried) != 2 || rt.count(OutcomeDeadLettered) != 0 {
+		t.Fatalf("retried %d, dead-lettered %d: want two retries, no dead letter", rt.count(OutcomeRetried), rt.count(OutcomeDeadLettered))
+	}
+}
+
+// MAX_BODY_BYTES is checked after the whole body arrived: the broker sends it
+// entire (its own max_message_size, 128 MiB by default, is the only earlier
+// cap), so the dead letter carries every byte. The Compose stack caps it at
+// the broker; the disruptive suite shows that cap refusing the publish.
+func TestOversizeBodyArrivesWhole(t *testing.T) {
+	e := newEnv(t)
+	e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 64 << 10 })
+	big := strings.Repeat("x", 2<<20)
+	e.publish("huge", big)
+	d := e.deadLetters(1)[0]
+	if d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge || len(d.Body) != len(big) {
+		t.Fatalf("reason %v, %d bytes: want body_too_large with all %d bytes, received whole", d.Headers[HeaderDeadLetterReason], len(d.Body), len(big))
+	}
+}

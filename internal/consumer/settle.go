@@ -104,6 +104,9 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 }
 
 func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *slog.Logger) bool {
+	if err := s.waitUnblocked(ctx); err != nil {
+		return false // shutting down: the original stays unacked and is redelivered
+	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
