@@ -169,7 +169,7 @@ func migrate(ctx context.Context, opts service.Options, args []string, stdout io
 		if err != nil {
 			return err
 		}
-		url, name, sets = cfg.URL, opts.Name, append([]migrations.Set{migrations.Inbox}, opts.Migrations...)
+		url, name, sets = cfg.URL, opts.Name, service.Schemas(opts)
 	case len(args) == 1 && args[0] == "gateway":
 		var cfg config.Verify
 		if err := config.Load(&cfg); err != nil {

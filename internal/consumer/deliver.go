@@ -226,9 +226,15 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 		return
 	}
 	r.stage(StageAcked)
+	r.counted(msg, out, log)
+}
+
+// counted counts a settled message and logs it: at debug level when it went
+// as it should.
+func (r *Runtime) counted(msg Message, out Outcome, log *slog.Logger) {
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(out)).Inc()
 	level := slog.LevelInfo
-	if out == OutcomeProcessed {
+	if out == OutcomeProcessed || out == OutcomeStored {
 		level = slog.LevelDebug
 	}
 	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)

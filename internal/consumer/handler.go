@@ -35,6 +35,10 @@ const (
 	OutcomeRetried      Outcome = "retried"
 	OutcomeRequeued     Outcome = "requeued" // put back without spending an attempt: not the message's fault
 	OutcomeDeadLettered Outcome = "dead_lettered"
+	// The buffered mode's: a delivery stored for processing (and acked), and
+	// a stored message parked for an operator.
+	OutcomeStored Outcome = "stored"
+	OutcomeParked Outcome = "parked"
 )
 
 // Handler applies one message in two steps, so that no database connection is
@@ -92,8 +96,15 @@ type Stage string
 // Stages, in the order a message passes them. A handler's own points (after an
 // outside call) lie before StageClaimed: the transaction opens only once the
 // handler has returned its writes.
+//
+// In the buffered mode the first three are the ingest's (the message stored,
+// the transaction still open; committed, not acked; acked), and two more are
+// the processing's: a message claimed, its handler not yet run; its writes
+// and status committed.
 const (
-	StageClaimed   Stage = "after-inbox-insert" // inbox row inserted, transaction still open
-	StageCommitted Stage = "after-commit"       // effects committed, delivery not yet acked
-	StageAcked     Stage = "after-ack"          // delivery acked
+	StageClaimed   Stage = "after-inbox-insert"   // inbox row inserted, transaction still open
+	StageCommitted Stage = "after-commit"         // effects (buffered: the stored message) committed, delivery not yet acked
+	StageAcked     Stage = "after-ack"            // delivery acked
+	StageLeased    Stage = "after-claim"          // buffered: a stored message claimed, the handler not yet run
+	StageProcessed Stage = "after-process-commit" // buffered: the handler's writes and the processed status committed
 )

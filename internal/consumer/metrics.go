@@ -3,6 +3,8 @@ package consumer
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/inbox-template/payment-service/internal/buffered"
 )
 
 // Metrics are the runtime's Prometheus collectors.
@@ -17,6 +19,13 @@ type Metrics struct {
 	ready          *prometheus.GaugeVec
 	batchSize      *prometheus.HistogramVec
 	blocked        *prometheus.GaugeVec
+	// The buffered mode's.
+	buffered        *prometheus.GaugeVec
+	oldest          *prometheus.GaugeVec
+	blockedKeys     *prometheus.GaugeVec
+	blockedMessages *prometheus.GaugeVec
+	claimSeconds    *prometheus.HistogramVec
+	parked          *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -24,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_messages_total",
-			Help: "Messages settled, by consumer and outcome (processed, duplicate, declined, retried, dead_lettered).",
+			Help: "Messages settled, by consumer and outcome (processed, duplicate, declined, retried, dead_lettered; buffered mode: stored, parked).",
 		}, []string{"consumer", "outcome"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_dead_letters_total",
@@ -68,7 +77,53 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "1 while the broker blocks the publishing connection (a memory or disk alarm).",
 	}, []string{"consumer"})
 	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked)
+	m.registerBuffered(reg)
 	return m
+}
+
+// registerBuffered adds the buffered mode's collectors; in the inline mode
+// they stay empty and export nothing.
+func (m *Metrics) registerBuffered(reg prometheus.Registerer) {
+	m.buffered = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inbox_buffered_messages",
+		Help: "Stored messages not yet finished, by status (pending, processing, failed, parked); read from the table every 10s by each replica.",
+	}, []string{"consumer", "status"})
+	m.oldest = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inbox_buffered_oldest_unprocessed_seconds",
+		Help: "Age of the oldest stored message still to process (pending, processing or failed): the processing lag; 0 when there is none.",
+	}, []string{"consumer"})
+	m.blockedKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inbox_buffered_blocked_keys",
+		Help: "Ordering keys whose head message is parked, waiting for an operator.",
+	}, []string{"consumer"})
+	m.blockedMessages = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inbox_buffered_blocked_messages",
+		Help: "Stored messages waiting behind a parked head of their key.",
+	}, []string{"consumer"})
+	m.claimSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "inbox_buffered_claim_duration_seconds",
+		Help:    "Time of one claim statement (leasing up to 64 due keys).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	}, []string{"consumer"})
+	m.parked = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_parked_total",
+		Help: "Stored messages parked (buffered mode), by consumer and reason.",
+	}, []string{"consumer", "reason"})
+	reg.MustRegister(m.buffered, m.oldest, m.blockedKeys, m.blockedMessages, m.claimSeconds, m.parked)
+}
+
+// setBuffered sets the buffered mode's gauges from the table's stats.
+func (m *Metrics) setBuffered(consumer string, st buffered.Stats) {
+	for _, s := range []buffered.Status{buffered.StatusPending, buffered.StatusProcessing, buffered.StatusFailed, buffered.StatusParked} {
+		m.buffered.WithLabelValues(consumer, string(s)).Set(float64(st.Counts[s]))
+	}
+	lag := 0.0
+	if !st.OldestUnfinished.IsZero() {
+		lag = max(0, st.Now.Sub(st.OldestUnfinished).Seconds())
+	}
+	m.oldest.WithLabelValues(consumer).Set(lag)
+	m.blockedKeys.WithLabelValues(consumer).Set(float64(st.BlockedKeys))
+	m.blockedMessages.WithLabelValues(consumer).Set(float64(st.BlockedMessages))
 }
 
 // Settled reports how many messages of consumer were settled with outcome.

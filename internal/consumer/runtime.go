@@ -58,6 +58,10 @@ type Config struct {
 	// any before readiness fails: longer than any message can legitimately
 	// take. Zero derives it from the handler timeout (see New).
 	StallTimeout time.Duration
+	// Buffered, if set, runs the buffered inbox instead of the inline one:
+	// deliveries are stored and acked at once, and Workers process them from
+	// the table in order per key (see BufferedConfig).
+	Buffered *BufferedConfig
 }
 
 func (c *Config) setDefaults() {
@@ -99,6 +103,18 @@ func (c *Config) setDefaults() {
 	}
 }
 
+// setBufferedDefaults completes a buffered configuration; the lease derives
+// from the handler timeout.
+func (c *Config) setBufferedDefaults(handlerTimeout time.Duration) error {
+	if c.Buffered == nil {
+		return nil
+	}
+	b := *c.Buffered // the caller's copy stays as it was
+	b.setDefaults(handlerTimeout)
+	c.Buffered = &b
+	return b.validate()
+}
+
 // Validate reports a configuration the runtime cannot work with.
 func (c *Config) Validate() error {
 	switch {
@@ -137,6 +153,10 @@ type Runtime struct {
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
+	// buffer and proc are the buffered mode's ingest settings and processor;
+	// nil in the inline mode.
+	buffer *BufferedConfig
+	proc   *processor
 }
 
 // New builds a runtime. The handler is wrapped with Recover, Observe and, if
@@ -144,6 +164,9 @@ type Runtime struct {
 func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m *Metrics, log *slog.Logger) (*Runtime, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
+	}
+	if err := cfg.setBufferedDefaults(handlerTimeout); err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
 	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour}
@@ -163,6 +186,10 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		// The longest one delivery can take: its transaction, then a retry or
 		// dead-letter publish with its confirm and the pause after a failed one.
 		r.cfg.StallTimeout = r.applyTimeout + publishTimeout + 5*time.Second
+	}
+	if cfg.Buffered != nil {
+		r.buffer = cfg.Buffered
+		r.proc = newProcessor(r, *cfg.Buffered)
 	}
 	m.ready.WithLabelValues(cfg.Name).Set(0)
 	return r, nil
@@ -195,6 +222,11 @@ func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 func (r *Runtime) Ready() error {
 	if cause := r.pausedFor.Load(); cause != nil {
 		return fmt.Errorf("paused: %s is failing every message; resuming by itself", *cause)
+	}
+	if r.proc != nil {
+		if err := r.proc.ready(); err != nil {
+			return err
+		}
 	}
 	if !r.ready.Load() {
 		return errors.New("not consuming: broker disconnected or database unavailable")
@@ -240,6 +272,14 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.commits.run(commitCtx, r.cfg.Committers, &committers)
 	r.lookups.run(commitCtx, LookupReaders, &committers)
 	defer func() { stopCommits(); committers.Wait() }()
+	if r.proc != nil {
+		// The processor works from the table, broker or not; it drains its
+		// workers at shutdown while the committers still run.
+		r.proc.finish.run(commitCtx, r.cfg.Committers, &committers)
+		var processing sync.WaitGroup
+		processing.Go(func() { r.proc.run(ctx) })
+		defer processing.Wait()
+	}
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
 		started := time.Now()

@@ -75,6 +75,16 @@ func (s *session) requestPause(cause string) {
 	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
 }
 
+// pauseRequested reports whether a worker asked for a pause.
+func (s *session) pauseRequested() bool {
+	select {
+	case <-s.pause:
+		return true
+	default:
+		return false
+	}
+}
+
 func (r *Runtime) openSession() (*session, error) {
 	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" consume")
 	if err != nil {
@@ -150,8 +160,12 @@ func (r *Runtime) session(ctx context.Context) error {
 	defer cancelWork()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	for range r.cfg.Workers {
-		wg.Go(func() { r.work(work, s, deliveries, stop) })
+	if r.buffer != nil {
+		wg.Go(func() { r.ingestLoop(work, s, deliveries, stop) })
+	} else {
+		for range r.cfg.Workers {
+			wg.Go(func() { r.work(work, s, deliveries, stop) })
+		}
 	}
 
 	var reason error
@@ -179,7 +193,10 @@ func (r *Runtime) session(ctx context.Context) error {
 		stopped = s.consume.Cancel(tag, false) == nil
 	}
 	r.drain(&wg, cancelWork)
-	if stopped {
+	switch {
+	case stopped && r.buffer != nil && !s.pauseRequested():
+		r.ingestRest(work, s, deliveries)
+	case stopped:
 		r.returnUnstarted(work, s, deliveries)
 	}
 	_ = s.consume.Close()

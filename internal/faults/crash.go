@@ -29,10 +29,13 @@ const (
 	AfterInboxInsert = Point(consumer.StageClaimed)   // inbox row inserted, transaction open
 	AfterCommit      = Point(consumer.StageCommitted) // committed, not acked: the classic duplicate
 	AfterAck         = Point(consumer.StageAcked)     // acked: nothing to redo
+	// The buffered mode's processing (its ingest passes the three above).
+	AfterClaim         = Point(consumer.StageLeased)    // a stored message claimed, its handler not yet run
+	AfterProcessCommit = Point(consumer.StageProcessed) // the handler's writes and the processed status committed
 )
 
 // RuntimePoints lists the crash points of the consumer runtime.
-var RuntimePoints = []Point{AfterInboxInsert, AfterCommit, AfterAck}
+var RuntimePoints = []Point{AfterInboxInsert, AfterCommit, AfterAck, AfterClaim, AfterProcessCommit}
 
 // arming is how a point fires: once on the next message, or on each message
 // with a probability.

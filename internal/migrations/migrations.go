@@ -1,7 +1,7 @@
 // Package migrations applies versioned SQL schemas, embedded in the binaries,
 // under a PostgreSQL advisory lock so that replicas starting together never
 // race. Every schema is a Set with its own version table: the kit's inbox
-// (Inbox), each service's own tables, the fake gateway's charges. A service's
+// (Inbox, and Buffered for the buffered inbox), each service's own tables, the fake gateway's charges. A service's
 // database holds the inbox set and the service's set side by side.
 package migrations
 
@@ -18,7 +18,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
-//go:embed inbox/*.sql gateway/*.sql
+//go:embed inbox/*.sql buffered/*.sql gateway/*.sql
 var files embed.FS
 
 // Set is one schema: numbered goose SQL files (00001_name.sql, …) applied in
@@ -46,6 +46,10 @@ func Must(fsys fs.FS, dir string) fs.FS {
 var (
 	// Inbox is the kit's own schema: the inbox table every consumer shares.
 	Inbox = NewSet("inbox", Must(files, "inbox"))
+	// Buffered is the kit's schema of the buffered inbox (INBOX_MODE=buffered):
+	// the stored messages and their ordering keys. It is applied with Inbox in
+	// every mode, so that a service can switch modes without a migration.
+	Buffered = NewSet("buffered", Must(files, "buffered"))
 	// Gateway is the schema of the fake payment gateway: charges.
 	Gateway = NewSet("gateway", Must(files, "gateway"))
 )

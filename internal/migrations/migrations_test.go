@@ -27,7 +27,7 @@ func open(t *testing.T, url string) *sql.DB {
 }
 
 func TestApplyTwice(t *testing.T) {
-	for _, set := range []migrations.Set{migrations.Inbox, payment.Migrations, migrations.Gateway} {
+	for _, set := range []migrations.Set{migrations.Inbox, migrations.Buffered, payment.Migrations, migrations.Gateway} {
 		db := open(t, testenv.Postgres(t))
 		ctx := context.Background()
 		first, err := migrations.Apply(ctx, db, set)
@@ -145,5 +145,30 @@ func TestLegacyDatabaseUpgrades(t *testing.T) {
 	var n int
 	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("inbox rows after the upgrade: %d, %v", n, err)
+	}
+}
+
+// A database migrated before the buffered inbox existed (the inbox and a
+// service's schema) takes the buffered set as a set of its own, and keeps
+// its rows.
+func TestBufferedSetJoinsAnExistingDatabase(t *testing.T) {
+	db := open(t, testenv.Postgres(t))
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO inbox VALUES ('m1', 'payment-service', sha256('x'), now())`); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Inbox, migrations.Buffered, payment.Migrations)
+	if err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	if len(applied["inbox"]) != 0 || len(applied["payments"]) != 0 || len(applied["buffered"]) != 1 {
+		t.Fatalf("applied %v, want the buffered set's version 1 only", applied)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM inbox) + (SELECT count(*) FROM inbox_messages)`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("rows after the upgrade: %d, %v", n, err)
 	}
 }

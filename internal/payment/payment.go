@@ -167,11 +167,21 @@ func EventID(body []byte) string {
 
 // LogAttrs puts the order id on every log line about a message.
 func LogAttrs(body []byte) []slog.Attr {
+	if id := OrderID(body); id != "" {
+		return []slog.Attr{slog.String("order_id", id)}
+	}
+	return nil
+}
+
+// OrderID finds the order_id of a body: the ordering key of the buffered
+// mode, so that the events of one order are applied one at a time, in order.
+// It returns "" for anything it cannot read.
+func OrderID(body []byte) string {
 	var v struct {
 		OrderID string `json:"order_id"`
 	}
-	if json.Unmarshal(body, &v) != nil || v.OrderID == "" {
-		return nil
+	if json.Unmarshal(body, &v) != nil {
+		return ""
 	}
-	return []slog.Attr{slog.String("order_id", v.OrderID)}
+	return v.OrderID
 }

@@ -47,6 +47,7 @@ func Service() service.Options {
 		},
 		KeyFromBody: EventID,
 		LogAttrs:    LogAttrs,
+		OrderingKey: OrderID,
 	}
 }
 

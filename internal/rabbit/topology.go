@@ -19,6 +19,12 @@ type Topology struct {
 	// many times (a crash loop) is dead-lettered by RabbitMQ itself.
 	DeliveryLimit int
 	RetryDelays   []time.Duration
+	// SingleActive declares the work queue with x-single-active-consumer:
+	// the broker delivers to one consumer at a time, in queue order, and
+	// fails over to the next when it goes. A queue's arguments are fixed when
+	// it is first declared: declaring it again with another value fails with
+	// PRECONDITION_FAILED, so changing this means deleting the queue.
+	SingleActive bool
 }
 
 // DeadLetterKey is the routing key that reaches DeadLetterQueue.
@@ -47,6 +53,18 @@ func quorum(extra amqp.Table) amqp.Table {
 	return args
 }
 
+func (t Topology) workArgs() amqp.Table {
+	args := amqp.Table{
+		"x-dead-letter-exchange":    t.DeadLetterExchange,
+		"x-dead-letter-routing-key": t.DeadLetterKey(),
+		"x-delivery-limit":          int64(t.DeliveryLimit),
+	}
+	if t.SingleActive {
+		args["x-single-active-consumer"] = true
+	}
+	return args
+}
+
 // Declare creates the exchanges, queues and bindings.
 //
 // Retry queues have no consumer: a message waits there for the queue's TTL and is
@@ -64,11 +82,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		name string
 		args amqp.Table
 	}{
-		{t.Queue, quorum(amqp.Table{
-			"x-dead-letter-exchange":    t.DeadLetterExchange,
-			"x-dead-letter-routing-key": t.DeadLetterKey(),
-			"x-delivery-limit":          int64(t.DeliveryLimit),
-		})},
+		{t.Queue, quorum(t.workArgs())},
 		// The dead-letter queue is a classic queue: it has no dead-letter target
 		// of its own, and RabbitMQ 4.x gives every quorum queue a default
 		// delivery limit of 20, past which a message that was only looked at

@@ -4,7 +4,8 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the pruner's Prometheus collectors.
 type Metrics struct {
-	pruned *prometheus.CounterVec
+	pruned         *prometheus.CounterVec
+	prunedBuffered *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -14,7 +15,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_pruned_rows_total",
 			Help: "Inbox rows deleted by retention, by consumer.",
 		}, []string{"consumer"}),
+		prunedBuffered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_buffered_pruned_messages_total",
+			Help: "Finished messages of the buffered inbox deleted by retention, by consumer.",
+		}, []string{"consumer"}),
 	}
-	reg.MustRegister(m.pruned)
+	reg.MustRegister(m.pruned, m.prunedBuffered)
 	return m
 }

@@ -11,12 +11,15 @@ import (
 
 // Result is what one prune run did.
 type Result struct {
-	Skipped      bool      // another run held the lock: nothing was done
-	Cutoff       time.Time // rows received before this were deleted (database clock)
-	Deleted      int64
-	Batches      int
-	LongestBatch time.Duration
-	Elapsed      time.Duration
+	Skipped bool      // another run held the lock: nothing was done
+	Cutoff  time.Time // rows received before this were deleted (database clock)
+	Deleted int64
+	Batches int
+	// The buffered inbox's rows deleted (Config.Buffered): finished messages
+	// and ordering keys left without any.
+	DeletedMessages, DeletedKeys int64
+	LongestBatch                 time.Duration
+	Elapsed                      time.Duration
 }
 
 // deleteBatch deletes the oldest rows of one batch. Rows are picked by ctid
@@ -54,6 +57,9 @@ func (p *Pruner) Prune(ctx context.Context) (Result, error) {
 	}
 	defer p.unlock(conn)
 	res, err := p.deleteOld(ctx, conn)
+	if err == nil && p.cfg.Buffered {
+		err = p.deleteFinished(ctx, conn, &res)
+	}
 	res.Elapsed = time.Since(start)
 	return res, err
 }
@@ -88,6 +94,71 @@ func (p *Pruner) deleteOld(ctx context.Context, conn *sql.Conn) (Result, error) 
 			return res, fmt.Errorf("prune inbox of %s: %w", p.cfg.Consumer, ctx.Err())
 		}
 	}
+}
+
+// deleteFinishedBatch deletes the oldest finished messages of the buffered
+// inbox, as deleteBatch does the inbox's, and returns their ordering keys.
+const deleteFinishedBatch = `
+DELETE FROM inbox_messages WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM inbox_messages
+	WHERE consumer = $1 AND status IN ('processed', 'skipped', 'dead_lettered') AND finished_at < $2
+	ORDER BY finished_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED))
+RETURNING ordering_key`
+
+// deleteIdleKeys deletes the keys of a batch left with no message and nothing
+// leased. A key's sequence starts again at 1 if it comes back, which is safe
+// only because no message of it remains. An ingest appending to a key locks
+// its row first, so the delete either waits and finds the key busy, or goes
+// first and the ingest creates the key anew.
+const deleteIdleKeys = `
+DELETE FROM inbox_keys k
+WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq AND k.lease_token IS NULL
+	AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = k.consumer AND m.ordering_key = k.ordering_key)`
+
+// deleteFinished prunes the buffered inbox with the run's cutoff.
+func (p *Pruner) deleteFinished(ctx context.Context, conn *sql.Conn, res *Result) error {
+	for {
+		began := time.Now()
+		keys, err := p.deleteMessages(ctx, conn, res.Cutoff)
+		if err != nil {
+			return fmt.Errorf("prune buffered messages of %s: batch %d: %w", p.cfg.Consumer, res.Batches+1, err)
+		}
+		r, err := conn.ExecContext(ctx, deleteIdleKeys, p.cfg.Consumer, keys)
+		if err != nil {
+			return fmt.Errorf("prune ordering keys of %s: %w", p.cfg.Consumer, err)
+		}
+		gone, _ := r.RowsAffected()
+		res.Batches++
+		res.DeletedMessages += int64(len(keys))
+		res.DeletedKeys += gone
+		res.LongestBatch = max(res.LongestBatch, time.Since(began))
+		p.metrics.prunedBuffered.WithLabelValues(p.cfg.Consumer).Add(float64(len(keys)))
+		if len(keys) < p.cfg.BatchSize {
+			return nil
+		}
+		if !sleep(ctx, p.cfg.Pause) {
+			return fmt.Errorf("prune buffered messages of %s: %w", p.cfg.Consumer, ctx.Err())
+		}
+	}
+}
+
+func (p *Pruner) deleteMessages(ctx context.Context, conn *sql.Conn, cutoff time.Time) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, deleteFinishedBatch, p.cfg.Consumer, cutoff, p.cfg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
 }
 
 // Pending counts the rows a run would delete now, and the cutoff it would use.

@@ -67,6 +67,12 @@ type Config struct {
 	// from below (MinWindow).
 	RetryDelays []time.Duration
 	MaxAttempts int
+	// Buffered also prunes the buffered inbox's tables (the migrations'
+	// Buffered set must be applied): its finished messages (processed,
+	// skipped, dead_lettered) that finished longer ago than Window, and the
+	// ordering keys left with no message. Pending, processing, failed and
+	// parked messages are never pruned.
+	Buffered bool
 }
 
 // Validate reports a configuration that would prune too early or not at all.

@@ -39,6 +39,7 @@ func (p *Pruner) runOnce(ctx context.Context) {
 		p.log.Debug("inbox prune skipped: another replica holds the lock")
 	default:
 		p.log.Info("inbox pruned", "deleted", res.Deleted, "batches", res.Batches,
+			"deleted_buffered_messages", res.DeletedMessages, "deleted_keys", res.DeletedKeys,
 			"cutoff", res.Cutoff.UTC().Format(time.RFC3339), "elapsed", res.Elapsed.String(),
 			"longest_batch", res.LongestBatch.String())
 	}

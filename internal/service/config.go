@@ -34,6 +34,32 @@ type Config struct {
 	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS"`
 	InboxPruneInterval time.Duration `envconfig:"INBOX_PRUNE_INTERVAL" default:"1h" desc:"how often the service prunes the inbox; 0 disables the pruner"`
 	InboxPruneBatch    int           `envconfig:"INBOX_PRUNE_BATCH" default:"1000" desc:"inbox rows deleted per transaction when pruning"`
+	Buffered
+}
+
+// Buffered is the choice of inbox and the buffered inbox's processing.
+type Buffered struct {
+	InboxMode          string          `envconfig:"INBOX_MODE" default:"inline" desc:"inline: dedupe and apply each message while its delivery waits unacked; buffered: store and ack at once, then process from the table in order per ordering key"`
+	BufferRetryDelays  []time.Duration `envconfig:"BUFFER_RETRY_DELAYS" default:"1s,5s,30s,2m,5m" desc:"buffered mode: delay before processing run n+1 after run n failed, comma-separated; the last one repeats"`
+	BufferMaxAttempts  int             `envconfig:"BUFFER_MAX_ATTEMPTS" default:"20" desc:"buffered mode: processing runs of one message, the first included, before it is parked (the defaults span about 78 minutes)"`
+	BufferPollInterval time.Duration   `envconfig:"BUFFER_POLL_INTERVAL" default:"5s" desc:"buffered mode: workers look for due messages at least this often (besides the wake-ups of ingest and NOTIFY)"`
+}
+
+// Inbox modes.
+const (
+	ModeInline   = "inline"
+	ModeBuffered = "buffered"
+)
+
+func (b *Buffered) validate(v *Checks) {
+	v.Require(b.InboxMode == ModeInline || b.InboxMode == ModeBuffered, "INBOX_MODE", "must be inline or buffered, got %q", b.InboxMode)
+	v.Require(len(b.BufferRetryDelays) > 0, "BUFFER_RETRY_DELAYS", "needs at least one delay")
+	for _, d := range b.BufferRetryDelays {
+		v.Require(d >= 10*time.Millisecond && d <= 24*time.Hour, "BUFFER_RETRY_DELAYS", "each delay must be between 10ms and 24h, got %s", d)
+	}
+	v.Require(b.BufferMaxAttempts >= 1 && b.BufferMaxAttempts <= 10000, "BUFFER_MAX_ATTEMPTS", "must be between 1 and 10000, got %d", b.BufferMaxAttempts)
+	v.Require(b.BufferPollInterval >= 10*time.Millisecond && b.BufferPollInterval <= time.Minute, "BUFFER_POLL_INTERVAL",
+		"must be between 10ms and 1m, got %s", b.BufferPollInterval)
 }
 
 // Broker is the RabbitMQ connection and the topology the consumer declares.
@@ -47,6 +73,9 @@ type Broker struct {
 	DeadLetterQueue  string        `envconfig:"DEAD_LETTER_QUEUE" desc:"queue where dead letters wait (default <queue>.dlq)"`
 	DeliveryLimit    int           `envconfig:"QUEUE_DELIVERY_LIMIT" default:"20" desc:"broker-side delivery limit for crash loops (x-delivery-limit)"`
 	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" default:"30s" desc:"cap of the jittered reconnect backoff"`
+	// SingleActiveConsumer is a queue argument: RabbitMQ refuses to declare
+	// an existing queue with another value (PRECONDITION_FAILED).
+	SingleActiveConsumer bool `envconfig:"SINGLE_ACTIVE_CONSUMER" default:"false" desc:"declare the work queue with x-single-active-consumer: one replica consumes at a time, in the broker's order; fixed when the queue is first declared (delete the queue to change it)"`
 }
 
 // Database is the service's PostgreSQL pool.
@@ -83,6 +112,7 @@ func (c *Config) validate(v *Checks) {
 		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
 	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	c.Buffered.validate(v)
 }
 
 func (b *Broker) validate(v *Checks) {

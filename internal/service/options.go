@@ -55,6 +55,11 @@ type Options struct {
 	// LogAttrs names the business entity on every log line about a message
 	// (and in `dlq list`); it must not fail.
 	LogAttrs func(body []byte) []slog.Attr
+	// OrderingKey names a message's ordering key in the buffered mode
+	// (INBOX_MODE=buffered): messages of one key are processed one at a time,
+	// in the order they were stored. Nil, or "" for a body, makes each such
+	// message a key of its own. It must not fail.
+	OrderingKey func(body []byte) string
 }
 
 // Kit is what a handler may use: the loaded configuration, the service's

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"gorm.io/gorm"
 
+	"github.com/inbox-template/payment-service/internal/buffered"
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/faults"
@@ -52,6 +53,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer database.Close(db)
+	warnUnfinished(ctx, cfg, db, log)
 	// Readiness and the pause logic ask a connection of their own: a pool busy
 	// with workers must not look like an outage.
 	checker, err := database.NewChecker(cfg.URL)
@@ -100,13 +102,19 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	applied, err := migrations.Apply(ctx, sqlDB, append([]migrations.Set{migrations.Inbox}, opts.Migrations...)...)
+	applied, err := migrations.Apply(ctx, sqlDB, Schemas(opts)...)
 	if err != nil {
 		database.Close(db)
 		return nil, err
 	}
 	log.Info("schema up to date", "applied", applied)
 	return db, nil
+}
+
+// Schemas are a service's schemas in the order they are applied: the kit's
+// inbox and buffered inbox, then the service's own.
+func Schemas(opts Options) []migrations.Set {
+	return append([]migrations.Set{migrations.Inbox, migrations.Buffered}, opts.Migrations...)
 }
 
 func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
@@ -137,7 +145,41 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		ReconnectMaxWait: cfg.ReconnectMaxWait,
 		DatabaseCheck:    check,
 		OnStage:          onStage,
+		Buffered:         bufferedConfig(opts, k),
 	}, inbox.New(k.DB, cfg.Consumer), h, cfg.HandlerTimeout, consumer.NewMetrics(k.Metrics), k.Log)
+}
+
+// bufferedConfig is the buffered mode's part of the runtime's configuration,
+// nil in the inline mode.
+func bufferedConfig(opts Options, k *Kit) *consumer.BufferedConfig {
+	cfg := k.Config
+	if cfg.InboxMode != ModeBuffered {
+		return nil
+	}
+	return &consumer.BufferedConfig{
+		Store:        buffered.New(k.DB, cfg.Consumer),
+		OrderingKey:  opts.OrderingKey,
+		RetryDelays:  cfg.BufferRetryDelays,
+		MaxAttempts:  cfg.BufferMaxAttempts,
+		PollInterval: cfg.BufferPollInterval,
+		ListenURL:    cfg.URL,
+	}
+}
+
+// warnUnfinished logs an error in the inline mode if the buffered inbox still
+// holds messages to process: the inline mode never processes them.
+func warnUnfinished(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) {
+	if cfg.InboxMode == ModeBuffered {
+		return
+	}
+	st, err := buffered.New(db, cfg.Consumer).Stats(ctx, false)
+	if err != nil {
+		return
+	}
+	if n := st.Counts[buffered.StatusPending] + st.Counts[buffered.StatusProcessing] + st.Counts[buffered.StatusFailed] + st.Counts[buffered.StatusParked]; n > 0 {
+		log.Error("the buffered inbox holds messages the inline mode never processes: run with INBOX_MODE=buffered until inboxctl inbox status shows none",
+			"unfinished", n)
+	}
 }
 
 // Topology is the broker topology of a service's configuration.
@@ -150,6 +192,7 @@ func Topology(cfg Config) rabbit.Topology {
 		DeadLetterQueue:    cfg.DeadLetterQueue,
 		DeliveryLimit:      cfg.DeliveryLimit,
 		RetryDelays:        cfg.RetryDelays,
+		SingleActive:       cfg.SingleActiveConsumer,
 	}
 }
 
@@ -172,6 +215,7 @@ func PruneConfig(cfg Config) retention.Config {
 		Interval:    cfg.InboxPruneInterval,
 		RetryDelays: cfg.RetryDelays,
 		MaxAttempts: cfg.MaxAttempts,
+		Buffered:    true, // Schemas applies the buffered set in every mode
 	}
 }
 

@@ -1,0 +1,119 @@
+package buffered
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Lease identifies a claimed message: the key it heads and the claim's token.
+// Everything that settles the message checks the token in the same statement.
+type Lease struct {
+	ID          int64 // the row's id
+	OrderingKey string
+	Seq         int64
+	Token       int64
+}
+
+// Claimed is a message a worker holds, with its lease.
+type Claimed struct {
+	Lease
+	MessageID   string
+	Attempts    int // handler runs begun, this one included
+	ContentType string
+	Headers     amqp.Table
+	Body        []byte
+	PublishedAt time.Time // zero: unknown
+	ReceivedAt  time.Time
+}
+
+// claim leases up to $2 due keys, oldest due first, and marks their heads
+// processing. A due key has a message to process, no parked head, and an
+// available_at in the past: new work, a retry whose time has come, or a lease
+// that expired because its holder died. FOR UPDATE SKIP LOCKED passes over
+// keys another transaction holds (a concurrent claim, an ingest appending to
+// the key, a commit settling its head), so claims never wait for each other.
+// The lease moves available_at to its end: the key leaves the due set until
+// it is settled or the lease expires. The head is found by its sequence
+// number on the unique index, so a key's backlog is never scanned.
+const claim = `
+WITH due AS (
+	SELECT ordering_key FROM inbox_keys
+	WHERE consumer = $1 AND NOT blocked AND next_seq <= last_seq AND available_at <= now()
+	ORDER BY available_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), leased AS (
+	UPDATE inbox_keys k
+	SET available_at = now() + make_interval(secs => $3), lease_token = $4, updated_at = now()
+	FROM due
+	WHERE k.consumer = $1 AND k.ordering_key = due.ordering_key
+	RETURNING k.ordering_key, k.next_seq
+)
+UPDATE inbox_messages m
+SET status = 'processing', attempts = m.attempts + 1, claimed_at = now()
+FROM leased
+WHERE m.consumer = $1 AND m.ordering_key = leased.ordering_key AND m.seq = leased.next_seq
+RETURNING m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.content_type, m.headers, m.body, m.published_at, m.received_at`
+
+// Claim leases up to n due keys for lease and returns their head messages,
+// marked processing with one more attempt. The statement is its own short
+// transaction: nothing stays open while the handler runs.
+func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claimed, error) {
+	db, err := s.db.DB()
+	if err != nil {
+		return nil, err
+	}
+	token := newToken()
+	rows, err := db.QueryContext(ctx, claim, s.consumer, n, lease.Seconds(), token)
+	if err != nil {
+		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+	}
+	defer rows.Close()
+	var out []Claimed
+	for rows.Next() {
+		c := Claimed{Lease: Lease{Token: token}}
+		var headers []byte
+		var published sql.NullTime
+		if err := rows.Scan(&c.ID, &c.OrderingKey, &c.Seq, &c.MessageID, &c.Attempts, &c.ContentType,
+			&headers, &c.Body, &published, &c.ReceivedAt); err != nil {
+			return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+		}
+		if c.Headers, err = decodeHeaders(headers); err != nil {
+			return nil, fmt.Errorf("message %s: %w", c.MessageID, err)
+		}
+		c.PublishedAt = published.Time
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+	}
+	return out, nil
+}
+
+// NextDue is when the next key becomes due (a retry, a lease's end), or ok
+// false if no key has work that is not blocked. A time in the past means
+// work is due now.
+func (s *Store) NextDue(ctx context.Context) (at time.Time, ok bool, err error) {
+	var t sql.NullTime
+	err = s.db.WithContext(ctx).Raw(`SELECT min(available_at) FROM inbox_keys
+		WHERE consumer = ? AND NOT blocked AND next_seq <= last_seq`, s.consumer).Row().Scan(&t)
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("next due message of %s: %w", s.consumer, err)
+	}
+	return t.Time, t.Valid, nil
+}
+
+// Notify sends a NOTIFY on channel, so that the replicas LISTENing there look
+// for due messages now.
+func (s *Store) Notify(ctx context.Context, channel string) error {
+	db, err := s.db.DB()
+	if err != nil {
+		return err
+	}
+	_, err = db.ExecContext(ctx, `SELECT pg_notify($1, '')`, channel)
+	return err
+}

@@ -1,0 +1,76 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/buffered"
+)
+
+// BufferedConfig switches a runtime to the buffered inbox: each delivery is
+// stored (buffered.Store.Ingest) in a short transaction and acked at once,
+// and processing workers claim the stored messages, one per ordering key at
+// a time, run the handler with no transaction open, and commit its writes
+// with the message's status. The handler contract is the same as inline.
+type BufferedConfig struct {
+	Store *buffered.Store
+	// OrderingKey names a message's ordering key from its body: messages of
+	// one key are processed one at a time, in the order they were stored.
+	// Nil, or "" for a body, makes the message a key of its own.
+	OrderingKey func(body []byte) string
+	// RetryDelays and MaxAttempts are the processing retries: the delay
+	// before run n+1 after run n failed (the last repeating), and the runs
+	// of one message, the first included, before it is parked. They cost the
+	// broker nothing, so they can span a long outage of a dependency.
+	RetryDelays []time.Duration
+	MaxAttempts int
+	// PollInterval is the floor of the wake-ups: besides the signal of this
+	// replica's ingest and the NOTIFY of the others', workers look for due
+	// messages at least this often.
+	PollInterval time.Duration
+	// ListenURL is the database the LISTEN connection dials (the service's
+	// DATABASE_URL); "" relies on the local signal and the poll alone.
+	ListenURL string
+	// Lease is how long a claim holds its key before another worker may take
+	// it over (its holder is presumed dead). Zero means the handler timeout
+	// plus leaseMargin.
+	Lease time.Duration
+}
+
+// leaseMargin is the time a lease gives beyond the handler's timeout for the
+// final commit to begin. A lease that runs out is safe, only wasteful: the
+// late commit finds the token changed and commits nothing.
+const leaseMargin = 5 * time.Second
+
+func (c *BufferedConfig) setDefaults(handlerTimeout time.Duration) {
+	if len(c.RetryDelays) == 0 {
+		c.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 5 * time.Minute}
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 20
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = 5 * time.Second
+	}
+	if c.Lease == 0 {
+		if handlerTimeout <= 0 {
+			handlerTimeout = time.Minute
+		}
+		c.Lease = handlerTimeout + leaseMargin
+	}
+}
+
+func (c *BufferedConfig) validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("buffered mode without a store")
+	case c.MaxAttempts < 1:
+		return fmt.Errorf("buffered max attempts %d < 1", c.MaxAttempts)
+	case c.PollInterval < 10*time.Millisecond:
+		return fmt.Errorf("buffered poll interval %s < 10ms", c.PollInterval)
+	case c.Lease < time.Second:
+		return fmt.Errorf("buffered lease %s < 1s", c.Lease)
+	}
+	return nil
+}

@@ -1,0 +1,389 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/buffered"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// newBufferedEnv is newEnvWith plus the buffered inbox's tables and a table
+// that records the order in which a handler applied events.
+func newBufferedEnv(t testing.TB, tune func(*rabbit.Topology)) *env {
+	t.Helper()
+	e := newEnvWith(t, tune)
+	sqlDB, err := e.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Apply(context.Background(), sqlDB, migrations.Buffered); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.db.Exec(`CREATE TABLE ordered (id bigserial PRIMARY KEY, key text NOT NULL, n int NOT NULL, message_id text NOT NULL)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func singleActive(t *rabbit.Topology) { t.SingleActive = true }
+
+// event is the body of the ordering tests.
+type event struct {
+	Key string `json:"key"`
+	N   int    `json:"n"`
+}
+
+func eventKey(body []byte) string {
+	var ev event
+	if json.Unmarshal(body, &ev) != nil {
+		return ""
+	}
+	return ev.Key
+}
+
+// bufferedMode switches a runtime to the buffered inbox on db, with short
+// delays; more adjusts it.
+func bufferedMode(db *gorm.DB, dbURL string, more func(*BufferedConfig)) func(*Config) {
+	return func(c *Config) {
+		b := &BufferedConfig{
+			Store: buffered.New(db, "test"), OrderingKey: eventKey,
+			RetryDelays: []time.Duration{20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond},
+			MaxAttempts: 5, PollInterval: 250 * time.Millisecond, ListenURL: dbURL, Lease: 3 * time.Second,
+		}
+		if more != nil {
+			more(b)
+		}
+		c.Buffered = b
+	}
+}
+
+// orderedHandler records each event it applies in the table ordered; fail
+// decides per event whether (and how) to fail first.
+func orderedHandler(fail func(msg Message, ev event) error) Handler {
+	return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		var ev event
+		if err := json.Unmarshal(msg.Body, &ev); err != nil {
+			return nil, Permanent("malformed_json", err)
+		}
+		if fail != nil {
+			if err := fail(msg, ev); err != nil {
+				return nil, err
+			}
+		}
+		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+			return OutcomeProcessed, tx.Exec(`INSERT INTO ordered (key, n, message_id) VALUES (?, ?, ?)`, ev.Key, ev.N, msg.ID).Error
+		}, nil
+	})
+}
+
+// publishEvents publishes perKey events for each key, interleaved (event 0 of
+// every key, then event 1, …), on one channel: the broker keeps that order.
+func (e *env) publishEvents(keys []string, perKey int) {
+	e.t.Helper()
+	ch := e.channel()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	var confirms []*amqp.DeferredConfirmation
+	for n := range perKey {
+		for _, k := range keys {
+			body, _ := json.Marshal(event{Key: k, N: n})
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), e.topo.Exchange, e.topo.RoutingKey, false, false,
+				amqp.Publishing{MessageId: fmt.Sprintf("%s-%d", k, n), ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: body})
+			if err != nil {
+				e.t.Fatal(err)
+			}
+			confirms = append(confirms, dc)
+		}
+	}
+	for _, dc := range confirms {
+		if !dc.Wait() {
+			e.t.Fatal("publish not confirmed")
+		}
+	}
+}
+
+func keyNames(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("key-%02d", i)
+	}
+	return keys
+}
+
+// appliedOf lists the events of key in the order they were applied.
+func (e *env) appliedOf(key string) []int {
+	e.t.Helper()
+	var ns []int
+	if err := e.db.Raw(`SELECT n FROM ordered WHERE key = ? ORDER BY id`, key).Scan(&ns).Error; err != nil {
+		e.t.Fatal(err)
+	}
+	return ns
+}
+
+func (e *env) appliedTotal() int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Raw(`SELECT count(*) FROM ordered`).Row().Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// assertInOrder checks that each key's events 0…n-1 were applied once each,
+// in order.
+func (e *env) assertInOrder(keys []string, n int) {
+	e.t.Helper()
+	want := make([]int, n)
+	for i := range want {
+		want[i] = i
+	}
+	for _, k := range keys {
+		if got := e.appliedOf(k); fmt.Sprint(got) != fmt.Sprint(want) {
+			e.t.Errorf("key %s applied %v, want %v", k, got, want)
+		}
+	}
+}
+
+func (e *env) statusCount(s buffered.Status) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Raw(`SELECT count(*) FROM inbox_messages WHERE status = ?`, string(s)).Row().Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// The buffered mode stores and acks each delivery, then processes it from the
+// table: duplicates are suppressed at ingest, every message is applied once,
+// and each ends processed.
+func TestBufferedStoresThenProcessesOnce(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	rt := e.start(orderedHandler(nil), bufferedMode(e.db, e.dbURL, nil))
+	keys := keyNames(10)
+	e.publishEvents(keys, 20)
+	e.publishEvents(keys[:3], 20) // the same ids again
+	waitFor(t, "200 events applied", func() bool { return e.appliedTotal() >= 200 })
+	waitFor(t, "every stored message processed", func() bool { return e.statusCount(buffered.StatusProcessed) == 200 })
+	e.assertInOrder(keys, 20)
+	if got := rt.count(OutcomeStored); got != 200 {
+		t.Errorf("stored %d, want 200", got)
+	}
+	if got := rt.count(OutcomeDuplicate); got != 60 {
+		t.Errorf("duplicates %d, want 60", got)
+	}
+	if got := rt.count(OutcomeProcessed); got != 200 {
+		t.Errorf("processed %d, want 200", got)
+	}
+	if d := e.queueDepth(e.topo.Queue); d != 0 {
+		t.Errorf("%d messages left in the work queue", d)
+	}
+}
+
+// Events of one key published in order are applied in that order, once each,
+// by two replicas (single active consumer: one ingests, both process) whose
+// handlers fail at random; a permanent failure parks its key's head, which
+// blocks that key and no other until an operator skips it.
+func TestBufferedOrderPerKeyAcrossTwoReplicas(t *testing.T) {
+	e := newBufferedEnv(t, singleActive)
+	keys := keyNames(12)
+	const perKey = 25
+	poison := "key-03-7" // event 7 of key-03 fails for good
+	handler := orderedHandler(func(msg Message, ev event) error {
+		switch {
+		case msg.ID == poison:
+			return Permanent("invalid_field", fmt.Errorf("event %s refused", msg.ID))
+		case rand.Float64() < 0.2:
+			return errTransient
+		}
+		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
+		return nil
+	})
+	tune := bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 50 })
+	a := e.start(handler, func(c *Config) { tune(c); c.Workers = 6 })
+	b := e.start(handler, func(c *Config) { tune(c); c.Workers = 6 })
+	e.publishEvents(keys, perKey)
+	others := keys[:3:3]
+	others = append(others, keys[4:]...)
+	waitFor(t, "every other key applied", func() bool { return e.appliedTotal() >= len(others)*perKey+7 })
+	e.assertInOrder(others, perKey)
+	if got := e.appliedOf("key-03"); fmt.Sprint(got) != "[0 1 2 3 4 5 6]" {
+		t.Errorf("blocked key applied %v, want events 0-6 and nothing after its parked head", got)
+	}
+	if n := e.statusCount(buffered.StatusParked); n != 1 {
+		t.Fatalf("%d parked, want 1", n)
+	}
+	skipped, err := buffered.New(e.db, "test").Skip(context.Background(), buffered.Selector{MessageID: poison})
+	if err != nil || skipped != 1 {
+		t.Fatalf("skip: %d %v", skipped, err)
+	}
+	waitFor(t, "the blocked key applied after the skip", func() bool { return len(e.appliedOf("key-03")) == perKey-1 })
+	want := []int{}
+	for n := range perKey {
+		if n != 7 {
+			want = append(want, n)
+		}
+	}
+	if got := e.appliedOf("key-03"); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("key-03 applied %v, want %v", got, want)
+	}
+	t.Logf("replica a processed %d, b %d; retried %d", a.count(OutcomeProcessed), b.count(OutcomeProcessed),
+		a.count(OutcomeRetried)+b.count(OutcomeRetried))
+	if a.count(OutcomeProcessed) == 0 || b.count(OutcomeProcessed) == 0 {
+		t.Error("one replica processed nothing: the test did not prove ordering across replicas")
+	}
+}
+
+// A dependency down for a long time (here a few seconds with short retry
+// delays, standing for 45 minutes with the default ones): every delivery is
+// stored and acked at once, none waits unacked on the broker, and all are
+// applied once when the dependency is back, none parked.
+func TestBufferedDependencyOutageLeavesNothingOnTheBroker(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	var down atomic.Bool
+	down.Store(true)
+	handler := orderedHandler(func(Message, event) error {
+		if down.Load() {
+			return errTransient
+		}
+		return nil
+	})
+	rt := e.start(handler, bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) {
+		b.RetryDelays = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
+		b.MaxAttempts = 10_000
+	}))
+	keys := keyNames(30)
+	e.publishEvents(keys, 10)
+	waitFor(t, "all 300 stored", func() bool { return rt.count(OutcomeStored) == 300 })
+	time.Sleep(3 * time.Second)
+	ready, unacked := e.brokerHolds()
+	if ready != 0 || unacked != 0 {
+		t.Errorf("during the outage the broker holds %d ready and %d unacked messages, want none", ready, unacked)
+	}
+	if n := e.appliedTotal(); n != 0 || rt.count(OutcomeRetried) < 30 {
+		t.Fatalf("applied %d, retried %d during the outage: want nothing applied, every head retried", n, rt.count(OutcomeRetried))
+	}
+	down.Store(false)
+	testenv.Eventually(t, time.Minute, "all applied after the outage", func() (bool, error) { return e.appliedTotal() == 300, nil })
+	e.assertInOrder(keys, 10)
+	if n := e.statusCount(buffered.StatusParked); n != 0 {
+		t.Errorf("%d parked", n)
+	}
+}
+
+// brokerHolds reads the work queue's ready and unacknowledged messages.
+func (e *env) brokerHolds() (ready, unacked int) {
+	e.t.Helper()
+	out := testenv.Ctl(e.t, "list_queues", "-p", e.vhost, "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == e.topo.Queue {
+			fmt.Sscan(f[1], &ready)
+			fmt.Sscan(f[2], &unacked)
+		}
+	}
+	return ready, unacked
+}
+
+// The retry budget of the processing ends in a parked message, counted with
+// its reason; retry from inboxctl gives it a fresh budget.
+func TestBufferedRetryBudgetEndsParked(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	var fixed atomic.Bool
+	rt := e.start(orderedHandler(func(Message, event) error {
+		if !fixed.Load() {
+			return errTransient
+		}
+		return nil
+	}), bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 }))
+	e.publishEvents([]string{"k"}, 2)
+	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
+	if got := counterValue(rt.metrics.parked.WithLabelValues("test", ReasonRetriesExhausted)); got != 1 || rt.count(OutcomeRetried) != 2 {
+		t.Errorf("parked %d (retries_exhausted), retried %d: want 1 and 2", got, rt.count(OutcomeRetried))
+	}
+	fixed.Store(true)
+	if n, err := buffered.New(e.db, "test").Retry(context.Background(), buffered.Selector{All: true}); n != 1 || err != nil {
+		t.Fatalf("retry: %d %v", n, err)
+	}
+	waitFor(t, "both applied", func() bool { return e.appliedTotal() == 2 })
+	e.assertInOrder([]string{"k"}, 2)
+}
+
+// A dependency that fails every message alike (consumer.Pause) releases the
+// message without spending an attempt and pauses processing, which readiness
+// names; ingest goes on.
+func TestBufferedDependencyPauseSpendsNoAttempt(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	var broken atomic.Bool
+	broken.Store(true)
+	rt := e.start(orderedHandler(func(Message, event) error {
+		if broken.Load() {
+			return Pause("gateway_misconfigured", errTransient)
+		}
+		return nil
+	}), bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 }))
+	e.publishEvents(keyNames(5), 4)
+	waitFor(t, "readiness to name the pause", func() bool {
+		err := rt.Ready()
+		return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
+	})
+	waitFor(t, "all stored while paused", func() bool { return rt.count(OutcomeStored) == 20 })
+	broken.Store(false)
+	testenv.Eventually(t, time.Minute, "all applied after the pause", func() (bool, error) { return e.appliedTotal() == 20, nil })
+	if n := e.statusCount(buffered.StatusParked); n != 0 {
+		t.Errorf("%d parked: a pause must not spend the budget", n)
+	}
+	waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
+}
+
+// The buffer's gauges follow the table.
+func TestBufferedGauges(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	rt := e.start(orderedHandler(func(msg Message, ev event) error {
+		if ev.N == 0 {
+			return Permanent("invalid_field", nil)
+		}
+		return nil
+	}), bufferedMode(e.db, e.dbURL, nil))
+	e.publishEvents(keyNames(2), 3)
+	waitFor(t, "two parked heads", func() bool { return e.statusCount(buffered.StatusParked) == 2 })
+	st, err := buffered.New(e.db, "test").Stats(context.Background(), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.metrics.setBuffered("test", st)
+	g := func(name string) float64 {
+		m, err := rt.metrics.blockedKeys.GetMetricWithLabelValues("test")
+		if name == "messages" {
+			m, err = rt.metrics.blockedMessages.GetMetricWithLabelValues("test")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gaugeValue(m)
+	}
+	if g("keys") != 2 || g("messages") != 4 {
+		t.Errorf("blocked keys %v, messages %v: want 2 and 4", g("keys"), g("messages"))
+	}
+}
+
+func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
+	var m dto.Metric
+	if g.Write(&m) != nil {
+		return -1
+	}
+	return m.GetGauge().GetValue()
+}

@@ -1,0 +1,237 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/buffered"
+)
+
+// The ingest of the buffered mode. One loop per session takes the deliveries
+// in the order the broker sends them and stores them in batches of up to
+// GroupCommitMax, one short transaction each, in that order; then it acks
+// them. A single loop keeps the broker's order: several workers would store
+// the messages of one key in whatever order they happened to finish. Storing
+// is cheap (no outside call), so one loop and group commit keep up.
+
+// ingested is a delivery admitted for storing.
+type ingested struct {
+	d   amqp.Delivery
+	msg Message
+	log *slog.Logger
+	in  buffered.Incoming
+}
+
+// ingestLoop stores the deliveries of a session until stop is closed or the
+// channel is gone.
+func (r *Runtime) ingestLoop(ctx context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}) {
+	for {
+		select { // a closed stop wins over a ready delivery
+		case <-stop:
+			return
+		default:
+		}
+		var first amqp.Delivery
+		var ok bool
+		select {
+		case <-stop:
+			return
+		case first, ok = <-deliveries:
+			if !ok {
+				return
+			}
+		}
+		batch := r.gatherDeliveries(first, deliveries)
+		done := r.track()
+		r.ingestBatch(ctx, s, batch)
+		done()
+	}
+}
+
+// gatherDeliveries collects what is waiting behind first, then what arrives
+// within GroupCommitWait, up to GroupCommitMax.
+func (r *Runtime) gatherDeliveries(first amqp.Delivery, deliveries <-chan amqp.Delivery) []amqp.Delivery {
+	batch := []amqp.Delivery{first}
+	for len(batch) < r.cfg.GroupCommitMax {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+			continue
+		default:
+		}
+		break
+	}
+	if len(batch) == r.cfg.GroupCommitMax || r.cfg.GroupCommitWait == 0 {
+		return batch
+	}
+	timer := time.NewTimer(r.cfg.GroupCommitWait)
+	defer timer.Stop()
+	for len(batch) < r.cfg.GroupCommitMax {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, d)
+		case <-timer.C:
+			return batch
+		}
+	}
+	return batch
+}
+
+// ingestRest stores what the broker sent before a cancel took effect, until
+// the channel of deliveries closes, so that a graceful stop leaves nothing
+// prefetched to return: a returned message would lose its place in its key's
+// order. It gives up when ctx ends; the rest is then redelivered.
+func (r *Runtime) ingestRest(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	n := 0
+	for d := range deliveries {
+		if ctx.Err() != nil {
+			return
+		}
+		batch := r.gatherDeliveries(d, deliveries)
+		r.ingestBatch(ctx, s, batch)
+		n += len(batch)
+	}
+	if n > 0 {
+		r.log.Info("stored the deliveries that arrived while stopping", "count", n)
+	}
+}
+
+// ingestBatch admits each delivery (dead-lettering those the runtime refuses)
+// and stores the rest.
+func (r *Runtime) ingestBatch(ctx context.Context, s *session, batch []amqp.Delivery) {
+	items := make([]ingested, 0, len(batch))
+	for _, d := range batch {
+		if it, ok := r.admitForIngest(ctx, s, d); ok {
+			items = append(items, it)
+		}
+	}
+	if len(items) == 0 {
+		return
+	}
+	if s.pauseRequested() {
+		// The database failed a batch before this one: keep the rest for later.
+		for _, it := range items {
+			r.hold(ctx, s, it.d, it.msg, errors.New("paused: the database is unavailable"), it.log)
+		}
+		return
+	}
+	r.store(ctx, s, items)
+}
+
+// admitForIngest applies the runtime's checks and resolves the dedupe key and
+// the ordering key. A panic in a cloner's KeyFromBody, LogAttrs or
+// OrderingKey rejects the delivery without requeue, as inline.
+func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Delivery) (it ingested, ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Error("panic outside the handler; rejecting the delivery to the dead-letter exchange",
+				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			_ = d.Reject(false)
+			ok = false
+		}
+	}()
+	msg := message(d)
+	if !r.fromRetryQueue(d) {
+		msg.Attempt = 1
+	}
+	reason, err := r.admit(d, &msg)
+	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	if reason != "" {
+		r.deadLetter(ctx, s, d, msg, reason, err, log)
+		return it, false
+	}
+	key := ""
+	if r.buffer.OrderingKey != nil {
+		key = r.buffer.OrderingKey(d.Body)
+	}
+	if !validKey(key) {
+		r.deadLetter(ctx, s, d, msg, ReasonInvalidOrderingKey,
+			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
+		return it, false
+	}
+	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
+		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body,
+		PublishedAt: msg.PublishedAt,
+	}}, true
+}
+
+func validKey(k string) bool {
+	return len(k) <= maxIDLen && utf8.ValidString(k) && !strings.ContainsFunc(k, unicode.IsControl)
+}
+
+// store commits a batch and acks each delivery after the commit. A failure of
+// the database pauses the session (the batch is held without spending an
+// attempt); any other failure of a batch is retried message by message, so
+// that it stays with the message at fault.
+func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
+	in := make([]buffered.Incoming, len(items))
+	for i, it := range items {
+		in[i] = it.in
+	}
+	tctx, cancel := context.WithTimeout(ctx, applyMargin)
+	results, err := r.buffer.Store.Ingest(tctx, in, func() { r.stage(StageClaimed) })
+	cancel()
+	if err != nil {
+		r.storeFailed(ctx, s, items, failedAt(stepCommit, err))
+		return
+	}
+	r.proc.ingested()
+	for i, it := range items {
+		switch {
+		case errors.Is(results[i].Err, buffered.ErrPayloadMismatch):
+			r.deadLetter(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
+		case results[i].Fresh:
+			r.stage(StageCommitted)
+			r.ack(it.d, it.msg, OutcomeStored, it.log)
+		default:
+			r.stage(StageCommitted)
+			r.ack(it.d, it.msg, OutcomeDuplicate, it.log)
+		}
+	}
+}
+
+func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested, err error) {
+	switch {
+	case ctx.Err() != nil:
+		for _, it := range items {
+			it.log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+		}
+		return
+	case len(items) > 1 && pauseCause(err) == "":
+		for _, it := range items {
+			r.store(ctx, s, []ingested{it})
+		}
+		return
+	}
+	if cause := r.infrastructure(ctx, err); cause != "" {
+		for _, it := range items {
+			it.log.Warn("not the message's fault: putting it back without spending an attempt and pausing",
+				"cause", cause, "attempt", it.msg.Attempt, "err", err)
+			r.hold(ctx, s, it.d, it.msg, err, it.log)
+		}
+		s.requestPause(cause)
+		return
+	}
+	it := items[0]
+	if it.msg.Attempt >= r.cfg.MaxAttempts {
+		r.deadLetter(ctx, s, it.d, it.msg, ReasonRetriesExhausted, err, it.log)
+		return
+	}
+	r.retry(ctx, s, it.d, it.msg, err, it.log)
+}
