@@ -18,12 +18,23 @@ import (
 
 func inbox(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("inbox: missing subcommand (prune)\n" + usage)
+		return errors.New("inbox: missing subcommand (prune, status, parked, retry, skip or export)\n" + usage)
 	}
-	if args[0] != "prune" {
-		return fmt.Errorf("inbox: unknown subcommand %q (want prune)\n%s", args[0], usage)
+	switch args[0] {
+	case "prune":
+		return inboxPrune(ctx, opts, args[1:], stdout)
+	case "status":
+		return inboxStatus(ctx, opts, args[1:], stdout)
+	case "parked":
+		return inboxParked(ctx, opts, args[1:], stdout)
+	case "retry":
+		return inboxRetry(ctx, opts, args[1:], stdout)
+	case "skip":
+		return inboxSkip(ctx, opts, args[1:], stdout)
+	case "export":
+		return inboxExport(ctx, opts, args[1:], stdout)
 	}
-	return inboxPrune(ctx, opts, args[1:], stdout)
+	return fmt.Errorf("inbox: unknown subcommand %q (want prune, status, parked, retry, skip or export)\n%s", args[0], usage)
 }
 
 // inboxPrune runs the service's scheduled prune once, now: the same code,
@@ -106,5 +117,8 @@ func prune(ctx context.Context, p *retention.Pruner, rc retention.Config, stdout
 	_, err = fmt.Fprintf(stdout, "deleted %d inbox rows of consumer %s received before %s in %d batches of up to %d; took %s, longest batch %s\n",
 		res.Deleted, rc.Consumer, res.Cutoff.UTC().Format(time.RFC3339), res.Batches, rc.BatchSize,
 		res.Elapsed.Round(time.Millisecond), res.LongestBatch.Round(time.Microsecond))
+	if err == nil && res.DeletedMessages+res.DeletedKeys > 0 {
+		_, err = fmt.Fprintf(stdout, "deleted %d finished messages and %d idle ordering keys of the buffered inbox\n", res.DeletedMessages, res.DeletedKeys)
+	}
 	return err
 }

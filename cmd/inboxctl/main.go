@@ -1,6 +1,7 @@
 // Command inboxctl operates the data of a service built on the kit: it applies
 // the schema migrations (the same ones the service applies at start), lists,
-// replays and purges the dead-letter queue, and prunes the inbox on demand. It
+// replays and purges the dead-letter queue, prunes the inbox on demand, and
+// shows and repairs the buffered inbox (status, parked, retry, skip, export). It
 // reads the service's own configuration (the same variables, the same
 // defaults), so it finds the service's database, queues and retention.
 //
@@ -10,6 +11,11 @@
 //	inboxctl dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N]
 //	inboxctl dlq purge [--yes]
 //	inboxctl inbox prune [--older-than D] [--batch N] [--dry-run]
+//	inboxctl inbox status [--json]
+//	inboxctl inbox parked [--limit N] [--key K]
+//	inboxctl inbox retry (--id ID | --key K | --all)
+//	inboxctl inbox skip (--id ID | --key K)
+//	inboxctl inbox export (--id ID | --key K | --all) [--dry-run]
 //	inboxctl verify (--summary FILE ... | --run-id ID --orders N) [--json]
 package main
 
@@ -41,8 +47,9 @@ const usage = `usage: inboxctl [--service NAME] <command>
 payment-service; also shipping-service, the example consumer).
 
 commands:
-  migrate                      apply the service's schemas (the inbox, then its
-                               own) to DATABASE_URL and print their versions
+  migrate                      apply the service's schemas (the inbox and the
+                               buffered inbox, then its own) to DATABASE_URL
+                               and print their versions
   migrate gateway              apply the fake gateway's schema to
                                GATEWAY_DATABASE_URL
   dlq list [--limit N] [--json]
@@ -57,7 +64,20 @@ commands:
   inbox prune [--older-than D] [--batch N] [--dry-run]
                                delete inbox rows older than D (default
                                INBOX_RETENTION) in batches of N (default
-                               INBOX_PRUNE_BATCH) and print how long it took
+                               INBOX_PRUNE_BATCH) and print how long it took;
+                               also the buffered inbox's finished messages
+  inbox status [--json]        the buffered inbox (INBOX_MODE=buffered): counts
+                               per status, the oldest unprocessed message's
+                               age, the keys blocked by a parked head
+  inbox parked [--limit N] [--key K]
+                               list parked messages, longest parked first
+  inbox retry (--id ID | --key K | --all)
+                               give parked messages a fresh retry budget
+  inbox skip (--id ID | --key K)
+                               give up a parked message; its key goes on
+  inbox export (--id ID | --key K | --all) [--dry-run]
+                               move parked messages to the dead-letter queue
+                               (then dlq list / replay); their keys go on
   verify (--summary FILE ... | --run-id ID --orders N) [--json]
                                check the invariants after a run: every order
                                paid once or dead-lettered, none charged twice,
@@ -66,8 +86,9 @@ commands:
 Every command reads the service's configuration: dlq its broker and queues
 (AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …), inbox prune its database and
 retention (DATABASE_URL, CONSUMER_NAME, INBOX_RETENTION, INBOX_PRUNE_BATCH,
-RETRY_DELAYS, MAX_ATTEMPTS); verify, for the payment service only, also reads
-GATEWAY_DATABASE_URL.
+RETRY_DELAYS, MAX_ATTEMPTS), the buffered inbox's commands its database and
+CONSUMER_NAME (export also its broker); verify, for the payment service only,
+also reads GATEWAY_DATABASE_URL.
 `
 
 // services are the services built on the kit that inboxctl knows.

@@ -44,6 +44,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"dlq", "purge", "--force"}, "flag provided but not defined: -force"},
 		{[]string{"inbox"}, "inbox: missing subcommand"},
 		{[]string{"inbox", "vacuum"}, `inbox: unknown subcommand "vacuum"`},
+		{[]string{"inbox", "retry"}, "exactly one of --id, --key or --all"},
+		{[]string{"inbox", "skip", "--all"}, "flag provided but not defined: -all"},
+		{[]string{"inbox", "export", "--id", "m", "--key", "k"}, "exactly one of --id, --key or --all"},
+		{[]string{"inbox", "parked", "--limit", "0"}, "--limit must be at least 1"},
 		{[]string{"inbox", "prune", "--older-than", "1h"}, "--older-than 1h0m0s is below 24h0m0s"},
 		{[]string{"inbox", "prune", "--batch", "0"}, "--batch must be between 1 and 100000"},
 		{[]string{"--service", "billing-service", "dlq", "list"}, `unknown service "billing-service"`},
@@ -197,7 +201,7 @@ func TestDLQListAndReplay(t *testing.T) {
 }
 
 func TestInboxPrune(t *testing.T) {
-	gdb, url := testenv.MigratedDB(t, migrations.Inbox)
+	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
 	t.Setenv("DATABASE_URL", url)
 	err := gdb.Exec(`
 		INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)

@@ -119,18 +119,17 @@ WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq A
 
 // deleteFinished prunes the buffered inbox with the run's cutoff.
 func (p *Pruner) deleteFinished(ctx context.Context, conn *sql.Conn, res *Result) error {
-	for {
+	for batch := 1; ; batch++ {
 		began := time.Now()
 		keys, err := p.deleteMessages(ctx, conn, res.Cutoff)
 		if err != nil {
-			return fmt.Errorf("prune buffered messages of %s: batch %d: %w", p.cfg.Consumer, res.Batches+1, err)
+			return fmt.Errorf("prune buffered messages of %s: batch %d: %w", p.cfg.Consumer, batch, err)
 		}
 		r, err := conn.ExecContext(ctx, deleteIdleKeys, p.cfg.Consumer, keys)
 		if err != nil {
 			return fmt.Errorf("prune ordering keys of %s: %w", p.cfg.Consumer, err)
 		}
 		gone, _ := r.RowsAffected()
-		res.Batches++
 		res.DeletedMessages += int64(len(keys))
 		res.DeletedKeys += gone
 		res.LongestBatch = max(res.LongestBatch, time.Since(began))
