@@ -10,6 +10,8 @@
 # inboxctl verify checks every invariant. Exit 0 only if all hold.
 #
 # CI runs a bounded version: scripts/chaos.sh --duration 60s --orders 1500
+# INBOX_MODE=buffered runs the service with the buffered inbox, with its two
+# processing crash points (after-claim, after-process-commit) armed too.
 # shellcheck source=lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -24,6 +26,7 @@ usage: $0 [--duration 120s] [--orders 3000] [--local | --compose]
 Runs every fault at once for --duration (seconds, or with an s or m suffix)
 while --orders orders are published, then stops the faults, waits for the
 queues to drain and runs inboxctl verify. Prints PASS chaos or FAIL chaos.
+INBOX_MODE=buffered runs the service with the buffered inbox.
 KEEP=1 keeps the vhost and databases; logs go to \${TMPDIR:-/tmp}/inbox-faults/.
 EOF
 }
@@ -102,6 +105,11 @@ stack_up 2
 # The publisher spans about 70% of the window, so the faults hit a steady load.
 RATE=$(awk -v n="$ORDERS" -v d="$DURATION" 'BEGIN { printf "%.1f", n / (d * 0.7) }')
 ARMED="after-inbox-insert:$CRASH_P after-gateway-charge:$CRASH_P after-commit:$CRASH_P after-ack:$CRASH_P"
+POINTS=four
+if [[ $KIT_INBOX_MODE == buffered ]]; then
+  ARMED+=" after-claim:$CRASH_P after-process-commit:$CRASH_P"
+  POINTS=six
+fi
 for ((i = 1; i <= REPLICAS; i++)); do set_crash_points "$i" "$ARMED"; done
 gateway_faults '{"error_rate":0.05,"lost_response_rate":0.05}'
 GATEWAY_CHANGES=1
@@ -114,8 +122,8 @@ say "stopping the faults"
 disarm_all
 gateway_faults '{"error_rate":0,"lost_response_rate":0,"latency":"0s"}'
 supervise
-note "${DURATION}s of chaos on two replicas while $ORDERS orders were published at $RATE/s (with duplicates, republishes and 20 poison messages)"
-note "$CRASHES crashes at armed crash points (each of the four armed with probability $CRASH_P per message), $KILLS SIGKILLs; $RESTARTS restarts"
+note "${DURATION}s of chaos on two replicas ($KIT_INBOX_MODE inbox) while $ORDERS orders were published at $RATE/s (with duplicates, republishes and 20 poison messages)"
+note "$CRASHES crashes at armed crash points (each of the $POINTS armed with probability $CRASH_P per message), $KILLS SIGKILLs; $RESTARTS restarts"
 note "$DROPS times the broker closed every connection; $DB_ROUNDS times every session of the payments database was terminated ($DB_BACKENDS sessions)"
 note "$GATEWAY_CHANGES settings of the gateway's 503 and lost-response rates"
 # Bounded, so that a broken build fails within minutes: about 75 s in all for

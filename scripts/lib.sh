@@ -27,6 +27,9 @@
 #   AMQP_BASE               local broker without vhost (default amqp://guest:guest@127.0.0.1:5672)
 #   RABBITMQCTL             command for rabbitmqctl (default rabbitmqctl; e.g. "sudo rabbitmqctl")
 #   RETRY_DELAYS MAX_ATTEMPTS RECONNECT_MAX_WAIT   passed to the service (short defaults: quick drains)
+#   INBOX_MODE              inline (default) or buffered: passed to the service; in buffered mode
+#                           BUFFER_RETRY_DELAYS and BUFFER_MAX_ATTEMPTS too (short defaults), and a
+#                           drain also waits for the buffered inbox's unprocessed messages
 
 set -Eeuo pipefail
 
@@ -38,6 +41,9 @@ read -r -a RABBITMQCTL_CMD <<<"${RABBITMQCTL:-rabbitmqctl}"
 KIT_RETRY_DELAYS=${RETRY_DELAYS:-200ms,1s,2s}
 KIT_MAX_ATTEMPTS=${MAX_ATTEMPTS:-8}
 KIT_RECONNECT_MAX_WAIT=${RECONNECT_MAX_WAIT:-5s}
+KIT_INBOX_MODE=${INBOX_MODE:-inline}
+KIT_BUFFER_RETRY_DELAYS=${BUFFER_RETRY_DELAYS:-200ms,1s,2s}
+KIT_BUFFER_MAX_ATTEMPTS=${BUFFER_MAX_ATTEMPTS:-30}
 COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults}
 DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
 
@@ -273,7 +279,7 @@ stack_up() {
     SERVICE_PORT[i]=$(free_port)
     service_start "$i"
   done
-  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS on $(service_addrs)"
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs)"
 }
 
 pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
@@ -282,6 +288,7 @@ compose_up() {
   command -v docker >/dev/null || die "docker is needed in compose mode"
   # The compose file passes these through to the services and to inboxctl.
   export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT"
+  export INBOX_MODE="$KIT_INBOX_MODE" BUFFER_RETRY_DELAYS="$KIT_BUFFER_RETRY_DELAYS" BUFFER_MAX_ATTEMPTS="$KIT_BUFFER_MAX_ATTEMPTS"
   say "compose project $COMPOSE_PROJECT on fresh volumes (needs 127.0.0.1:5672, 5432 and 8081 free)"
   compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1 || true
   compose build fake-gateway payment-service order-publisher inboxctl >>"$RUN_DIR/compose.log" 2>&1 ||
@@ -295,7 +302,7 @@ compose_up() {
     SERVICE_SEEN[i]=$(service_instance "$i")
     service_wait "$i" 60
   done
-  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS on $(service_addrs)"
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs)"
 }
 
 # ---------------------------------------------------------------- payment-service replicas
@@ -349,6 +356,7 @@ service_start() {
     env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" GATEWAY_URL="http://$GATEWAY_ADDR" \
       HTTP_ADDR="127.0.0.1:${SERVICE_PORT[i]}" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
       RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
+      INBOX_MODE="$KIT_INBOX_MODE" BUFFER_RETRY_DELAYS="$KIT_BUFFER_RETRY_DELAYS" BUFFER_MAX_ATTEMPTS="$KIT_BUFFER_MAX_ATTEMPTS" \
       "${SERVICE_ENV[@]}" "$BIN_DIR/payment-service" >>"$RUN_DIR/payment-service-$i.log" 2>&1 &
     SERVICE_PID[i]=$!
     disown "${SERVICE_PID[i]}" # no "Killed" job notices when it crashes; bash still reaps it
@@ -529,10 +537,14 @@ queue_depths() {
 # pending_messages prints how many messages wait in, or are being handled from,
 # the work queue and the retry queues (the dead-letter queue is not counted).
 pending_messages() {
-  local out
+  local out queued stored=0
   out=$(queue_depths 2>/dev/null) || return 1
   [[ -n $out ]] || return 1
-  awk -v dlq="$DLQ_NAME" '$1 != dlq { n += $2 + $3 } END { print n + 0 }' <<<"$out"
+  queued=$(awk -v dlq="$DLQ_NAME" '$1 != dlq { n += $2 + $3 } END { print n + 0 }' <<<"$out")
+  if [[ $KIT_INBOX_MODE == buffered ]]; then # stored and acked, not yet processed
+    stored=$(psql_payments "SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')") || return 1
+  fi
+  echo $((queued + stored))
 }
 
 # psql_payments SQL: one query on the payments database, unaligned output.

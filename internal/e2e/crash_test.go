@@ -19,25 +19,54 @@ func post(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
+// crashCase is a crash point and the trace its crash leaves for the restart
+// to repair, if any.
+type crashCase struct {
+	point string
+	trace func(t *testing.T, s *stack) bool
+}
+
 // Each crash point ends the service as abruptly as SIGKILL would; after a restart every
 // order is paid exactly once, and the point leaves its own trace.
 func TestCrashPoints(t *testing.T) {
-	tests := []struct {
-		point string
-		trace func(t *testing.T, s *stack) bool // evidence of what the crash left to repair, if any
-	}{
+	crashPoints(t, nil, []crashCase{
 		{"after-inbox-insert", nil},
-		{"after-gateway-charge", func(t *testing.T, s *stack) bool {
-			return scalar(t, s.gatewayDB, "SELECT coalesce(sum(replays), 0) FROM charges") >= 1 // charged before the crash, replayed after
-		}},
-		{"after-commit", func(t *testing.T, s *stack) bool {
-			return metric(t, s.serviceAddr, `consumer_messages_total{consumer="payment-service",outcome="duplicate"}`) >= 1
-		}},
+		{"after-gateway-charge", gatewayReplayed},
+		{"after-commit", duplicateCounted},
 		{"after-ack", nil},
-	}
+	})
+}
+
+// The same with the buffered inbox: its ingest passes the runtime's three
+// points (after-commit is the crash between the ingest's commit and its ack),
+// its processing the service's after-gateway-charge and two of its own. A
+// short handler timeout keeps the lease of a message claimed before a crash
+// short.
+func TestCrashPointsBuffered(t *testing.T) {
+	crashPoints(t, bufferedEnv("GATEWAY_TIMEOUT=1s", "HANDLER_TIMEOUT=2s"), []crashCase{
+		{"after-inbox-insert", nil},
+		{"after-commit", duplicateCounted},
+		{"after-ack", nil},
+		{"after-claim", func(t *testing.T, s *stack) bool { // claimed, crashed, claimed again after the lease
+			return scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE attempts >= 2") >= 1
+		}},
+		{"after-gateway-charge", gatewayReplayed},
+		{"after-process-commit", nil},
+	})
+}
+
+func gatewayReplayed(t *testing.T, s *stack) bool {
+	return scalar(t, s.gatewayDB, "SELECT coalesce(sum(replays), 0) FROM charges") >= 1 // charged before the crash, replayed after
+}
+
+func duplicateCounted(t *testing.T, s *stack) bool {
+	return metric(t, s.serviceAddr, `consumer_messages_total{consumer="payment-service",outcome="duplicate"}`) >= 1
+}
+
+func crashPoints(t *testing.T, serviceEnv []string, tests []crashCase) {
 	for _, tt := range tests {
 		t.Run(tt.point, func(t *testing.T) {
-			s := startStack(t, []string{"FAULT_LATENCY=30ms"}, []string{"FAULTS_ENABLED=true"})
+			s := startStack(t, []string{"FAULT_LATENCY=30ms"}, append([]string{"FAULTS_ENABLED=true"}, serviceEnv...))
 			if code := post(t, "http://"+s.serviceAddr+"/faults/crash?at="+tt.point); code != http.StatusNoContent {
 				t.Fatalf("arming answered %d", code)
 			}

@@ -40,7 +40,18 @@ func (s *stack) assertExactlyOnce(t *testing.T, n int) {
 // SIGTERM under load: in-flight messages finish and are acked, the process
 // exits 0, and after a restart every order is paid exactly once.
 func TestSIGTERMUnderLoad(t *testing.T) {
-	s := startStack(t, []string{"FAULT_LATENCY=20ms"}, []string{"SHUTDOWN_TIMEOUT=15s"})
+	sigtermUnderLoad(t, nil)
+}
+
+// The same with the buffered inbox: the ingest stores what the broker sent
+// before the cancel, the processing finishes what it claimed, and the rest
+// waits in the table for the restart.
+func TestSIGTERMUnderLoadBuffered(t *testing.T) {
+	sigtermUnderLoad(t, bufferedEnv())
+}
+
+func sigtermUnderLoad(t *testing.T, serviceEnv []string) {
+	s := startStack(t, []string{"FAULT_LATENCY=20ms"}, append([]string{"SHUTDOWN_TIMEOUT=15s"}, serviceEnv...))
 	s.publish(t, "-count", "600", "-duplicate-rate", "0.1")
 	testenv.Eventually(t, time.Minute, "some payments", func() (bool, error) { return s.payments(t) >= 100, nil })
 	s.service.signal(t, syscall.SIGTERM)

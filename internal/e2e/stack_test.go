@@ -75,7 +75,39 @@ func queueDepth(t *testing.T, amqpURL, queue string) int {
 // messages end as exactly 1000 payments, at most 1000 charges, none charged
 // twice, and 6 messages in the dead-letter queue.
 func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
-	s := startStack(t, nil, nil)
+	thousandOrders(t, nil, nil)
+}
+
+// The same with the buffered inbox. The poison the runtime refuses (no id,
+// a wrong content type) is dead-lettered at ingest; what only the handler
+// can judge (an invalid body) is stored and parked, and inboxctl inbox
+// export moves it to the dead-letter queue, where the 6 are counted.
+func TestThousandOrdersBuffered(t *testing.T) {
+	thousandOrders(t, bufferedEnv(), func(t *testing.T, s *stack) {
+		testenv.Eventually(t, time.Minute, "the parked poison and the dead-lettered poison to make 6", func() (bool, error) {
+			parked := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
+			return parked > 0 && parked+queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6, nil
+		})
+		code, out := run(t, time.Minute, "inboxctl", []string{"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB}, "inbox", "export", "--all")
+		if code != 0 || !strings.Contains(out, "exported") {
+			t.Fatalf("inboxctl inbox export --all: exit %d\n%s", code, out)
+		}
+		if n := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE status NOT IN ('processed', 'dead_lettered')"); n != 0 {
+			t.Errorf("%d stored messages neither processed nor exported", n)
+		}
+	})
+}
+
+// bufferedEnv is the service's environment for the buffered inbox, with short
+// processing retries, plus extra.
+func bufferedEnv(extra ...string) []string {
+	return append([]string{"INBOX_MODE=buffered", "BUFFER_RETRY_DELAYS=100ms,500ms", "BUFFER_POLL_INTERVAL=1s"}, extra...)
+}
+
+// thousandOrders runs the thousand orders on a service with serviceEnv;
+// settle, if set, runs once every order is paid, before the checks.
+func thousandOrders(t *testing.T, serviceEnv []string, settle func(t *testing.T, s *stack)) {
+	s := startStack(t, nil, serviceEnv)
 	summaryPath := filepath.Join(t.TempDir(), "summary.json")
 	code, out := run(t, 5*time.Minute, "order-publisher", []string{"AMQP_URL=" + s.amqpURL},
 		"-count", "1000", "-duplicate-rate", "0.2", "-poison", "6", "-summary", summaryPath)
@@ -98,6 +130,9 @@ func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
 	testenv.Eventually(t, 3*time.Minute, "1000 payments", func() (bool, error) {
 		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments") == 1000, nil
 	})
+	if settle != nil {
+		settle(t, s)
+	}
 	testenv.Eventually(t, time.Minute, "6 dead letters and empty work and retry queues", func() (bool, error) {
 		return queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6 &&
 			queueDepth(t, s.amqpURL, "payments.order-placed") == 0 &&

@@ -205,6 +205,9 @@ func collect(ctx context.Context, src Sources, runs []Run) (facts, error) {
 	if f.dead, err = src.Broker.DeadLetters(ctx); err != nil {
 		return f, fmt.Errorf("read dead letters: %w", err)
 	}
+	if err := collectBuffered(ctx, src, &f); err != nil {
+		return f, err
+	}
 	t := src.Topology
 	queues := []string{t.Queue}
 	for _, d := range t.RetryDelays {

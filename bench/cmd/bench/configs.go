@@ -23,6 +23,10 @@ func (b *bench) runConfig(ctx context.Context, name string) result {
 		c = b.newService(false, true)
 	case "service-gc-latency":
 		c = b.newService(true, true)
+	case "service-buffered":
+		c = b.newService(true, false).buffered()
+	case "service-buffered-latency":
+		c = b.newService(true, true).buffered()
 	default:
 		return result{name: name, err: fmt.Errorf("unknown configuration %q", name)}
 	}

@@ -20,6 +20,7 @@ type result struct {
 	label    string
 	settings string
 	rate     float64 // messages (pgbench: transactions) per second
+	ingest   float64 // messages per second off the work queue: until none was ready
 	drained  int     // messages in the drain
 	paced    pacedPhase
 	lat      quantiles
@@ -99,13 +100,15 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 	if err != nil {
 		return err
 	}
-	done, err := w.drained(ctx, p, b.o.messages, b.o.drainTimeout)
+	emptied, done, err := w.drained(ctx, p, b.o.messages, b.o.drainTimeout)
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
 	r.drained = len(prefill)
 	r.rate = float64(len(prefill)) / done.Sub(started).Seconds()
-	b.logf("drained %d messages in %.1fs: %.0f msg/s", len(prefill), done.Sub(started).Seconds(), r.rate)
+	r.ingest = float64(len(prefill)) / emptied.Sub(started).Seconds()
+	b.logf("drained %d messages in %.1fs: %.0f msg/s (the queue had none ready after %.1fs: %.0f msg/s)",
+		len(prefill), done.Sub(started).Seconds(), r.rate, emptied.Sub(started).Seconds(), r.ingest)
 	if err := w.settled(ctx); err != nil {
 		return fmt.Errorf("after the drain: %w", err)
 	}
@@ -149,7 +152,7 @@ func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p 
 		return ph, err
 	}
 	published := time.Now()
-	done, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout)
+	_, done, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout)
 	if err != nil {
 		return ph, err
 	}
@@ -195,11 +198,12 @@ func (w *watcher) close() {
 func (w *watcher) ready() (int, error) { return broker.Ready(w.ch, broker.Queue) }
 
 // drained polls until no message is ready in the queue and the payments table
-// holds orders rows, and returns when it first saw both. The cheap queue check
+// holds orders rows, and returns when it first saw no message ready (emptied)
+// and when it first saw both (done). The cheap queue check
 // comes first, so that the table is counted only near the end. Duplicates the
 // consumer holds unacked at that moment are not waited for: they settle within
 // milliseconds, and settled checks them afterwards.
-func (w *watcher) drained(ctx context.Context, p *proc.Process, orders int, timeout time.Duration) (time.Time, error) {
+func (w *watcher) drained(ctx context.Context, p *proc.Process, orders int, timeout time.Duration) (emptied, done time.Time, err error) {
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -207,24 +211,27 @@ func (w *watcher) drained(ctx context.Context, p *proc.Process, orders int, time
 	for {
 		ready, err := w.ready()
 		if err != nil {
-			return time.Time{}, err
+			return emptied, done, err
 		}
 		if ready == 0 {
+			if emptied.IsZero() {
+				emptied = time.Now()
+			}
 			if paid, err = w.obs.Payments(ctx); err != nil {
-				return time.Time{}, fmt.Errorf("count payments: %w", err)
+				return emptied, done, fmt.Errorf("count payments: %w", err)
 			}
 			if paid >= orders {
-				return time.Now(), nil
+				return emptied, time.Now(), nil
 			}
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("timed out after %s with %d messages ready and %d of %d payments", timeout, ready, paid, orders)
+			return emptied, done, fmt.Errorf("timed out after %s with %d messages ready and %d of %d payments", timeout, ready, paid, orders)
 		}
 		select {
 		case <-ctx.Done():
-			return time.Time{}, ctx.Err()
+			return emptied, done, ctx.Err()
 		case <-p.Exited():
-			return time.Time{}, fmt.Errorf("%w; last lines:\n%s", p.ExitError(), p.Tail(5))
+			return emptied, done, fmt.Errorf("%w; last lines:\n%s", p.ExitError(), p.Tail(5))
 		case <-tick.C:
 		}
 	}

@@ -46,7 +46,8 @@ type options struct {
 
 // configNames are the configurations, in the order they run: the plain
 // consumer before the others, which the table relates to it.
-var configNames = []string{"pgbench", "amqp091", "watermill", "service", "service-gc", "service-latency", "service-gc-latency"}
+var configNames = []string{"pgbench", "amqp091", "watermill", "service", "service-gc", "service-latency", "service-gc-latency",
+	"service-buffered", "service-buffered-latency"}
 
 const usage = `Usage: bench [flags]
 
@@ -63,6 +64,9 @@ Configurations (-configs, comma-separated, or all):
   service-gc          payment-service with group commit, gateway at 0 ms
   service-latency     payment-service per message, gateway at -latency
   service-gc-latency  payment-service with group commit, gateway at -latency
+  service-buffered    payment-service with the buffered inbox (INBOX_MODE=buffered), gateway at 0 ms
+  service-buffered-latency
+                      payment-service with the buffered inbox, gateway at -latency
 
 Flags:
 `

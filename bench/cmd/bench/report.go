@@ -63,7 +63,7 @@ type table struct {
 }
 
 func newTable(o options, m machine, results []result) table {
-	t := table{head: []string{"configuration", "msg/s", "× amqp091", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
+	t := table{head: []string{"configuration", "msg/s", "× amqp091", "ingest msg/s", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
 	var plain float64
 	for _, r := range results {
 		if r.name == "amqp091" && r.err == nil {
@@ -89,6 +89,7 @@ func newTable(o options, m machine, results []result) table {
 		m.cpu, m.cores, m.kernel, m.rabbitmq, m.postgres, m.goVer)
 	t.notes = append(t.notes,
 		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second).",
+		"ingest msg/s: messages taken off the work queue per second, from the consumer's start until none was ready: about msg/s for a consumer that acks after applying a message; the buffered inbox acks once a message is stored and applies it afterwards, so there msg/s is its processing rate.",
 		"paced msg/s (lag): the paced phase's rate, and the time from its last publish until every message was settled; a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing.",
 		"p50/p99: publish→commit in the paced phase; exact for the peers, ≈ interpolated linearly within the buckets of payment-service's consumer_end_to_end_seconds histogram.",
 		"peak RSS: VmHWM of the consumer process. DB conns: peak sessions of the configuration's database in pg_stat_activity, sampled every 100 ms (busy: not idle).")
@@ -98,7 +99,7 @@ func newTable(o options, m machine, results []result) table {
 func (t *table) row(r result, plain float64) []string {
 	if r.err != nil {
 		t.notes = append(t.notes, fmt.Sprintf("%s failed: %v", r.name, r.err))
-		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", r.settings}
+		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", "–", r.settings}
 	}
 	ratio := "–"
 	if plain > 0 {
@@ -112,8 +113,12 @@ func (t *table) row(r result, plain float64) []string {
 	if r.paced.rate > 0 {
 		paced = fmt.Sprintf("%.0f (%.1f s)", r.paced.rate, r.paced.lag.Seconds())
 	}
+	ingest := "–"
+	if r.ingest > 0 {
+		ingest = fmt.Sprintf("%.0f", r.ingest)
+	}
 	return []string{
-		r.label, fmt.Sprintf("%.0f", r.rate), ratio, paced,
+		r.label, fmt.Sprintf("%.0f", r.rate), ratio, ingest, paced,
 		fmtLatency(r.lat, r.lat.p50, r.lat.above50), fmtLatency(r.lat, r.lat.p99, r.lat.above99),
 		rss, fmt.Sprintf("%d/%d", r.conns.Open, r.conns.Busy), r.settings,
 	}

@@ -25,6 +25,7 @@ const (
 type service struct {
 	b           *bench
 	groupCommit bool
+	inboxMode   string // "" (the default, inline) or buffered
 	latency     time.Duration
 	env         []string // the configuration's knobs, NAME=value
 
@@ -68,9 +69,20 @@ func (b *bench) newService(groupCommit, slowGateway bool) *service {
 	return s
 }
 
+// buffered switches the configuration to the buffered inbox (with its group
+// commit settings: the ingest's batches and the processing's commits).
+func (s *service) buffered() *service {
+	s.inboxMode = "buffered"
+	s.env = append([]string{"INBOX_MODE=buffered"}, s.env...)
+	return s
+}
+
 func (s *service) label() string {
 	mode := "per message"
-	if s.groupCommit {
+	switch {
+	case s.inboxMode == "buffered":
+		mode = "buffered inbox"
+	case s.groupCommit:
 		mode = "group commit"
 	}
 	return fmt.Sprintf("payment-service, %s, gateway %s", mode, fmtDuration(s.latency))

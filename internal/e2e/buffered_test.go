@@ -1,0 +1,73 @@
+package e2e_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// The gateway is down for a long time (503 for every charge; here seconds
+// with short retry delays, standing for 45 minutes with the default ones):
+// the buffered inbox stores and acks every order at once, so nothing waits
+// unacked on the broker and nothing goes through the retry queues; when the
+// gateway is back every order is charged and paid once, none parked.
+func TestBufferedGatewayOutage(t *testing.T) {
+	s := startStack(t, []string{"FAULTS_ENABLED=true", "FAULT_ERROR_RATE=1"},
+		bufferedEnv("BUFFER_RETRY_DELAYS=100ms,500ms,1s", "BUFFER_MAX_ATTEMPTS=1000"))
+	s.publish(t, "-count", "200", "-duplicate-rate", "0.1")
+	stored := `consumer_messages_total{consumer="payment-service",outcome="stored"}`
+	testenv.Eventually(t, time.Minute, "200 orders stored", func() (bool, error) { return metric(t, s.serviceAddr, stored) == 200, nil })
+	time.Sleep(3 * time.Second) // the outage goes on
+	for _, q := range []string{"payments.order-placed", "payments.order-placed.retry.100ms", "payments.order-placed.retry.500ms"} {
+		if ready, unacked := brokerHolds(t, s.amqpURL, q); ready+unacked != 0 {
+			t.Errorf("during the outage %s holds %d ready and %d unacked messages, want none", q, ready, unacked)
+		}
+	}
+	retried := metric(t, s.serviceAddr, `consumer_messages_total{consumer="payment-service",outcome="retried"}`)
+	if p := s.payments(t); p != 0 || retried < 200 {
+		t.Fatalf("during the outage: %d payments, %d retries; want none paid and every order retried", p, retried)
+	}
+	gatewayFaults(t, s, `{"error_rate":0}`)
+	s.assertExactlyOnce(t, 200)
+	if n := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"); n != 0 {
+		t.Errorf("%d stored messages not processed", n)
+	}
+	t.Logf("%d processing retries during the outage", retried)
+}
+
+// brokerHolds reads a queue's ready and unacknowledged messages.
+func brokerHolds(t *testing.T, amqpURL, queue string) (ready, unacked int) {
+	t.Helper()
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := testenv.Ctl(t, "list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "-q", "--no-table-headers",
+		"name", "messages_ready", "messages_unacknowledged")
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == queue {
+			fmt.Sscan(f[1], &ready)
+			fmt.Sscan(f[2], &unacked)
+			return ready, unacked
+		}
+	}
+	t.Fatalf("queue %s not listed:\n%s", queue, out)
+	return 0, 0
+}
+
+func gatewayFaults(t *testing.T, s *stack, body string) {
+	t.Helper()
+	resp, err := http.Post("http://"+s.gatewayAddr+"/faults", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("POST /faults %s answered %d", body, resp.StatusCode)
+	}
+}
