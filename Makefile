@@ -39,8 +39,9 @@ clean:
 # RabbitMQ and PostgreSQL (or docker compose: STACK=compose), each run on a fresh
 # vhost and fresh databases. `faults` runs every scenario in turn and stops at
 # the first FAIL; scripts/faults/broker-restart.sh stops the local broker for a
-# few seconds. `chaos` is the bounded run CI uses.
-.PHONY: faults chaos
+# few seconds. `chaos` is the bounded run CI uses; `chaos-buffered` runs it with
+# INBOX_MODE=buffered.
+.PHONY: faults chaos chaos-buffered
 FAULT_SCRIPTS ?= $(sort $(wildcard scripts/faults/*.sh))
 CHAOS_FLAGS   ?= --duration 60s --orders 1500
 
@@ -49,6 +50,10 @@ faults: build
 
 chaos: build
 	./scripts/chaos.sh $(CHAOS_FLAGS)
+
+# The same with the buffered inbox (every fault script takes INBOX_MODE).
+chaos-buffered: build
+	INBOX_MODE=buffered ./scripts/chaos.sh $(CHAOS_FLAGS)
 
 # Benchmarks: bench/ is a Go module of its own, so that this go.mod never
 # carries Watermill. `make bench` builds every program and runs the whole

@@ -387,3 +387,23 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 	}
 	return m.GetGauge().GetValue()
 }
+
+// A replica that does not ingest (single active consumer: the other one
+// does) learns of new messages through NOTIFY: with a poll interval of a
+// minute, it still takes its share at once.
+func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
+	e := newBufferedEnv(t, singleActive)
+	slow := orderedHandler(func(Message, event) error { time.Sleep(100 * time.Millisecond); return nil })
+	tune := bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
+	ingesting := e.start(slow, func(c *Config) { tune(c); c.Workers = 1 })
+	other := e.start(slow, func(c *Config) { tune(c); c.Workers = 8 })
+	time.Sleep(500 * time.Millisecond) // both asleep for the poll's minute
+	e.publishEvents(keyNames(40), 1)
+	testenv.Eventually(t, 20*time.Second, "all applied long before a poll", func() (bool, error) { return e.appliedTotal() == 40, nil })
+	if ingesting.count(OutcomeStored) != 40 || other.count(OutcomeStored) != 0 {
+		t.Fatalf("stored %d and %d: want one replica ingesting everything", ingesting.count(OutcomeStored), other.count(OutcomeStored))
+	}
+	if other.count(OutcomeProcessed) < 20 {
+		t.Errorf("the replica that does not ingest processed %d of 40: NOTIFY did not wake it", other.count(OutcomeProcessed))
+	}
+}
