@@ -41,7 +41,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
 	}
 	reason, admitErr := r.admit(d, &msg)
-	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
@@ -54,14 +54,14 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	case ctx.Err() != nil:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
 		// unacked so the broker redelivers it.
-		log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
 	case errors.Is(err, inbox.ErrPayloadMismatch):
 		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
 	case errors.Is(err, ErrPermanent):
 		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
 	default:
 		if cause := r.infrastructure(ctx, err); cause != "" {
-			log.Warn("not the message's fault: putting it back without spending an attempt and pausing",
+			log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
 				"cause", cause, "attempt", msg.Attempt, "err", err)
 			r.hold(ctx, s, d, msg, err, log)
 			s.requestPause(cause)
@@ -219,10 +219,10 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	return out, nil
 }
 
-func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logger) {
+func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
 	if err := d.Ack(false); err != nil {
 		// The effects are committed; the redelivery will be suppressed by the inbox.
-		log.Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
+		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return
 	}
 	r.stage(StageAcked)
@@ -231,7 +231,26 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 	if out == OutcomeProcessed {
 		level = slog.LevelDebug
 	}
-	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	if r.log.Enabled(context.Background(), level) {
+		log.get().Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	}
+}
+
+// messageLog builds a message's logger on first use: most messages are never
+// logged about, and the handler's attributes cost a parse of the body.
+type messageLog struct {
+	r           *Runtime
+	msg         *Message // read at first use: admit may resolve the id from the body
+	tag         uint64
+	redelivered bool
+	l           *slog.Logger
+}
+
+func (m *messageLog) get() *slog.Logger {
+	if m.l == nil {
+		m.l = m.r.messageLogger(*m.msg, m.tag, m.redelivered)
+	}
+	return m.l
 }
 
 // messageLogger puts the message's id (the resolved dedupe key) and the
