@@ -115,7 +115,9 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 		items[i] = inbox.Item{MessageID: j.msg.ID, Body: j.msg.Body, Apply: c.apply(ctx, j)}
 	}
 	c.metrics.batchSize.WithLabelValues(c.name).Observe(float64(len(batch)))
+	start := time.Now()
 	results, err := c.inbox.Commit(ctx, items)
+	c.metrics.commitSeconds.WithLabelValues(c.name).Observe(time.Since(start).Seconds())
 	for i, j := range batch {
 		switch {
 		case err != nil:
