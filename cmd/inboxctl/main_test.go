@@ -241,7 +241,7 @@ func TestMigrateAnyService(t *testing.T) {
 		})
 	}
 	t.Setenv("GATEWAY_DATABASE_URL", testenv.Postgres(t))
-	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version 1") {
+	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version 2") {
 		t.Fatalf("migrate gateway: err %v, output %q", err, out)
 	}
 }
