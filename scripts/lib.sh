@@ -27,6 +27,8 @@
 #   AMQP_BASE               local broker without vhost (default amqp://guest:guest@127.0.0.1:5672)
 #   RABBITMQCTL             command for rabbitmqctl (default rabbitmqctl; e.g. "sudo rabbitmqctl")
 #   RETRY_DELAYS MAX_ATTEMPTS RECONNECT_MAX_WAIT   passed to the service (short defaults: quick drains)
+#   GATEWAY_IN_FLIGHT_TIMEOUT  the gateway's IN_FLIGHT_TAKEOVER and what the service is told of it
+#                           (default 5s: the short retries, at least 8.96s, must outlast it)
 
 set -Eeuo pipefail
 
@@ -38,6 +40,7 @@ read -r -a RABBITMQCTL_CMD <<<"${RABBITMQCTL:-rabbitmqctl}"
 KIT_RETRY_DELAYS=${RETRY_DELAYS:-200ms,1s,2s}
 KIT_MAX_ATTEMPTS=${MAX_ATTEMPTS:-8}
 KIT_RECONNECT_MAX_WAIT=${RECONNECT_MAX_WAIT:-5s}
+KIT_IN_FLIGHT=${GATEWAY_IN_FLIGHT_TIMEOUT:-5s}
 COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults}
 DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
 
@@ -263,8 +266,8 @@ stack_up() {
   timeout 60 createdb "$DB_PAYMENTS"
   timeout 60 createdb "$DB_GATEWAY"
   GATEWAY_ADDR="127.0.0.1:$(free_port)"
-  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" FAULTS_ENABLED=true LOG_LEVEL=info \
-    "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
+  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
+    FAULTS_ENABLED=true LOG_LEVEL=info "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
   GATEWAY_PID=$!
   disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
   wait_until 30 "the fake gateway on $GATEWAY_ADDR" http_ok "http://$GATEWAY_ADDR/healthz"
@@ -281,7 +284,8 @@ pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
 compose_up() {
   command -v docker >/dev/null || die "docker is needed in compose mode"
   # The compose file passes these through to the services and to inboxctl.
-  export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT"
+  export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" \
+    GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT"
   say "compose project $COMPOSE_PROJECT on fresh volumes (needs 127.0.0.1:5672, 5432 and 8081 free)"
   compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1 || true
   compose build fake-gateway payment-service order-publisher inboxctl >>"$RUN_DIR/compose.log" 2>&1 ||
@@ -348,7 +352,8 @@ service_start() {
     printf '{"kit":"=== started by %s at %s"}\n' "$SCENARIO" "$(date -Is)" >>"$RUN_DIR/payment-service-$i.log"
     env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" GATEWAY_URL="http://$GATEWAY_ADDR" \
       HTTP_ADDR="127.0.0.1:${SERVICE_PORT[i]}" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
-      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
+      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
+      SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
       "${SERVICE_ENV[@]}" "$BIN_DIR/payment-service" >>"$RUN_DIR/payment-service-$i.log" 2>&1 &
     SERVICE_PID[i]=$!
     disown "${SERVICE_PID[i]}" # no "Killed" job notices when it crashes; bash still reaps it
@@ -680,6 +685,7 @@ run_verify() {
     if [[ $MODE == local ]]; then
       env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" \
         GATEWAY_DATABASE_URL="$(pg_url "$DB_GATEWAY")" RETRY_DELAYS="$KIT_RETRY_DELAYS" \
+        MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
         timeout 120 "$BIN_DIR/inboxctl" verify --summary "$RUN_DIR/$f" >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
     else
       compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \

@@ -183,6 +183,14 @@ const LookupReaders = 2
 // may wait for a concurrent duplicate's). It also bounds one batch.
 const applyMargin = 15 * time.Second
 
+// CommitTimeout bounds one commit transaction (and one inbox look-up):
+// configuration checks relate the database's own timeouts to it.
+const CommitTimeout = applyMargin
+
+// RetryJitter is the largest fraction of a retry delay the jitter cuts off:
+// configuration checks need the shortest time the retries can take.
+const RetryJitter = retryJitter
+
 func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 	r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
 	r.messageLogger(msg, 0, false).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))

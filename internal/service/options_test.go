@@ -103,7 +103,24 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"INBOX_RETENTION": "23h"}, "INBOX_RETENTION"},
 		// 2 × (24h + 24h) of retry trips is above the 72h window.
 		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "72h"}, "INBOX_RETENTION"},
-		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, ""},
+		// ... and they outlive the default 24h idempotency key.
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, "IDEMPOTENCY_KEY_TTL"},
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h", "IDEMPOTENCY_KEY_TTL": "49h"}, ""},
+		{map[string]string{"IDEMPOTENCY_KEY_TTL": "0s"}, "IDEMPOTENCY_KEY_TTL"},
+		// 23 hourly retries and 24 handler runs of 15s fit in a day; 24 retries do not.
+		{map[string]string{"RETRY_DELAYS": "1h", "MAX_ATTEMPTS": "24"}, ""},
+		{map[string]string{"RETRY_DELAYS": "1h", "MAX_ATTEMPTS": "25"}, "IDEMPOTENCY_KEY_TTL"},
+		// The handler runs count too: 99 × 10m of delays fit in a day, with
+		// 100 runs of up to 10m each they do not.
+		{map[string]string{"RETRY_DELAYS": "10m", "MAX_ATTEMPTS": "100"}, ""},
+		{map[string]string{"RETRY_DELAYS": "10m", "MAX_ATTEMPTS": "100", "HANDLER_TIMEOUT": "10m"}, "IDEMPOTENCY_KEY_TTL"},
+		// A batch may wait one statement timeout on its combined claim and one
+		// more on a message's own claim in its savepoint pass: both within the
+		// 15s a commit gets. A transaction per message waits once.
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "7s"}, ""},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "8s"}, "DB_STATEMENT_TIMEOUT"},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "14s", "GROUP_COMMIT_MAX": "1"}, ""},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "15s", "GROUP_COMMIT_MAX": "1"}, "DB_STATEMENT_TIMEOUT"},
 		{map[string]string{"INBOX_PRUNE_INTERVAL": "0"}, ""},
 		{map[string]string{"INBOX_PRUNE_INTERVAL": "10ms"}, "INBOX_PRUNE_INTERVAL"},
 		{map[string]string{"INBOX_PRUNE_BATCH": "0"}, "INBOX_PRUNE_BATCH"},
