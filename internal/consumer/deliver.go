@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"mime"
 	"strconv"
@@ -28,6 +29,7 @@ const (
 	HeaderLastError        = "x-last-error"
 	HeaderOriginalExchange = "x-original-exchange"
 	HeaderOriginalKey      = "x-original-routing-key"
+	HeaderHeld             = "x-held" // times put back without spending an attempt
 )
 
 const maxIDLen = 255
@@ -41,6 +43,10 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
 	}
 	reason, admitErr := r.admit(d, &msg)
+	if reason == "" && r.keyExpired(d, msg) {
+		reason, admitErr = ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
+			"its idempotency key may be forgotten (the key lifetime is %s)", time.Since(msg.PublishedAt).Round(time.Second), r.cfg.KeyTTL)
+	}
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
@@ -98,6 +104,17 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return r.cfg.DatabaseCheck(ctx)
+}
+
+// keyExpired reports a message that may have called out before (a retry, a
+// redelivery, or one put back) and is older than the key lifetime: calling
+// again could do twice what the first call did.
+func (r *Runtime) keyExpired(d amqp.Delivery, msg Message) bool {
+	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
+		return false
+	}
+	_, held := d.Headers[HeaderHeld]
+	return msg.Attempt > 1 || d.Redelivered || held
 }
 
 // fromRetryQueue reports whether the broker brought the delivery back from

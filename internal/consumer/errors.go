@@ -43,7 +43,8 @@ const (
 	ReasonUnsupportedContent = "unsupported_content_type"
 	ReasonPayloadMismatch    = "payload_mismatch"
 	ReasonRetriesExhausted   = "retries_exhausted"
-	ReasonPermanent          = "permanent_error" // a PermanentError without a reason
+	ReasonKeyExpired         = "idempotency_key_expired" // may have called out before, longer ago than the key lifetime
+	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
 )
 
 // errPanic marks a recovered handler panic; it is retried like any transient failure.

@@ -54,6 +54,12 @@ type Config struct {
 	DatabaseCheck func(ctx context.Context) error
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
+	// KeyTTL is how long the services the handler calls remember an
+	// idempotency key. A message that may have called out before (a retry, a
+	// redelivery, one put back) and was published longer ago than this is
+	// dead-lettered (ReasonKeyExpired) instead of calling again with a key
+	// that may be forgotten. Zero turns the guard off.
+	KeyTTL time.Duration
 	// StallTimeout is how long workers may hold deliveries without finishing
 	// any before readiness fails: longer than any message can legitimately
 	// take. Zero derives it from the handler timeout (see New).

@@ -50,6 +50,8 @@ func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Mes
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
 	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	held, _ := intHeader(d.Headers, HeaderHeld)
+	pub.Headers[HeaderHeld] = int32(held + 1)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {

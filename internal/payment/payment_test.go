@@ -89,7 +89,7 @@ func (s *stack) service() *consumer.Metrics {
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8))
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db)
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
@@ -516,4 +516,23 @@ func (s *stack) chargeStuckInFlight(o orders.OrderPlaced, latency time.Duration)
 		return count(s.t, s.gatewayDB, "charges", "order_id = ? AND state = 'in_flight'", o.OrderID) == 1, nil
 	})
 	return done
+}
+
+// The same order republished under a new message id after the gateway forgot
+// its key: the recorded payment is found first, and the card is not charged
+// again (the gateway would take the forgotten key for a new charge).
+func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
+	s := newStack(t)
+	if err := s.gateway.SetFaults(fakegateway.Faults{KeyTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.service()
+	s.publishOrder("msg-first", order("o-forgotten", 4200))
+	waitOutcome(t, m, "processed", 1)
+	time.Sleep(1500 * time.Millisecond) // the gateway forgets the key
+	s.publishOrder("msg-later", order("o-forgotten", 4200))
+	waitOutcome(t, m, "duplicate", 1)
+	if n := count(t, s.gatewayDB, "charges", "order_id = ?", "o-forgotten"); n != 1 {
+		t.Fatalf("%d charges for one order, want 1", n)
+	}
 }

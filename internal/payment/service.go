@@ -44,7 +44,7 @@ func Service() service.Options {
 		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
 			// One keep-alive connection per worker: each may be in a gateway call.
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge))), nil
+			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB), nil
 		},
 		KeyFromBody: EventID,
 		LogAttrs:    LogAttrs,
