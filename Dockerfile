@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # One build stage compiles the four programs; each image is a target of its own
 # on distroless static, holding only its programs in /usr/local/bin:
 #
@@ -18,6 +16,12 @@
 #   docker build --target fake-gateway -t inbox-template/fake-gateway:dev .
 #   docker build --target order-publisher -t inbox-template/order-publisher:dev .
 #   docker run --rm --entrypoint /usr/local/bin/inboxctl inbox-template/payment-service:dev help
+#
+# It needs BuildKit (the cache mounts, BUILDPLATFORM), and only the engine's
+# built-in Dockerfile frontend: no `# syntax=` line, so that a build pulls
+# nothing but the base images. Docker 23 and later build with BuildKit by
+# default; on Engine 20.10 run `DOCKER_BUILDKIT=1 docker build ...`. Docker
+# Compose builds with BuildKit on either.
 #
 # The runtime images have no shell and no curl: health checks run the programs'
 # own `healthcheck` subcommand.

@@ -180,6 +180,25 @@ func programs(t *testing.T) []string {
 	return names
 }
 
+// TestDockerfileNeedsNoFrontendImage: a `# syntax=` directive makes every
+// build pull that frontend image first, which fails without a registry; the
+// engine's built-in frontend (Engine 20.10 and later) reads this Dockerfile.
+func TestDockerfileNeedsNoFrontendImage(t *testing.T) {
+	raw, err := os.ReadFile(dockerfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	directive := regexp.MustCompile(`(?i)^#\s*syntax\s*=`)
+	for line := range strings.Lines(string(raw)) {
+		if !strings.HasPrefix(line, "#") {
+			break // parser directives come before anything else
+		}
+		if directive.MatchString(line) {
+			t.Errorf("Dockerfile: %q pulls a frontend image at every build; drop it", strings.TrimSpace(line))
+		}
+	}
+}
+
 // TestDockerfileBuildsOnceInOneStage: one build stage, with the module and
 // build caches, compiles every program in one `go build`.
 func TestDockerfileBuildsOnceInOneStage(t *testing.T) {
