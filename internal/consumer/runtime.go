@@ -44,6 +44,10 @@ type Config struct {
 	DatabaseCheck func(ctx context.Context) error
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
+	// StallTimeout is how long workers may hold deliveries without finishing
+	// any before readiness fails: longer than any message can legitimately
+	// take. Zero derives it from the handler timeout (see New).
+	StallTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -102,6 +106,10 @@ type Runtime struct {
 	metrics *Metrics
 	log     *slog.Logger
 	ready   atomic.Bool
+	// held counts deliveries taken by workers and not yet finished; progress is
+	// when one last finished (or when held rose from zero), in Unix nanoseconds.
+	held     atomic.Int64
+	progress atomic.Int64
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
@@ -121,6 +129,11 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
+	if r.cfg.StallTimeout == 0 {
+		// The longest one delivery can take: its transaction, then a retry or
+		// dead-letter publish with its confirm and the pause after a failed one.
+		r.cfg.StallTimeout = r.applyTimeout + publishTimeout + 5*time.Second
+	}
 	m.ready.WithLabelValues(cfg.Name).Set(0)
 	return r, nil
 }
@@ -141,12 +154,30 @@ func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 }
 
 // Ready reports nil while the runtime is connected, has declared its topology
-// and is consuming.
+// and is consuming, and its workers make progress: a replica whose workers all
+// hang on held deliveries (a wedged handler, a driver stuck past its timeouts)
+// is not ready, although its connection is fine.
 func (r *Runtime) Ready() error {
 	if !r.ready.Load() {
 		return errors.New("not consuming: broker disconnected or database unavailable")
 	}
+	if held := r.held.Load(); held > 0 {
+		if idle := time.Since(time.Unix(0, r.progress.Load())); idle > r.cfg.StallTimeout {
+			return fmt.Errorf("stalled: %d deliveries held, none finished for %s", held, idle.Round(time.Second))
+		}
+	}
 	return nil
+}
+
+// track counts a delivery as held until the returned function is called.
+func (r *Runtime) track() (done func()) {
+	if r.held.Add(1) == 1 {
+		r.progress.Store(time.Now().UnixNano()) // idle until now is not a stall
+	}
+	return func() {
+		r.progress.Store(time.Now().UnixNano())
+		r.held.Add(-1)
+	}
 }
 
 func (r *Runtime) setReady(ok bool) {

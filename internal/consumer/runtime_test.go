@@ -266,3 +266,26 @@ func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
 		t.Fatalf("dead letter %q with reason %v", d.MessageId, d.Headers[HeaderDeadLetterReason])
 	}
 }
+
+// A worker that hangs on a delivery (a handler ignoring its context, say)
+// makes the replica not ready while it holds the message, and ready again once
+// the work moves.
+func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
+	e := newEnv(t)
+	release := make(chan struct{})
+	stuck := HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+		<-release // ignores ctx on purpose: a wedge
+		return OutcomeProcessed, nil
+	})
+	rt := e.start(stuck, func(c *Config) { c.StallTimeout = 300 * time.Millisecond })
+	e.publish("m-1", `{"n":1}`)
+	waitFor(t, "readiness to report the stall", func() bool {
+		err := rt.Ready()
+		return err != nil && strings.Contains(err.Error(), "stalled")
+	})
+	close(release)
+	waitFor(t, "the message processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if err := rt.Ready(); err != nil {
+		t.Fatalf("not ready after the work moved on: %v", err)
+	}
+}

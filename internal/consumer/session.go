@@ -152,7 +152,9 @@ func (r *Runtime) work(ctx context.Context, s *session, deliveries <-chan amqp.D
 			if !ok {
 				return
 			}
+			done := r.track()
 			r.deliverSafely(ctx, s, d)
+			done()
 		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package faults holds the crash points of the payment service: named places in
-// the flow of a message where an armed process kills itself as abruptly as
+// the flow of a message where an armed process ends itself as abruptly as
 // SIGKILL (no deferred cleanup, no ack, no rollback of ours), so that the fault
 // scripts can show what the inbox and the idempotency keys do about it. The
 // points are armed over HTTP only when FAULTS_ENABLED=true; otherwise no
@@ -48,17 +48,26 @@ type arming struct {
 type Crasher struct {
 	mu    sync.Mutex
 	armed map[Point]arming
-	die   func()
+	die   func(Point)
 }
 
-// NewCrasher returns a Crasher that sends SIGKILL to its own process.
+// ExitCode is the status of a process ended by a crash point: the one a shell
+// reports for a SIGKILLed process, so supervisors and scripts treat both alike.
+const ExitCode = 137
+
+// NewCrasher returns a Crasher that ends its own process at an armed point.
 func NewCrasher() *Crasher {
-	return &Crasher{armed: map[Point]arming{}, die: killSelf}
+	return &Crasher{armed: map[Point]arming{}, die: exitNow}
 }
 
-func killSelf() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // the signal is delivered asynchronously: never run another line
+// exitNow ends the process at once with exit_group(2): no deferred function,
+// no ack, no rollback of ours runs; the kernel closes the sockets, as after a
+// SIGKILL. It does not signal itself: a process that is PID 1 (a container
+// without an init) ignores signals it has no handler for, SIGKILL from itself
+// included, and would hang at the crash point instead of dying.
+func exitNow(point Point) {
+	fmt.Fprintf(os.Stderr, "crash point %s: exiting with status %d\n", point, ExitCode)
+	syscall.Exit(ExitCode)
 }
 
 // Arm makes point fire on the next message (probability 0) or on each message
@@ -89,7 +98,7 @@ func (c *Crasher) Hit(point Point) {
 	if c == nil || !c.fires(point) {
 		return
 	}
-	c.die()
+	c.die(point)
 }
 
 func (c *Crasher) fires(point Point) bool {

@@ -9,7 +9,7 @@ import (
 
 func newTestCrasher() (*Crasher, *int) {
 	deaths := 0
-	return &Crasher{armed: map[Point]arming{}, die: func() { deaths++ }}, &deaths
+	return &Crasher{armed: map[Point]arming{}, die: func(Point) { deaths++ }}, &deaths
 }
 
 func TestArmedOnceFiresOnce(t *testing.T) {
