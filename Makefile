@@ -13,10 +13,15 @@ build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ $(addprefix ./cmd/,$(PROGRAMS))
 
-# check: formatting and vet, then the whole suite with the race detector, then
-# the tests that restart the broker itself, alone so that they disturb no other.
+# check: formatting and vet, then the whole suite with the race detector (group
+# commit, the default), the packages that commit messages again with a
+# transaction per message, then the tests that restart the broker itself,
+# alone so that they disturb no other.
+COMMIT_PACKAGES = ./internal/inbox ./internal/consumer ./internal/payment ./internal/deadletter ./internal/e2e
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
+	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1)"
+	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m $(COMMIT_PACKAGES)
 	$(GO) test -race -count=1 -timeout 15m -tags disruptive -run Disruptive ./internal/e2e
 
 check: fmt vet

@@ -76,7 +76,8 @@ var connectionSettings = map[string]func(program, value string) string{
 	},
 	"GATEWAY_URL": func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
 	"HTTP_ADDR": func(prog, v string) string {
-		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081"}[prog]
+		// inboxctl loads the service's configuration: the service's value.
+		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081", "inboxctl": ":8080"}[prog]
 		if v != want {
 			return "want " + want
 		}

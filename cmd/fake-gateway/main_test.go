@@ -31,7 +31,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	testenv.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
 		return run(context.Background(), []string{"healthcheck"}, &logs, &logs) == nil, nil
 	})
-	ch, err := gateway.NewClient("http://"+addr, 5*time.Second).Charge(context.Background(), gateway.ChargeRequest{
+	ch, err := gateway.NewClient("http://"+addr, 5*time.Second, 8).Charge(context.Background(), gateway.ChargeRequest{
 		IdempotencyKey: "order-1", OrderID: "order-1", CustomerID: "cust-1", AmountCents: 1002, Currency: "EUR",
 	})
 	if err != nil || ch.Status != gateway.StatusDeclined {

@@ -12,31 +12,31 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/config"
 	"github.com/inbox-template/payment-service/internal/deadletter"
 	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/service"
 )
 
-func dlq(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
+func dlq(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("dlq: missing subcommand (list, replay or purge)\n" + usage)
 	}
 	switch args[0] {
 	case "list":
-		return dlqList(ctx, args[1:], stdout)
+		return dlqList(ctx, opts, args[1:], stdout)
 	case "replay":
-		return dlqReplay(ctx, args[1:], stdout)
+		return dlqReplay(ctx, opts, args[1:], stdout)
 	case "purge":
-		return dlqPurge(args[1:], stdin, stdout)
+		return dlqPurge(opts, args[1:], stdin, stdout)
 	}
 	return fmt.Errorf("dlq: unknown subcommand %q (want list, replay or purge)\n%s", args[0], usage)
 }
 
-// withQueue connects to the broker of the environment's configuration and
-// runs f on the service's dead-letter queue.
-func withQueue(f func(q *deadletter.Queue) error) error {
-	var cfg config.DeadLetterOps
-	if err := config.Load(&cfg); err != nil {
+// withQueue connects to the broker of the service's configuration and runs f
+// on its dead-letter queue.
+func withQueue(opts service.Options, f func(q *deadletter.Queue) error) error {
+	cfg, err := service.LoadConfig(opts)
+	if err != nil {
 		return err
 	}
 	conn, err := rabbit.Dial(cfg.AMQPURL, cfg.Heartbeat, "inboxctl")
@@ -44,17 +44,10 @@ func withQueue(f func(q *deadletter.Queue) error) error {
 		return err
 	}
 	defer conn.Close()
-	return f(deadletter.New(conn, rabbit.Topology{
-		Exchange:           cfg.Exchange,
-		RoutingKey:         cfg.RoutingKey,
-		Queue:              cfg.Queue,
-		DeadLetterExchange: cfg.DeadLetterEx,
-		DeadLetterQueue:    cfg.DeadLetterQueue,
-		DeliveryLimit:      cfg.DeliveryLimit,
-	}))
+	return f(deadletter.New(conn, service.Topology(cfg), opts.LogAttrs))
 }
 
-func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
+func dlqList(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("dlq list", flag.ContinueOnError)
 	limit := fs.Int("limit", 100, "show at most this many messages")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
@@ -64,7 +57,7 @@ func dlqList(ctx context.Context, args []string, stdout io.Writer) error {
 	if *limit < 1 {
 		return fmt.Errorf("dlq list: --limit must be at least 1, got %d", *limit)
 	}
-	return withQueue(func(q *deadletter.Queue) error {
+	return withQueue(opts, func(q *deadletter.Queue) error {
 		l, err := q.List(ctx, *limit)
 		if err != nil {
 			return fmt.Errorf("dlq list: %w", err)
@@ -82,9 +75,9 @@ func printListing(w io.Writer, queue string, l deadletter.Listing, now time.Time
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE ID\tORDER ID\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
+	fmt.Fprintln(tw, "MESSAGE ID\tATTRIBUTES\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
 	for _, m := range l.Messages {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.OrderID), orDash(m.Reason),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason),
 			m.Attempts, m.Replays, age(m.Age(now)), orDash(oneLine(m.FirstError, 80)))
 	}
 	return tw.Flush()
@@ -108,7 +101,7 @@ func printListingJSON(w io.Writer, queue string, l deadletter.Listing, now time.
 	return enc.Encode(out)
 }
 
-func dlqReplay(ctx context.Context, args []string, stdout io.Writer) error {
+func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("dlq replay", flag.ContinueOnError)
 	var sel deadletter.Selector
 	fs.StringVar(&sel.ID, "id", "", "replay the message with this message id")
@@ -126,7 +119,7 @@ func dlqReplay(ctx context.Context, args []string, stdout io.Writer) error {
 	if opts.MaxReplays < 1 {
 		return fmt.Errorf("dlq replay: --max-replays must be at least 1, got %d", opts.MaxReplays)
 	}
-	return withQueue(func(q *deadletter.Queue) error {
+	return withQueue(svc, func(q *deadletter.Queue) error {
 		rep, err := q.Replay(ctx, sel, opts)
 		printReplay(stdout, rep, opts)
 		if err != nil {
@@ -142,12 +135,12 @@ func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.Repla
 		verb = "would replay"
 	}
 	for _, m := range rep.Replayed {
-		fmt.Fprintf(w, "%s %s (order %s, reason %s) as replay %d of %d\n",
-			verb, orDash(m.ID), orDash(m.OrderID), orDash(m.Reason), m.Replays, opts.MaxReplays)
+		fmt.Fprintf(w, "%s %s (%s, reason %s) as replay %d of %d\n",
+			verb, orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason), m.Replays, opts.MaxReplays)
 	}
 	for _, m := range rep.Refused {
-		fmt.Fprintf(w, "refused %s (order %s, reason %s): replayed %d times already (--max-replays %d); left in the dead-letter queue\n",
-			orDash(m.ID), orDash(m.OrderID), orDash(m.Reason), m.Replays, opts.MaxReplays)
+		fmt.Fprintf(w, "refused %s (%s, reason %s): replayed %d times already (--max-replays %d); left in the dead-letter queue\n",
+			orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason), m.Replays, opts.MaxReplays)
 	}
 	fmt.Fprintf(w, "%d %s, %d refused, %d not selected (visited %d of %d)\n",
 		len(rep.Replayed), verb, len(rep.Refused), rep.Skipped, rep.Visited, rep.Depth)
@@ -156,13 +149,13 @@ func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.Repla
 	}
 }
 
-func dlqPurge(args []string, stdin io.Reader, stdout io.Writer) error {
+func dlqPurge(opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	fs := flag.NewFlagSet("dlq purge", flag.ContinueOnError)
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	return withQueue(func(q *deadletter.Queue) error {
+	return withQueue(opts, func(q *deadletter.Queue) error {
 		if !*yes {
 			if err := confirmPurge(q, stdin, stdout); err != nil {
 				return err

@@ -10,25 +10,25 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inbox-template/payment-service/internal/config"
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/logging"
 	"github.com/inbox-template/payment-service/internal/retention"
+	"github.com/inbox-template/payment-service/internal/service"
 )
 
-func inbox(ctx context.Context, args []string, stdout io.Writer) error {
+func inbox(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("inbox: missing subcommand (prune)\n" + usage)
 	}
 	if args[0] != "prune" {
 		return fmt.Errorf("inbox: unknown subcommand %q (want prune)\n%s", args[0], usage)
 	}
-	return inboxPrune(ctx, args[1:], stdout)
+	return inboxPrune(ctx, opts, args[1:], stdout)
 }
 
 // inboxPrune runs the service's scheduled prune once, now: the same code,
 // lock and window rule, with the window and batch size overridable by flags.
-func inboxPrune(ctx context.Context, args []string, stdout io.Writer) error {
+func inboxPrune(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("inbox prune", flag.ContinueOnError)
 	olderThan := fs.Duration("older-than", retention.DefaultWindow, "delete rows received longer ago than this (default INBOX_RETENTION)")
 	batch := fs.Int("batch", retention.DefaultBatchSize, "rows per transaction (default INBOX_PRUNE_BATCH)")
@@ -36,8 +36,8 @@ func inboxPrune(ctx context.Context, args []string, stdout io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var cfg config.InboxPrune
-	if err := config.Load(&cfg); err != nil {
+	cfg, err := service.LoadConfig(opts)
+	if err != nil {
 		return err
 	}
 	rc, err := pruneConfig(fs, cfg, *olderThan, *batch)
@@ -66,11 +66,9 @@ func inboxPrune(ctx context.Context, args []string, stdout io.Writer) error {
 
 // pruneConfig is the environment's retention settings with the flags given on
 // the command line applied; a bad flag is named as the flag.
-func pruneConfig(fs *flag.FlagSet, cfg config.InboxPrune, olderThan time.Duration, batch int) (retention.Config, error) {
-	rc := retention.Config{
-		Consumer: cfg.Consumer, Window: cfg.Retention, BatchSize: cfg.Batch, Pause: retention.DefaultPause,
-		RetryDelays: cfg.RetryDelays, MaxAttempts: cfg.MaxAttempts,
-	}
+func pruneConfig(fs *flag.FlagSet, cfg service.Config, olderThan time.Duration, batch int) (retention.Config, error) {
+	rc := service.PruneConfig(cfg)
+	rc.Interval = 0 // one run, now
 	if isSet(fs, "older-than") {
 		rc.Window = olderThan
 		if floor := retention.MinWindow(rc.RetryDelays, rc.MaxAttempts); olderThan < floor {
@@ -103,7 +101,7 @@ func prune(ctx context.Context, p *retention.Pruner, rc retention.Config, stdout
 		return fmt.Errorf("inbox prune: %d rows deleted before: %w", res.Deleted, err)
 	}
 	if res.Skipped {
-		return errors.New("inbox prune: another prune run (a payment-service replica?) holds the lock; nothing deleted, try again later")
+		return errors.New("inbox prune: another prune run (a service replica?) holds the lock; nothing deleted, try again later")
 	}
 	_, err = fmt.Fprintf(stdout, "deleted %d inbox rows of consumer %s received before %s in %d batches of up to %d; took %s, longest batch %s\n",
 		res.Deleted, rc.Consumer, res.Cutoff.UTC().Format(time.RFC3339), res.Batches, rc.BatchSize,

@@ -1,8 +1,11 @@
-// Command inboxctl operates the payment service's data: it applies the schema
-// migrations (the same ones the service applies at start), lists, replays and
-// purges the dead-letter queue, and prunes the inbox on demand.
+// Command inboxctl operates the data of a service built on the kit: it applies
+// the schema migrations (the same ones the service applies at start), lists,
+// replays and purges the dead-letter queue, and prunes the inbox on demand. It
+// reads the service's own configuration (the same variables, the same
+// defaults), so it finds the service's database, queues and retention.
 //
-//	inboxctl migrate [payments|gateway]
+//	inboxctl [--service NAME] <command>
+//	inboxctl migrate [gateway]
 //	inboxctl dlq list [--limit N] [--json]
 //	inboxctl dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N]
 //	inboxctl dlq purge [--yes]
@@ -16,22 +19,32 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"time"
 
+	"github.com/inbox-template/payment-service/examples/shipping"
 	"github.com/inbox-template/payment-service/internal/config"
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/logging"
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/internal/service"
 )
 
-const usage = `usage: inboxctl <command>
+const usage = `usage: inboxctl [--service NAME] <command>
+
+--service chooses the service whose configuration is read (default
+payment-service; also shipping-service, the example consumer).
 
 commands:
-  migrate [payments|gateway]   apply the embedded migrations to DATABASE_URL
-                               (default: payments) and print the schema version
+  migrate                      apply the service's schemas (the inbox, then its
+                               own) to DATABASE_URL and print their versions
+  migrate gateway              apply the fake gateway's schema to
+                               GATEWAY_DATABASE_URL
   dlq list [--limit N] [--json]
                                show the first N (default 100) dead letters and
                                leave them in the dead-letter queue
@@ -50,11 +63,18 @@ commands:
                                paid once or dead-lettered, none charged twice,
                                queues drained; exit 1 if one is broken
 
-dlq reads AMQP_URL, QUEUE and DEAD_LETTER_QUEUE; inbox prune reads DATABASE_URL,
-CONSUMER_NAME, INBOX_RETENTION, INBOX_PRUNE_BATCH, RETRY_DELAYS and MAX_ATTEMPTS;
-verify reads DATABASE_URL, GATEWAY_DATABASE_URL, AMQP_URL, QUEUE, DEAD_LETTER_QUEUE
-and RETRY_DELAYS.
+Every command reads the service's configuration: dlq its broker and queues
+(AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …), inbox prune its database and
+retention (DATABASE_URL, CONSUMER_NAME, INBOX_RETENTION, INBOX_PRUNE_BATCH,
+RETRY_DELAYS, MAX_ATTEMPTS); verify, for the payment service only, also reads
+GATEWAY_DATABASE_URL.
 `
+
+// services are the services built on the kit that inboxctl knows.
+var services = map[string]func() service.Options{
+	"payment-service":  payment.Service,
+	"shipping-service": shipping.Service,
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,26 +87,50 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
-	err := dispatch(ctx, args, stdin, stdout)
+	opts, args, err := chooseService(args)
+	if err == nil {
+		err = dispatch(ctx, opts, args, stdin, stdout)
+	}
 	if errors.Is(err, flag.ErrHelp) {
 		_, err = io.WriteString(stdout, usage)
 	}
 	return err
 }
 
-func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
+// chooseService reads the --service flag before the command.
+func chooseService(args []string) (service.Options, []string, error) {
+	fs := flag.NewFlagSet("inboxctl", flag.ContinueOnError)
+	name := fs.String("service", "payment-service", "the service whose configuration is read")
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return service.Options{}, nil, err
+		}
+		return service.Options{}, nil, fmt.Errorf("%w\n%s", err, usage)
+	}
+	newOpts, ok := services[*name]
+	if !ok {
+		return service.Options{}, nil, fmt.Errorf("unknown service %q (want one of %v)", *name, slices.Sorted(maps.Keys(services)))
+	}
+	return newOpts(), fs.Args(), nil
+}
+
+func dispatch(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
 		return errors.New("no command\n" + usage)
 	}
 	switch args[0] {
 	case "migrate":
-		return migrate(ctx, args[1:], stdout)
+		return migrate(ctx, opts, args[1:], stdout)
 	case "dlq":
-		return dlq(ctx, args[1:], stdin, stdout)
+		return dlq(ctx, opts, args[1:], stdin, stdout)
 	case "inbox":
-		return inbox(ctx, args[1:], stdout)
+		return inbox(ctx, opts, args[1:], stdout)
 	case "verify":
-		return verifyCmd(ctx, args[1:], stdout)
+		if opts.Name != "payment-service" {
+			return fmt.Errorf("verify checks the payment service's invariants, not %s's", opts.Name)
+		}
+		return verifyCmd(ctx, opts, args[1:], stdout)
 	case "help", "-h", "--help":
 		return flag.ErrHelp
 	}
@@ -116,23 +160,27 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	return set
 }
 
-func migrate(ctx context.Context, args []string, stdout io.Writer) error {
-	set, name := migrations.Payments, "payments"
-	if len(args) > 0 {
-		switch args[0] {
-		case "payments":
-		case "gateway":
-			set, name = migrations.Gateway, "gateway"
-		default:
-			return fmt.Errorf("migrate: unknown schema %q (want payments or gateway)", args[0])
+func migrate(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
+	var url, name string
+	var sets []migrations.Set
+	switch {
+	case len(args) == 0:
+		cfg, err := service.LoadConfig(opts)
+		if err != nil {
+			return err
 		}
-	}
-	var cfg config.Migrate
-	if err := config.Load(&cfg); err != nil {
-		return err
+		url, name, sets = cfg.URL, opts.Name, append([]migrations.Set{migrations.Inbox}, opts.Migrations...)
+	case len(args) == 1 && args[0] == "gateway":
+		var cfg config.Verify
+		if err := config.Load(&cfg); err != nil {
+			return err
+		}
+		url, name, sets = cfg.GatewayDatabaseURL, "fake-gateway", []migrations.Set{migrations.Gateway}
+	default:
+		return fmt.Errorf("migrate: unexpected arguments %q (want none, or gateway)", args)
 	}
 	log := logging.New(io.Discard, "error", "inboxctl")
-	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: 5 * time.Minute, AppName: "inboxctl"}, log)
+	db, err := database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: 5 * time.Minute, AppName: "inboxctl"}, log)
 	if err != nil {
 		return err
 	}
@@ -141,14 +189,16 @@ func migrate(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	applied, err := migrations.Apply(ctx, sqlDB, set)
+	applied, err := migrations.Apply(ctx, sqlDB, sets...)
 	if err != nil {
 		return err
 	}
-	version, err := migrations.Version(ctx, sqlDB, set)
-	if err != nil {
-		return err
+	for _, set := range sets {
+		version, err := migrations.Version(ctx, sqlDB, set)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: %s schema at version %d (applied now: %v)\n", name, set.Name(), version, applied[set.Name()])
 	}
-	_, err = fmt.Fprintf(stdout, "%s schema at version %d (applied now: %v)\n", name, version, applied)
-	return err
+	return nil
 }

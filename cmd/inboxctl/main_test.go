@@ -46,6 +46,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"inbox", "vacuum"}, `inbox: unknown subcommand "vacuum"`},
 		{[]string{"inbox", "prune", "--older-than", "1h"}, "--older-than 1h0m0s is below 24h0m0s"},
 		{[]string{"inbox", "prune", "--batch", "0"}, "--batch must be between 1 and 100000"},
+		{[]string{"--service", "billing-service", "dlq", "list"}, `unknown service "billing-service"`},
+		{[]string{"--service", "shipping-service", "verify", "--run-id", "r", "--orders", "1"}, "verify checks the payment service's invariants"},
+		{[]string{"migrate", "payments"}, `unexpected arguments ["payments"]`},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -162,16 +165,16 @@ func TestDLQListAndReplay(t *testing.T) {
 	var listing struct {
 		Depth    int `json:"depth"`
 		Messages []struct {
-			ID       string `json:"message_id"`
-			OrderID  string `json:"order_id"`
-			Reason   string `json:"reason"`
-			Attempts int    `json:"attempts"`
+			ID       string            `json:"message_id"`
+			Attrs    map[string]string `json:"attributes"`
+			Reason   string            `json:"reason"`
+			Attempts int               `json:"attempts"`
 		} `json:"messages"`
 	}
 	if err := json.Unmarshal([]byte(out), &listing); err != nil {
 		t.Fatalf("list --json: %v\n%s", err, out)
 	}
-	if listing.Depth != 2 || len(listing.Messages) != 2 || listing.Messages[0].OrderID != "order-of-m-1" || listing.Messages[0].Attempts != 5 {
+	if listing.Depth != 2 || len(listing.Messages) != 2 || listing.Messages[0].Attrs["order_id"] != "order-of-m-1" || listing.Messages[0].Attempts != 5 {
 		t.Errorf("list --json: %+v", listing)
 	}
 	e.waitDepth(e.topo.DeadLetterQueue, 2)
@@ -186,7 +189,7 @@ func TestDLQListAndReplay(t *testing.T) {
 	}
 	e.waitDepth(e.topo.DeadLetterQueue, 2)
 	out, err = inboxctl(t, "", "dlq", "replay", "--id", "m-1")
-	if err != nil || !strings.Contains(out, "replayed m-1 (order order-of-m-1, reason retries_exhausted) as replay 1 of 3") {
+	if err != nil || !strings.Contains(out, "replayed m-1 (order_id=order-of-m-1, reason retries_exhausted) as replay 1 of 3") {
 		t.Fatalf("replay --id: err %v, output %q", err, out)
 	}
 	e.waitDepth(e.topo.Queue, 1)
@@ -194,7 +197,7 @@ func TestDLQListAndReplay(t *testing.T) {
 }
 
 func TestInboxPrune(t *testing.T) {
-	gdb, url := testenv.MigratedDB(t, migrations.Payments)
+	gdb, url := testenv.MigratedDB(t, migrations.Inbox)
 	t.Setenv("DATABASE_URL", url)
 	err := gdb.Exec(`
 		INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)
@@ -215,5 +218,30 @@ func TestInboxPrune(t *testing.T) {
 	var left int64
 	if err := gdb.Table("inbox").Count(&left).Error; err != nil || left != 2 {
 		t.Fatalf("%d rows left (%v), want 2", left, err)
+	}
+}
+
+// Any service built on the kit: inboxctl reads its configuration and applies
+// its schemas, each with its own version table.
+func TestMigrateAnyService(t *testing.T) {
+	for _, tt := range []struct{ service, want string }{
+		{"payment-service", "payment-service: payments schema at version 1"},
+		{"shipping-service", "shipping-service: shipping schema at version 1"},
+	} {
+		t.Run(tt.service, func(t *testing.T) {
+			t.Setenv("DATABASE_URL", testenv.Postgres(t))
+			out, err := inboxctl(t, "", "--service", tt.service, "migrate")
+			if err != nil || !strings.Contains(out, tt.service+": inbox schema at version 1") || !strings.Contains(out, tt.want) {
+				t.Fatalf("err %v, output %q", err, out)
+			}
+			out, err = inboxctl(t, "", "--service", tt.service, "migrate")
+			if err != nil || !strings.Contains(out, "(applied now: [])") {
+				t.Fatalf("second run: err %v, output %q; want nothing applied", err, out)
+			}
+		})
+	}
+	t.Setenv("GATEWAY_DATABASE_URL", testenv.Postgres(t))
+	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version 1") {
+		t.Fatalf("migrate gateway: err %v, output %q", err, out)
 	}
 }

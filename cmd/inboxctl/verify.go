@@ -16,6 +16,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/logging"
 	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/service"
 	"github.com/inbox-template/payment-service/internal/verify"
 )
 
@@ -28,7 +29,7 @@ type summaryFiles []string
 func (s *summaryFiles) String() string     { return fmt.Sprint(*s) }
 func (s *summaryFiles) Set(v string) error { *s = append(*s, v); return nil }
 
-func verifyCmd(ctx context.Context, args []string, stdout io.Writer) error {
+func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	var files summaryFiles
 	fs.Var(&files, "summary", "order-publisher `summary` JSON file (repeatable)")
@@ -42,11 +43,15 @@ func verifyCmd(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var cfg config.Verify
-	if err := config.Load(&cfg); err != nil {
+	cfg, err := service.LoadConfig(opts)
+	if err != nil {
 		return err
 	}
-	report, err := verifyRuns(ctx, cfg, runs)
+	var gw config.Verify
+	if err := config.Load(&gw); err != nil {
+		return err
+	}
+	report, err := verifyRuns(ctx, opts, cfg, gw, runs)
 	if err != nil {
 		return err
 	}
@@ -88,17 +93,17 @@ func loadRuns(files []string, runID string, orders int) ([]verify.Run, error) {
 	return runs, nil
 }
 
-func verifyRuns(ctx context.Context, cfg config.Verify, runs []verify.Run) (verify.Report, error) {
+func verifyRuns(ctx context.Context, opts service.Options, cfg service.Config, gwCfg config.Verify, runs []verify.Run) (verify.Report, error) {
 	log := logging.New(io.Discard, "error", "inboxctl")
 	open := func(url string) (*gorm.DB, error) {
 		return database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: time.Minute, AppName: "inboxctl"}, log)
 	}
-	payments, err := open(cfg.Database.URL)
+	payments, err := open(cfg.URL)
 	if err != nil {
 		return verify.Report{}, err
 	}
 	defer database.Close(payments)
-	gw, err := open(cfg.GatewayDatabaseURL)
+	gw, err := open(gwCfg.GatewayDatabaseURL)
 	if err != nil {
 		return verify.Report{}, fmt.Errorf("gateway database: %w", err)
 	}
@@ -108,8 +113,8 @@ func verifyRuns(ctx context.Context, cfg config.Verify, runs []verify.Run) (veri
 		return verify.Report{}, err
 	}
 	defer conn.Close()
-	topo := rabbit.Topology{Queue: cfg.Queue, DeadLetterQueue: cfg.DeadLetterQueue, RetryDelays: cfg.RetryDelays}
+	topo := service.Topology(cfg)
 	return verify.Verify(ctx, verify.Sources{
-		Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo), Topology: topo,
+		Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo, opts.LogAttrs), Topology: topo,
 	}, runs)
 }

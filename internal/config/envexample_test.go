@@ -1,7 +1,7 @@
 package config
 
 import (
-	"bufio"
+	"flag"
 	"fmt"
 	"go/ast"
 	"go/parser"
@@ -10,187 +10,201 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/kelseyhightower/envconfig"
+	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/internal/service"
 )
 
 // envExamplePath is the documented environment of all programs; Docker Compose
 // reads it once it is copied to .env.
 const envExamplePath = "../../.env.example"
 
-// programConfigs is every program's configuration struct. A new one must be
-// added here: TestEveryProgramConfigIsListed fails until it is.
+var update = flag.Bool("update", false, "rewrite .env.example from the programs' configuration")
+
+// programConfigs is every configuration struct of this package and the
+// program reading it. A new one must be added here:
+// TestEveryProgramConfigIsListed fails until it is.
 var programConfigs = []struct {
 	program string
-	spec    any // a pointer to the struct, as envconfig wants
+	spec    any // a pointer to the struct
 }{
-	{"payment-service", &PaymentService{}},
 	{"fake-gateway", &FakeGateway{}},
 	{"order-publisher", &Publisher{}},
-	{"inboxctl", &Migrate{}},       // migrate
-	{"inboxctl", &DeadLetterOps{}}, // dlq
-	{"inboxctl", &InboxPrune{}},    // inbox prune
-	{"inboxctl", &Verify{}},        // verify
+	{"inboxctl", &Verify{}}, // verify, migrate gateway
 }
 
-// programVariable is one variable as one program reads it.
-type programVariable struct {
-	program, name, def string
+// program is one program and every variable it reads, with its defaults.
+type program struct {
+	name string
+	vars []service.Variable
 }
 
-// envEntry is one NAME=value line of .env.example with the comment above it.
-type envEntry struct {
-	line           int
-	value, comment string
+// programs lists what each program reads. The payment service's variables
+// are the kit's and its handler's settings; inboxctl loads the same
+// configuration to find the service's queues, database and retention.
+func programs() []program {
+	pay := payment.Service().Describe()
+	out := []program{{"payment-service", pay}}
+	for _, p := range programConfigs {
+		out = append(out, program{p.program, service.Describe(p.spec)})
+	}
+	for i := range out {
+		if out[i].name == "inboxctl" {
+			out[i].vars = append(slices.Clone(pay), out[i].vars...)
+		}
+	}
+	return out
+}
+
+const envExampleHeader = `# Every environment variable the programs read, once each, set to the default the
+# program uses when the variable is unset (the local-process defaults of the
+# README's quick start). The comment above a variable names the programs that
+# read it and says what it is for.
+#
+# Generated from the programs' configuration (the desc and default tags of the
+# kit's internal/service.Config, of each handler's Settings and of
+# internal/config): do not edit by hand; after changing a setting run
+#   go test ./internal/config -run EnvExample -update
+#
+# Docker Compose: ` + "`cp .env.example .env`" + `, edit, ` + "`docker compose up`" + `. Compose reads
+# .env from the project directory (a variable set in your shell wins) and
+# substitutes it into docker-compose.yml, whose ${NAME:-default} entries pass each
+# variable to the services that read it. The connection variables (AMQP_URL,
+# DATABASE_URL, GATEWAY_DATABASE_URL, GATEWAY_URL, HTTP_ADDR) are set per service
+# in docker-compose.yml, because inside Compose they name the other containers,
+# and FAULTS_ENABLED is true there for the fault demo.
+`
+
+// composeHostPorts are docker-compose.yml's own settings, read by no program:
+// the host port of each published service, defaulting to the container's.
+// .ci/compose-check holds them to the Compose file.
+var composeHostPorts = []struct{ name, def, desc string }{
+	{"RABBITMQ_HOST_PORT", "5672", "host port of RabbitMQ's AMQP listener (container port 5672)"},
+	{"RABBITMQ_UI_HOST_PORT", "15672", "host port of the RabbitMQ management UI (container port 15672)"},
+	{"POSTGRES_HOST_PORT", "5432", "host port of PostgreSQL (container port 5432)"},
+	{"GATEWAY_HOST_PORT", "8081", "host port of the fake gateway (container port 8081)"},
+	{"PROMETHEUS_HOST_PORT", "9090", "host port of Prometheus (container port 9090)"},
+}
+
+const composeSection = `
+# Docker Compose only, marked [compose]: the host ports docker-compose.yml
+# publishes, on 127.0.0.1. Change them to run the stack beside a local
+# PostgreSQL or RabbitMQ; 0 lets Docker pick a free port (` + "`docker compose port`" + `
+# shows it). The payment-service replicas always get free ports.
+
+`
+
+// generateEnvExample writes every variable once, in the order the programs
+// read them: a comment with its readers and purpose (and the other programs'
+// defaults where they differ), then NAME=default.
+func generateEnvExample(t *testing.T, progs []program) string {
+	t.Helper()
+	type entry struct {
+		desc     string
+		readers  []string
+		defaults map[string]string // program → default
+		first    string
+	}
+	var order []string
+	entries := map[string]*entry{}
+	for _, p := range progs {
+		for _, v := range p.vars {
+			e, ok := entries[v.Name]
+			if !ok {
+				e = &entry{desc: v.Desc, defaults: map[string]string{}, first: p.name}
+				entries[v.Name] = e
+				order = append(order, v.Name)
+			}
+			if !slices.Contains(e.readers, p.name) {
+				e.readers = append(e.readers, p.name)
+				e.defaults[p.name] = v.Default
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString(envExampleHeader)
+	group := ""
+	for _, name := range order {
+		e := entries[name]
+		if e.first != group {
+			b.WriteString("\n")
+			group = e.first
+		}
+		value := e.defaults[e.first]
+		if strings.ContainsAny(value, " \t\"'$#`\\") {
+			t.Errorf("%s: default %q needs quoting; keep defaults plain so that Compose and a shell read the same value", name, value)
+		}
+		if e.desc == "" {
+			t.Errorf("%s: no desc tag on its field", name)
+		}
+		comment := e.desc
+		for _, r := range e.readers {
+			if d := e.defaults[r]; d != value {
+				comment += fmt.Sprintf("; %s's default is %s", r, d)
+			}
+		}
+		fmt.Fprintf(&b, "# [%s] %s\n%s=%s\n", strings.Join(e.readers, ", "), comment, name, value)
+	}
+	b.WriteString(composeSection)
+	for _, v := range composeHostPorts {
+		if e, ok := entries[v.name]; ok {
+			t.Errorf("%s is a Compose host port, but %s reads it", v.name, strings.Join(e.readers, ", "))
+		}
+		fmt.Fprintf(&b, "# [compose] %s\n%s=%s\n", v.desc, v.name, v.def)
+	}
+	return b.String()
 }
 
 func TestEnvExampleMatchesPrograms(t *testing.T) {
-	entries := parseEnvExample(t, envExamplePath)
-	readers := map[string][]programVariable{} // variable → every program reading it
-	for _, p := range programConfigs {
-		for _, v := range readVariables(t, p.program, p.spec) {
-			readers[v.name] = append(readers[v.name], v)
+	want := generateEnvExample(t, programs())
+	if *update {
+		if err := os.WriteFile(envExamplePath, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
 		}
-	}
-	for _, name := range sortedKeys(readers) {
-		e, ok := entries[name]
-		if !ok {
-			t.Errorf("%s is read by %s but missing from .env.example", name, strings.Join(programsOf(readers[name]), ", "))
-			continue
-		}
-		checkEntry(t, name, e, readers[name])
-	}
-	for _, name := range sortedKeys(entries) {
-		// Compose's own settings (host ports) are read by no program;
-		// .ci/compose-check holds them to docker-compose.yml.
-		if _, ok := readers[name]; !ok && !strings.HasPrefix(entries[name].comment, composeOnly) {
-			t.Errorf(".env.example:%d: %s is read by no program (programConfigs), nor marked %q", entries[name].line, name, composeOnly)
-		}
-	}
-}
-
-// composeOnly starts the comment of a variable that only docker-compose.yml
-// reads.
-const composeOnly = "[compose] "
-
-// checkEntry compares one .env.example entry with the programs that read it.
-// Programs sharing a name may default differently (DATABASE_URL, HTTP_ADDR): the
-// value is then one of the defaults and the comment names the others.
-func checkEntry(t *testing.T, name string, e envEntry, vars []programVariable) {
-	t.Helper()
-	want := "[" + strings.Join(programsOf(vars), ", ") + "] "
-	if !strings.HasPrefix(e.comment, want) {
-		t.Errorf(".env.example:%d: the comment above %s must start with %q, got %q", e.line, name, want, e.comment)
-	}
-	var defaults []string
-	for _, v := range vars {
-		if !slices.Contains(defaults, v.def) {
-			defaults = append(defaults, v.def)
-		}
-	}
-	if !slices.Contains(defaults, e.value) {
-		t.Errorf(".env.example:%d: %s=%s, but the default is %s", e.line, name, e.value, describeDefaults(vars))
 		return
 	}
-	for _, d := range defaults {
-		if d != e.value && !strings.Contains(e.comment, d) {
-			t.Errorf(".env.example:%d: the comment above %s must mention the other default %q (%s)", e.line, name, d, describeDefaults(vars))
-		}
-	}
-}
-
-// readVariables lists what envconfig reads into spec, walked by envconfig
-// itself so that embedded structs, prefixes and ignored fields count as they
-// do at run time.
-func readVariables(t *testing.T, program string, spec any) []programVariable {
-	t.Helper()
-	const format = `{{range .}}{{.Key}}{{"\t"}}{{.Tags.Get "default"}}{{"\n"}}{{end}}`
-	var out strings.Builder
-	if err := envconfig.Usagef("", spec, &out, format); err != nil {
-		t.Fatalf("%s: %v", program, err)
-	}
-	var vars []programVariable
-	for line := range strings.Lines(out.String()) {
-		name, def, _ := strings.Cut(strings.TrimSuffix(line, "\n"), "\t")
-		vars = append(vars, programVariable{program: program, name: name, def: def})
-	}
-	if len(vars) == 0 {
-		t.Fatalf("%s: no variables found in %T", program, spec)
-	}
-	return vars
-}
-
-var envLine = regexp.MustCompile(`^([A-Z][A-Z0-9_]*)=(.*)$`)
-
-// parseEnvExample reads the subset of the dotenv format that Docker Compose and
-// a shell read alike: comment lines, blank lines and unquoted NAME=value lines,
-// each preceded directly by a comment.
-func parseEnvExample(t *testing.T, path string) map[string]envEntry {
-	t.Helper()
-	f, err := os.Open(path)
+	raw, err := os.ReadFile(envExamplePath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	entries := map[string]envEntry{}
-	comment := ""
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		switch {
-		case strings.TrimSpace(line) == "":
-			comment = ""
-		case strings.HasPrefix(line, "#"):
-			comment = strings.TrimSpace(strings.TrimPrefix(line, "#"))
-		default:
-			m := envLine.FindStringSubmatch(line)
-			if m == nil {
-				t.Errorf("%s:%d: want NAME=value, got %q", path, n, line)
-				continue
-			}
-			name, value := m[1], m[2]
-			if strings.ContainsAny(value, " \t\"'$#`\\") {
-				t.Errorf("%s:%d: %s: keep values unquoted, without spaces, $, # or backslashes, so that Compose and a shell read the same value", path, n, name)
-			}
-			if comment == "" {
-				t.Errorf("%s:%d: %s needs a one-line # comment directly above it", path, n, name)
-			}
-			if prev, dup := entries[name]; dup {
-				t.Errorf("%s:%d: %s again (first on line %d)", path, n, name, prev.line)
-			}
-			entries[name] = envEntry{line: n, value: value, comment: comment}
-			comment = ""
+	got := string(raw)
+	if got == want {
+		return
+	}
+	gotLines, wantLines := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for i := range max(len(gotLines), len(wantLines)) {
+		g, w := line(gotLines, i), line(wantLines, i)
+		if g != w {
+			t.Fatalf(".env.example is out of date with the programs' configuration; run\n"+
+				"  go test ./internal/config -run EnvExample -update\nfirst difference, line %d:\n  file:      %q\n  generated: %q", i+1, g, w)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
+}
+
+func line(lines []string, i int) string {
+	if i < len(lines) {
+		return lines[i]
 	}
-	return entries
+	return "<end of file>"
 }
 
 // TestEveryProgramConfigIsListed fails when the package declares a struct with
 // envconfig tags (directly or through a struct it holds) that is neither in
 // programConfigs nor part of a struct that is, so that a new program's
-// variables cannot miss the check above.
+// variables cannot miss .env.example.
 func TestEveryProgramConfigIsListed(t *testing.T) {
 	structs := packageStructs(t)
 	covered := map[string]bool{}
 	for _, p := range programConfigs {
 		markStructs(reflect.TypeOf(p.spec).Elem(), covered)
 	}
-	for _, name := range sortedKeys(structs) {
+	for _, name := range slices.Sorted(maps.Keys(structs)) {
 		if ast.IsExported(name) && !covered[name] && readsEnv(name, structs, map[string]bool{}) {
 			t.Errorf("config.%s has envconfig tags but is not in programConfigs (nor part of a struct there): add it with the program that reads it", name)
-		}
-	}
-	for _, p := range programConfigs {
-		if _, ok := structs[reflect.TypeOf(p.spec).Elem().Name()]; !ok {
-			t.Errorf("programConfigs lists %T, which the parser did not find", p.spec)
 		}
 	}
 }
@@ -258,35 +272,11 @@ func markStructs(t reflect.Type, covered map[string]bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t.Kind() != reflect.Struct || t.PkgPath() != reflect.TypeFor[PaymentService]().PkgPath() || covered[t.Name()] {
+	if t.Kind() != reflect.Struct || t.PkgPath() != reflect.TypeFor[FakeGateway]().PkgPath() || covered[t.Name()] {
 		return
 	}
 	covered[t.Name()] = true
 	for i := range t.NumField() {
 		markStructs(t.Field(i).Type, covered)
 	}
-}
-
-// programsOf names the programs reading a variable, each once, in the order of
-// programConfigs.
-func programsOf(vars []programVariable) []string {
-	var names []string
-	for _, v := range vars {
-		if !slices.Contains(names, v.program) {
-			names = append(names, v.program)
-		}
-	}
-	return names
-}
-
-func describeDefaults(vars []programVariable) string {
-	var parts []string
-	for _, v := range vars {
-		parts = append(parts, fmt.Sprintf("%q in %s", v.def, v.program))
-	}
-	return strings.Join(parts, ", ")
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	return slices.Sorted(maps.Keys(m))
 }

@@ -1,56 +1,48 @@
 package config
 
-import "time"
+import (
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/service"
+)
 
 // FakeGateway is the configuration of cmd/fake-gateway.
 type FakeGateway struct {
-	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable"`
-	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8081"`
-	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0"`
-	LostResponseRate float64       `envconfig:"FAULT_LOST_RESPONSE_RATE" default:"0"`
-	Latency          time.Duration `envconfig:"FAULT_LATENCY" default:"0s"`
-	InFlightTakeover time.Duration `envconfig:"IN_FLIGHT_TAKEOVER" default:"30s"`
-	FaultsEnabled    bool          `envconfig:"FAULTS_ENABLED" default:"false"`
-	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info"`
+	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable" desc:"PostgreSQL URL of the service's database"`
+	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8081" desc:"listen address of health, metrics and fault endpoints"`
+	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0" desc:"probability (0-1) of a 503 before anything is stored"`
+	LostResponseRate float64       `envconfig:"FAULT_LOST_RESPONSE_RATE" default:"0" desc:"probability (0-1) of storing the charge, then dropping the connection"`
+	Latency          time.Duration `envconfig:"FAULT_LATENCY" default:"0s" desc:"delay inside each new charge (makes 409 in flight observable)"`
+	InFlightTakeover time.Duration `envconfig:"IN_FLIGHT_TAKEOVER" default:"30s" desc:"an in-flight idempotency key older than this is presumed abandoned"`
+	FaultsEnabled    bool          `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
+	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *FakeGateway) Validate() error {
-	var v checks
-	v.url("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
-	v.require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
-	v.require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
-	v.require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
-	v.require(c.Latency >= 0 && c.Latency <= time.Minute, "FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
-	v.require(c.InFlightTakeover >= time.Second, "IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
-	v.require(validLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
-	return v.err()
-}
-
-// Migrate is the configuration of the ops CLI's migrate command.
-type Migrate struct {
-	Database
-}
-
-// Validate reports every out-of-range value, naming its variable.
-func (c *Migrate) Validate() error {
-	var v checks
-	c.Database.validate(&v)
-	return v.err()
+	var v service.Checks
+	v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
+	v.Require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
+	v.Require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
+	v.Require(c.Latency >= 0 && c.Latency <= time.Minute, "FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
+	v.Require(c.InFlightTakeover >= time.Second, "IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
+	v.Require(service.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	return v.Err()
 }
 
 // Publisher is the configuration of cmd/order-publisher; flags choose the load.
 type Publisher struct {
-	AMQPURL    string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/"`
-	Exchange   string `envconfig:"EXCHANGE" default:"orders"`
-	RoutingKey string `envconfig:"ROUTING_KEY" default:"order.placed"`
+	AMQPURL    string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL; everything lives in its vhost"`
+	Exchange   string `envconfig:"EXCHANGE" default:"orders" desc:"topic exchange the consumed events are published to (no kit default)"`
+	RoutingKey string `envconfig:"ROUTING_KEY" default:"order.placed" desc:"binding key of the work queue (no kit default)"`
 }
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *Publisher) Validate() error {
-	var v checks
-	v.url("AMQP_URL", c.AMQPURL, "amqp", "amqps")
-	v.require(c.Exchange != "", "EXCHANGE", "must not be empty")
-	v.require(c.RoutingKey != "", "ROUTING_KEY", "must not be empty")
-	return v.err()
+	var v service.Checks
+	v.URL("AMQP_URL", c.AMQPURL, "amqp", "amqps")
+	v.Require(c.Exchange != "", "EXCHANGE", "must not be empty")
+	v.Require(c.RoutingKey != "", "ROUTING_KEY", "must not be empty")
+	return v.Err()
 }

@@ -1,22 +1,17 @@
 package config
 
-import "time"
+import "github.com/inbox-template/payment-service/internal/service"
 
-// Verify is the configuration of `inboxctl verify`: the service's broker names,
-// its payments database and the fake gateway's database.
+// Verify is what `inboxctl verify` reads beyond the payment service's own
+// configuration: the fake gateway's database, where it looks for double
+// charges. `inboxctl migrate gateway` reads it too.
 type Verify struct {
-	Broker
-	Database
-	GatewayDatabaseURL string          `envconfig:"GATEWAY_DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable"`
-	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s"`
+	GatewayDatabaseURL string `envconfig:"GATEWAY_DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable" desc:"the fake gateway's database, which verify checks for double charges and migrate gateway migrates"`
 }
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *Verify) Validate() error {
-	var v checks
-	c.Broker.validate(&v)
-	c.Database.validate(&v)
-	v.url("GATEWAY_DATABASE_URL", c.GatewayDatabaseURL, "postgres", "postgresql")
-	v.require(len(c.RetryDelays) > 0, "RETRY_DELAYS", "needs at least one delay")
-	return v.err()
+	var v service.Checks
+	v.URL("GATEWAY_DATABASE_URL", c.GatewayDatabaseURL, "postgres", "postgresql")
+	return v.Err()
 }

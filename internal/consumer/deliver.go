@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/inbox"
 )
@@ -87,8 +86,20 @@ func message(d amqp.Delivery) Message {
 		ContentType: d.ContentType,
 		Headers:     d.Headers,
 		Attempt:     attempt,
-		PublishedAt: d.Timestamp,
+		PublishedAt: publishedAt(d),
 	}
+}
+
+// HeaderTimestampMillis is the publish time in milliseconds since the epoch,
+// the header RabbitMQ's message timestamp plugin sets; the AMQP timestamp
+// property has whole seconds only.
+const HeaderTimestampMillis = "timestamp_in_ms"
+
+func publishedAt(d amqp.Delivery) time.Time {
+	if ms, ok := int64Header(d.Headers, HeaderTimestampMillis); ok && ms > 0 {
+		return time.UnixMilli(ms)
+	}
+	return d.Timestamp
 }
 
 // admit applies the checks every handler needs before a body is trusted and
@@ -129,17 +140,29 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 	return false
 }
 
-// apply runs the handler inside the inbox transaction.
+// apply looks the message up in the inbox (after any worker of this replica
+// holding the same id is done), runs the handler with no transaction open,
+// then hands its writes to the committers and waits for their commit.
 func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
 	defer cancel()
-	var out Outcome
-	fresh, err := r.inbox.Process(ctx, msg.ID, msg.Body, func(tx *gorm.DB) error {
-		r.stage(StageClaimed)
-		var err error
-		out, err = r.handler.Handle(ctx, tx, msg)
-		return err
-	})
+	release, err := r.inFlight.acquire(ctx, msg.ID)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	seen, err := r.inbox.Seen(ctx, msg.ID, msg.Body)
+	switch {
+	case err != nil:
+		return "", err
+	case seen:
+		return OutcomeDuplicate, nil
+	}
+	writes, err := r.handler.Handle(ctx, msg)
+	if err != nil {
+		return "", err
+	}
+	out, fresh, err := r.commits.commit(ctx, msg, writes)
 	switch {
 	case err != nil:
 		return "", err
@@ -190,17 +213,22 @@ func permanentReason(err error) string {
 }
 
 func intHeader(h amqp.Table, key string) (int, bool) {
+	n, ok := int64Header(h, key)
+	return int(n), ok
+}
+
+func int64Header(h amqp.Table, key string) (int64, bool) {
 	switch v := h[key].(type) {
 	case int32:
-		return int(v), true
+		return int64(v), true
 	case int64:
-		return int(v), true
-	case int:
 		return v, true
+	case int:
+		return int64(v), true
 	case int16:
-		return int(v), true
+		return int64(v), true
 	case int8:
-		return int(v), true
+		return int64(v), true
 	}
 	return 0, false
 }

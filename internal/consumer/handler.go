@@ -1,6 +1,7 @@
 // Package consumer is the RabbitMQ consumer runtime: it receives deliveries with
 // manual acks, dedupes them through the transactional inbox, runs one Handler per
-// message inside the inbox transaction, and alone decides what happens to each
+// message, commits the handler's writes in the inbox transaction (several
+// messages' at once with group commit), and alone decides what happens to each
 // delivery: ack after commit, delayed retry, or dead-letter with a reason. It
 // keeps its own connection supervisor, so a delivery is only ever settled on the
 // channel it arrived on.
@@ -20,7 +21,7 @@ type Message struct {
 	ContentType string
 	Headers     map[string]any
 	Attempt     int       // 1 on first delivery, counted in our own header across retries
-	PublishedAt time.Time // the AMQP timestamp property; zero when the producer set none
+	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
 }
 
 // Outcome is the result of a message that did not fail, counted in metrics.
@@ -35,24 +36,41 @@ const (
 	OutcomeDeadLettered Outcome = "dead_lettered"
 )
 
-// Handler applies one message. It runs inside the inbox transaction: every write
-// it makes through tx commits together with the inbox row, or not at all. The
-// handler never acks, retries or logs failures itself: it returns an error and
-// the runtime decides. Wrap an error with Permanent to dead-letter the message;
-// any other error is retried with backoff.
+// Handler applies one message in two steps, so that no database connection is
+// held while it waits on the outside world.
 //
-// A handler may return OutcomeDuplicate when it finds the effect already applied
-// under another message id: the inbox row still commits and the delivery is acked.
+// Handle runs with no transaction open: it decodes and validates the message
+// and makes its outside calls, each with an idempotency key derived from the
+// business entity (never from the message or the attempt). It then returns its
+// database writes. The runtime runs them in the transaction that claims the
+// message in the inbox and acks the delivery only after that transaction
+// commits. If the message turns out to be applied already (a redelivery racing
+// another replica), the writes do not run at all.
+//
+// The handler never acks, retries or logs failures itself: it returns an error
+// and the runtime decides. Wrap an error with Permanent to dead-letter the
+// message; any other error is retried with backoff. The same holds for the
+// error the writes return.
 type Handler interface {
-	Handle(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error)
+	Handle(ctx context.Context, msg Message) (Writes, error)
 }
 
+// Writes are a message's database effects. They run inside the inbox
+// transaction, under a savepoint of their own when several messages commit
+// together: every write through tx commits with the message's inbox row, or
+// not at all. Use only tx, keep no reference to it, and make the writes safe
+// against a concurrent message for the same entity (a unique key with
+// ON CONFLICT DO NOTHING, say), returning OutcomeDuplicate when the effect is
+// already there under another message id: the inbox row still commits. A nil
+// Writes commits the inbox row alone.
+type Writes func(ctx context.Context, tx *gorm.DB) (Outcome, error)
+
 // HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error)
+type HandlerFunc func(ctx context.Context, msg Message) (Writes, error)
 
 // Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
-	return f(ctx, tx, msg)
+func (f HandlerFunc) Handle(ctx context.Context, msg Message) (Writes, error) {
+	return f(ctx, msg)
 }
 
 // Middleware wraps a handler with cross-cutting behaviour.
@@ -70,7 +88,9 @@ func Chain(h Handler, mws ...Middleware) Handler {
 // Config.OnStage, for fault injection and tracing.
 type Stage string
 
-// Stages, in the order a message passes them.
+// Stages, in the order a message passes them. A handler's own points (after an
+// outside call) lie before StageClaimed: the transaction opens only once the
+// handler has returned its writes.
 const (
 	StageClaimed   Stage = "after-inbox-insert" // inbox row inserted, transaction still open
 	StageCommitted Stage = "after-commit"       // effects committed, delivery not yet acked

@@ -23,7 +23,7 @@ import (
 
 // env is one test's broker vhost and database, shared by the runtimes it starts.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	url   string
 	vhost string
 	db    *gorm.DB
@@ -32,11 +32,11 @@ type env struct {
 	conn  *amqp.Connection
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, url: testenv.VHost(t)}
 	e.vhost = e.url[strings.LastIndex(e.url, "/")+1:]
-	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Payments)
+	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Inbox)
 	if err := e.db.Exec(`CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -105,6 +105,7 @@ func (e *env) startWith(h Handler, amqpURL string, db *gorm.DB, tune func(*Confi
 		},
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, db) },
 	}
+	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
 	if tune != nil {
 		tune(&cfg)
 	}
@@ -122,7 +123,7 @@ func (e *env) startWith(h Handler, amqpURL string, db *gorm.DB, tune func(*Confi
 	return r
 }
 
-func (r *runtime) shutdown(t *testing.T) {
+func (r *runtime) shutdown(t testing.TB) {
 	r.stop()
 	select {
 	case err := <-r.done:
@@ -199,17 +200,24 @@ func (e *env) queueDepth(name string) int {
 // recordHandler writes one effect per message; fail decides per message
 // whether (and how) to fail before the write.
 func recordHandler(fail func(msg Message) error) Handler {
-	return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+	return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 		if fail != nil {
 			if err := fail(msg); err != nil {
-				return "", err
+				return nil, err
 			}
 		}
+		return recordWrites(msg), nil
+	})
+}
+
+// recordWrites inserts the message's effect row.
+func recordWrites(msg Message) Writes {
+	return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
 		if err := tx.Exec(`INSERT INTO effects (message_id, body) VALUES (?, ?)`, msg.ID, string(msg.Body)).Error; err != nil {
 			return "", err
 		}
 		return OutcomeProcessed, nil
-	})
+	}
 }
 
 var errTransient = errors.New("gateway answered 503")

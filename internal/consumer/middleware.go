@@ -9,41 +9,60 @@ import (
 )
 
 // Recover turns a handler panic into an error, so one bad message cannot crash
-// the service; the message is retried and the panic counted.
+// the service; the message is retried and the panic counted. The writes a
+// handler returns are covered too: they run later, in the committer.
 func Recover(onPanic func(msg Message, v any, stack []byte)) Middleware {
 	return func(next Handler) Handler {
-		return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (out Outcome, err error) {
+		return HandlerFunc(func(ctx context.Context, msg Message) (w Writes, err error) {
 			defer func() {
 				if v := recover(); v != nil {
 					onPanic(msg, v, debug.Stack())
-					out, err = "", panicError(v)
+					w, err = nil, panicError(v)
 				}
 			}()
-			return next.Handle(ctx, tx, msg)
+			w, err = next.Handle(ctx, msg)
+			if w == nil {
+				return w, err
+			}
+			return recoverWrites(msg, w, onPanic), err
 		})
 	}
 }
 
-// Timeout bounds one handler call. Keep it well below RabbitMQ's consumer
-// acknowledgement timeout, or the broker closes the channel under a slow handler.
+func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack []byte)) Writes {
+	return func(ctx context.Context, tx *gorm.DB) (out Outcome, err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				onPanic(msg, v, debug.Stack())
+				out, err = "", panicError(v)
+			}
+		}()
+		return w(ctx, tx)
+	}
+}
+
+// Timeout bounds one handler call, outside calls included. Keep it well below
+// RabbitMQ's consumer acknowledgement timeout, or the broker closes the channel
+// under a slow handler. The writes are bounded by the commit, not by this.
 func Timeout(d time.Duration) Middleware {
 	return func(next Handler) Handler {
-		return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+		return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 			ctx, cancel := context.WithTimeout(ctx, d)
 			defer cancel()
-			return next.Handle(ctx, tx.WithContext(ctx), msg)
+			return next.Handle(ctx, msg)
 		})
 	}
 }
 
-// Observe records the handler's latency.
+// Observe records the handler's latency: the outside-call step, with no
+// transaction open.
 func Observe(m *Metrics, consumer string) Middleware {
 	return func(next Handler) Handler {
-		return HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+		return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 			start := time.Now()
-			out, err := next.Handle(ctx, tx, msg)
+			w, err := next.Handle(ctx, msg)
 			m.handlerSeconds.WithLabelValues(consumer).Observe(time.Since(start).Seconds())
-			return out, err
+			return w, err
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,7 +21,16 @@ type Config struct {
 	Heartbeat time.Duration
 	Topology  rabbit.Topology
 	Prefetch  int
-	Workers   int
+	// Workers run handlers, outside calls included, with no database
+	// connection held: it can be far above the pool size.
+	Workers int
+	// Committers run the final transactions, each on one pooled connection at
+	// a time; GroupCommitMax messages at most share one transaction, waiting at
+	// most GroupCommitWait for the batch to fill. GroupCommitMax 1 gives every
+	// message its own transaction; 0 means 32 with a wait of 2ms.
+	Committers      int
+	GroupCommitMax  int
+	GroupCommitWait time.Duration
 	// MaxBodyBytes rejects larger bodies before they are parsed.
 	MaxBodyBytes int
 	// ContentTypes the handler accepts; an empty content type is taken as the first.
@@ -56,6 +66,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Workers == 0 {
 		c.Workers = 8
+	}
+	if c.Committers == 0 {
+		c.Committers = 4
+	}
+	if c.GroupCommitMax == 0 {
+		c.GroupCommitMax, c.GroupCommitWait = 32, 2*time.Millisecond
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 64 << 10
@@ -94,18 +110,23 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("need 1 <= workers (%d) <= prefetch (%d)", c.Workers, c.Prefetch)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("max attempts %d < 1", c.MaxAttempts)
+	case c.Committers < 1 || c.GroupCommitMax < 1 || c.GroupCommitWait < 0:
+		return fmt.Errorf("need committers (%d) >= 1, group commit max (%d) >= 1, wait (%s) >= 0",
+			c.Committers, c.GroupCommitMax, c.GroupCommitWait)
 	}
 	return nil
 }
 
 // Runtime consumes one queue with a Handler. Create it with New and call Run.
 type Runtime struct {
-	cfg     Config
-	inbox   *inbox.Inbox
-	handler Handler
-	metrics *Metrics
-	log     *slog.Logger
-	ready   atomic.Bool
+	cfg      Config
+	inbox    *inbox.Inbox
+	commits  *committer
+	inFlight inFlight
+	handler  Handler
+	metrics  *Metrics
+	log      *slog.Logger
+	ready    atomic.Bool
 	// held counts deliveries taken by workers and not yet finished; progress is
 	// when one last finished (or when held rose from zero), in Unix nanoseconds.
 	held     atomic.Int64
@@ -123,12 +144,17 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
 	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour}
+	r.inFlight.ids = map[string]chan struct{}{}
 	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}
 	if handlerTimeout > 0 {
 		mws = append(mws, Timeout(handlerTimeout))
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
+	r.commits = &committer{
+		inbox: ib, max: cfg.GroupCommitMax, wait: cfg.GroupCommitWait, timeout: applyMargin,
+		jobs: make(chan *commitJob), stage: r.stage, metrics: m, name: cfg.Name,
+	}
 	if r.cfg.StallTimeout == 0 {
 		// The longest one delivery can take: its transaction, then a retry or
 		// dead-letter publish with its confirm and the pause after a failed one.
@@ -144,8 +170,9 @@ func (r *Runtime) stage(s Stage) {
 	}
 }
 
-// applyMargin is the time an inbox transaction gets beyond the handler's own
-// timeout: the claim (which may wait for a concurrent duplicate) and the commit.
+// applyMargin is the time a message gets beyond the handler's own timeout: the
+// inbox look-up, then waiting for a committer and its transaction (the claim
+// may wait for a concurrent duplicate's). It also bounds one batch.
 const applyMargin = 15 * time.Second
 
 func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
@@ -199,6 +226,11 @@ var errDatabaseDown = errors.New("database unavailable")
 // Lost connections and database outages are survived inside Run; it returns nil
 // after a clean shutdown.
 func (r *Runtime) Run(ctx context.Context) error {
+	// The committers outlive every session: workers draining at shutdown still commit.
+	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
+	var committers sync.WaitGroup
+	r.commits.run(commitCtx, r.cfg.Committers, &committers)
+	defer func() { stopCommits(); committers.Wait() }()
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
 		started := time.Now()

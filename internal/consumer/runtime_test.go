@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
@@ -181,8 +184,8 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 // commits its inbox row and is counted as a duplicate.
 func TestHandlerDuplicateOutcome(t *testing.T) {
 	e := newEnv(t)
-	rt := e.start(HandlerFunc(func(ctx context.Context, tx *gorm.DB, m Message) (Outcome, error) {
-		return OutcomeDuplicate, nil
+	rt := e.start(HandlerFunc(func(context.Context, Message) (Writes, error) {
+		return func(context.Context, *gorm.DB) (Outcome, error) { return OutcomeDuplicate, nil }, nil
 	}), nil)
 	e.publish("dup-of-order", `{}`)
 	waitFor(t, "duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
@@ -205,7 +208,12 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 	if d.Headers[HeaderDeadLetterReason] != ReasonPayloadMismatch || string(d.Body) != `{"amount":999}` {
 		t.Fatalf("dead letter %q with reason %v, want the second body with %s", d.Body, d.Headers[HeaderDeadLetterReason], ReasonPayloadMismatch)
 	}
-	got := counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, ReasonPayloadMismatch))
+	// The copy is visible in the queue just before the runtime acks and counts it.
+	mismatches := func() int {
+		return counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, ReasonPayloadMismatch))
+	}
+	waitFor(t, "the dead letter counted", func() bool { return mismatches() == 1 })
+	got := mismatches()
 	if got != 1 || e.effects("reused") != 1 || rt.count(OutcomeDuplicate) != 0 {
 		t.Fatalf("payload_mismatch counted %d, effects %d, duplicates %d", got, e.effects("reused"), rt.count(OutcomeDuplicate))
 	}
@@ -214,8 +222,8 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 // A PermanentError built without a cause still dead-letters with its reason.
 func TestBarePermanentError(t *testing.T) {
 	e := newEnv(t)
-	e.start(HandlerFunc(func(context.Context, *gorm.DB, Message) (Outcome, error) {
-		return "", &PermanentError{Reason: "bad_sku"}
+	e.start(HandlerFunc(func(context.Context, Message) (Writes, error) {
+		return nil, &PermanentError{Reason: "bad_sku"}
 	}), nil)
 	e.publish("sku", `{}`)
 	if d := e.deadLetters(1)[0]; d.Headers[HeaderDeadLetterReason] != "bad_sku" {
@@ -273,9 +281,9 @@ func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
 func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
 	e := newEnv(t)
 	release := make(chan struct{})
-	stuck := HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg Message) (Outcome, error) {
+	stuck := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 		<-release // ignores ctx on purpose: a wedge
-		return OutcomeProcessed, nil
+		return nil, nil
 	})
 	rt := e.start(stuck, func(c *Config) { c.StallTimeout = 300 * time.Millisecond })
 	e.publish("m-1", `{"n":1}`)
@@ -287,5 +295,86 @@ func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
 	waitFor(t, "the message processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	if err := rt.Ready(); err != nil {
 		t.Fatalf("not ready after the work moved on: %v", err)
+	}
+}
+
+// Group commit: messages that finish together share a transaction, and one
+// whose writes fail rolls back alone and takes its own path (dead letter,
+// retry) while the rest of its batch commits.
+func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
+	e := newEnv(t)
+	var flaky atomic.Int32
+	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		record := recordWrites(msg)
+		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+			if _, err := record(ctx, tx); err != nil {
+				return "", err
+			}
+			switch {
+			case msg.ID == "bad":
+				return "", Permanent("bad_row", errors.New("rejected by the writes"))
+			case msg.ID == "flaky" && flaky.Add(1) == 1:
+				return "", tx.Exec(`SELECT 1/0`).Error // a failed statement aborts the transaction
+			}
+			return OutcomeProcessed, nil
+		}, nil
+	})
+	rt := e.start(h, func(c *Config) {
+		c.Workers, c.Prefetch, c.Committers = 16, 32, 1
+		c.GroupCommitMax, c.GroupCommitWait = 32, 200*time.Millisecond
+	})
+	ids := []string{"a", "b", "bad", "c", "flaky", "d", "e"}
+	ch := e.channel()
+	for _, id := range ids { // unconfirmed, back to back: they reach the workers together
+		if err := ch.Publish(e.topo.Exchange, e.topo.RoutingKey, false, false, amqp.Publishing{
+			MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(`{}`),
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := e.deadLetters(1)[0]; d.MessageId != "bad" || d.Headers[HeaderDeadLetterReason] != "bad_row" {
+		t.Fatalf("dead letter %s with reason %v, want bad with bad_row", d.MessageId, d.Headers[HeaderDeadLetterReason])
+	}
+	waitFor(t, "the others processed, flaky after its retry", func() bool { return rt.count(OutcomeProcessed) == len(ids)-1 })
+	for _, id := range ids {
+		want := 1
+		if id == "bad" {
+			want = 0
+		}
+		if got := e.effects(id); got != want {
+			t.Errorf("effects of %s = %d, want %d", id, got, want)
+		}
+	}
+	if rt.count(OutcomeRetried) != 1 {
+		t.Errorf("retried %d, want 1 (flaky)", rt.count(OutcomeRetried))
+	}
+	var h2 dto.Metric
+	if err := rt.metrics.batchSize.WithLabelValues(rt.cfg.Name).(prometheus.Histogram).Write(&h2); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := h2.GetHistogram().GetSampleCount(), h2.GetHistogram().GetSampleSum(); n >= uint64(sum) {
+		t.Errorf("%d transactions for %v messages: no batch held more than one", n, sum)
+	}
+}
+
+// A duplicate right behind its original, on one replica: the second waits for
+// the first instead of calling the handler beside it, then is suppressed by
+// the look-up. The handler runs once.
+func TestConcurrentDuplicateWaitsForTheFirst(t *testing.T) {
+	e := newEnv(t)
+	var calls atomic.Int32
+	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		calls.Add(1)
+		time.Sleep(200 * time.Millisecond) // an outside call
+		return recordWrites(msg), nil
+	})
+	rt := e.start(h, func(c *Config) { c.Workers, c.Prefetch = 8, 8 })
+	e.publish("twice", `{}`)
+	e.publish("twice", `{}`)
+	waitFor(t, "one processed, one duplicate", func() bool {
+		return rt.count(OutcomeProcessed) == 1 && rt.count(OutcomeDuplicate) == 1
+	})
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want once", n)
 	}
 }

@@ -5,6 +5,7 @@ package deadletter
 
 import (
 	"fmt"
+	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -16,13 +17,16 @@ import (
 // nothing: the service owns the topology, and an operator's tool that declared
 // queues could create them with the wrong arguments.
 type Queue struct {
-	conn *amqp.Connection
-	topo rabbit.Topology
+	conn  *amqp.Connection
+	topo  rabbit.Topology
+	attrs func(body []byte) []slog.Attr
 }
 
-// New operates the dead-letter queue of topo over conn.
-func New(conn *amqp.Connection, topo rabbit.Topology) *Queue {
-	return &Queue{conn: conn, topo: topo}
+// New operates the dead-letter queue of topo over conn. attrs, the service's
+// log attributes (an order id, say), describe each message's body in listings;
+// nil shows none.
+func New(conn *amqp.Connection, topo rabbit.Topology, attrs func(body []byte) []slog.Attr) *Queue {
+	return &Queue{conn: conn, topo: topo, attrs: attrs}
 }
 
 // Name is the dead-letter queue's name.

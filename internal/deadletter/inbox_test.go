@@ -25,8 +25,10 @@ func startRuntime(t *testing.T, b *broker, db *gorm.DB) *consumer.Metrics {
 	if err := db.Exec(`CREATE TABLE effects (message_id text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}
-	record := consumer.HandlerFunc(func(ctx context.Context, tx *gorm.DB, msg consumer.Message) (consumer.Outcome, error) {
-		return consumer.OutcomeProcessed, tx.Exec(`INSERT INTO effects (message_id) VALUES (?)`, msg.ID).Error
+	record := consumer.HandlerFunc(func(_ context.Context, msg consumer.Message) (consumer.Writes, error) {
+		return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+			return consumer.OutcomeProcessed, tx.Exec(`INSERT INTO effects (message_id) VALUES (?)`, msg.ID).Error
+		}, nil
 	})
 	cfg := consumer.Config{
 		Name: "test", AMQPURL: b.url, Heartbeat: 2 * time.Second, Topology: b.topo,
@@ -71,7 +73,7 @@ func effects(t *testing.T, db *gorm.DB, id string) int {
 // applied is applied once.
 func TestReplayedMessagesAreAppliedOnce(t *testing.T) {
 	b := newBroker(t)
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox)
 	m := startRuntime(t, b, db)
 
 	// The message was applied once through the work queue: say a copy of it

@@ -55,7 +55,7 @@ func (q *Queue) List(ctx context.Context, limit int) (Listing, error) {
 		if !ok {
 			break
 		}
-		l.Messages = append(l.Messages, describe(d))
+		l.Messages = append(l.Messages, describe(d, q.attrs))
 	}
 	return l, nil
 }

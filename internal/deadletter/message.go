@@ -1,7 +1,10 @@
 package deadletter
 
 import (
-	"encoding/json"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,13 +24,13 @@ const (
 
 // Message is what an operator sees of a dead letter.
 type Message struct {
-	ID             string    `json:"message_id"`
-	OrderID        string    `json:"order_id,omitempty"`
-	Reason         string    `json:"reason"`
-	Attempts       int       `json:"attempts"`
-	FirstError     string    `json:"first_error,omitempty"`
-	DeadLetteredAt time.Time `json:"dead_lettered_at,omitzero"`
-	Replays        int       `json:"replays"`
+	ID             string            `json:"message_id"`
+	Attrs          map[string]string `json:"attributes,omitempty"` // the service's log attributes of the body
+	Reason         string            `json:"reason"`
+	Attempts       int               `json:"attempts"`
+	FirstError     string            `json:"first_error,omitempty"`
+	DeadLetteredAt time.Time         `json:"dead_lettered_at,omitzero"`
+	Replays        int               `json:"replays"`
 }
 
 // Age is how long the message has been dead, or 0 if unknown.
@@ -41,11 +44,11 @@ func (m Message) Age(now time.Time) time.Duration {
 // describe reads a dead letter's headers. Messages the runtime dead-lettered
 // carry our headers; those RabbitMQ dead-lettered itself (a crash loop past
 // the work queue's delivery limit) carry only the broker's x-death.
-func describe(d amqp.Delivery) Message {
+func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 	h := d.Headers
 	m := Message{
 		ID:         d.MessageId,
-		OrderID:    orderID(d.Body),
+		Attrs:      bodyAttrs(d.Body, attrs),
 		Reason:     stringHeader(h, consumer.HeaderDeadLetterReason),
 		Attempts:   intHeader(h, consumer.HeaderAttempt),
 		FirstError: stringHeader(h, consumer.HeaderFirstError),
@@ -68,15 +71,30 @@ func describe(d amqp.Delivery) Message {
 	return m
 }
 
-// orderID peeks at the body's order_id; a body it cannot read shows none.
-func orderID(body []byte) string {
-	var v struct {
-		OrderID string `json:"order_id"`
+// bodyAttrs renders the service's log attributes of a body; a body they
+// cannot read shows none.
+func bodyAttrs(body []byte, attrs func(body []byte) []slog.Attr) map[string]string {
+	if attrs == nil {
+		return nil
 	}
-	if json.Unmarshal(body, &v) != nil {
-		return ""
+	out := map[string]string{}
+	for _, a := range attrs(body) {
+		out[a.Key] = a.Value.String()
 	}
-	return v.OrderID
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// AttrsText renders the attributes as key=value pairs in key order.
+func (m Message) AttrsText() string {
+	keys := slices.Sorted(maps.Keys(m.Attrs))
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m.Attrs[k]
+	}
+	return strings.Join(parts, " ")
 }
 
 // lastDeath is the broker's record of the dead-lettering that put the message

@@ -125,7 +125,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 }
 
 func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *rabbit.Publisher, d amqp.Delivery) error {
-	m := describe(d)
+	m := describe(d, q.attrs)
 	switch {
 	case !sel.matches(m):
 		rep.Skipped++

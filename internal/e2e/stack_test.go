@@ -47,7 +47,7 @@ func (s *stack) startService(t *testing.T) {
 	env := append([]string{
 		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_URL=http://" + s.gatewayAddr,
 		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "LOG_LEVEL=info",
-	}, s.serviceExtra...)
+	}, append(testenv.GroupCommitVars(), s.serviceExtra...)...)
 	s.service = start(t, "payment-service", env)
 	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
 }
@@ -98,9 +98,11 @@ func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
 	testenv.Eventually(t, 3*time.Minute, "1000 payments", func() (bool, error) {
 		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments") == 1000, nil
 	})
-	testenv.Eventually(t, time.Minute, "6 dead letters and an empty work queue", func() (bool, error) {
+	testenv.Eventually(t, time.Minute, "6 dead letters and empty work and retry queues", func() (bool, error) {
 		return queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6 &&
-			queueDepth(t, s.amqpURL, "payments.order-placed") == 0, nil
+			queueDepth(t, s.amqpURL, "payments.order-placed") == 0 &&
+			queueDepth(t, s.amqpURL, "payments.order-placed.retry.100ms") == 0 &&
+			queueDepth(t, s.amqpURL, "payments.order-placed.retry.500ms") == 0, nil
 	})
 	if n := scalar(t, s.gatewayDB, "SELECT count(*) FROM charges WHERE state = 'completed'"); n > 1000 {
 		t.Errorf("%d charges for 1000 orders", n)

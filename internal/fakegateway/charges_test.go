@@ -305,7 +305,7 @@ func TestChargeErrorRateAnswers503WithoutRow(t *testing.T) {
 	if n := e.count(t); n != 0 {
 		t.Fatalf("an injected error stored %d rows", n)
 	}
-	_, err := gateway.NewClient(e.url, 5*time.Second).Charge(context.Background(), gateway.ChargeRequest{
+	_, err := gateway.NewClient(e.url, 5*time.Second, 8).Charge(context.Background(), gateway.ChargeRequest{
 		IdempotencyKey: "key-503", OrderID: "ord-1", CustomerID: "cust-1", AmountCents: 1000, Currency: "EUR",
 	})
 	if !errors.Is(err, gateway.ErrUnavailable) {
@@ -316,7 +316,7 @@ func TestChargeErrorRateAnswers503WithoutRow(t *testing.T) {
 func TestChargeLostResponseIsStoredAndReplayed(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.setFaults(t, Faults{LostResponseRate: 1})
-	client := gateway.NewClient(e.url, 5*time.Second)
+	client := gateway.NewClient(e.url, 5*time.Second, 8)
 	req := gateway.ChargeRequest{IdempotencyKey: "key-lost", OrderID: "ord-1", CustomerID: "cust-1", AmountCents: 1000, Currency: "EUR"}
 
 	_, err := client.Charge(context.Background(), req)
@@ -373,7 +373,7 @@ func TestChargeAbandonedDuringLatencyReleasesKey(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.setFaults(t, Faults{Latency: time.Minute})
 	req := gateway.ChargeRequest{IdempotencyKey: "key-gone", OrderID: "ord-1", CustomerID: "cust-1", AmountCents: 1000, Currency: "EUR"}
-	client := gateway.NewClient(e.url, 2*time.Minute)
+	client := gateway.NewClient(e.url, 2*time.Minute, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	callErr := make(chan error, 1)

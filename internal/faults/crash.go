@@ -1,9 +1,9 @@
-// Package faults holds the crash points of the payment service: named places in
-// the flow of a message where an armed process ends itself as abruptly as
+// Package faults holds crash points: named places in the flow of a message where an armed process ends itself as abruptly as
 // SIGKILL (no deferred cleanup, no ack, no rollback of ours), so that the fault
 // scripts can show what the inbox and the idempotency keys do about it. The
 // points are armed over HTTP only when FAULTS_ENABLED=true; otherwise no
-// Crasher exists and each point costs one nil check.
+// Crasher exists and each point costs one nil check. The runtime has three
+// points; a service declares its own around its side effects (After).
 package faults
 
 import (
@@ -18,24 +18,21 @@ import (
 	"syscall"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/gateway"
 )
 
 // Point names a place in the flow of a message.
 type Point string
 
-// The crash points, in the order a message passes them. Three are stages of
-// the consumer runtime (it reports them through Config.OnStage), one is in the
-// payment flow.
+// The runtime's crash points, in the order a message passes them. A service
+// declares its own, around its side effects, with After.
 const (
-	AfterInboxInsert   = Point(consumer.StageClaimed)   // inbox row inserted, transaction open
-	AfterGatewayCharge = Point("after-gateway-charge")  // card charged, payment not yet written
-	AfterCommit        = Point(consumer.StageCommitted) // committed, not acked: the classic duplicate
-	AfterAck           = Point(consumer.StageAcked)     // acked: nothing to redo
+	AfterInboxInsert = Point(consumer.StageClaimed)   // inbox row inserted, transaction open
+	AfterCommit      = Point(consumer.StageCommitted) // committed, not acked: the classic duplicate
+	AfterAck         = Point(consumer.StageAcked)     // acked: nothing to redo
 )
 
-// Points lists every crash point.
-var Points = []Point{AfterInboxInsert, AfterGatewayCharge, AfterCommit, AfterAck}
+// RuntimePoints lists the crash points of the consumer runtime.
+var RuntimePoints = []Point{AfterInboxInsert, AfterCommit, AfterAck}
 
 // arming is how a point fires: once on the next message, or on each message
 // with a probability.
@@ -44,11 +41,12 @@ type arming struct {
 	probability float64
 }
 
-// Crasher kills the process at armed points.
+// Crasher ends the process at armed points.
 type Crasher struct {
-	mu    sync.Mutex
-	armed map[Point]arming
-	die   func(Point)
+	mu     sync.Mutex
+	points []Point // every point that can be armed
+	armed  map[Point]arming
+	die    func(Point)
 }
 
 // ExitCode is the status of a process ended by a crash point: the one a shell
@@ -57,7 +55,28 @@ const ExitCode = 137
 
 // NewCrasher returns a Crasher that ends its own process at an armed point.
 func NewCrasher() *Crasher {
-	return &Crasher{armed: map[Point]arming{}, die: exitNow}
+	return &Crasher{points: slices.Clone(RuntimePoints), armed: map[Point]arming{}, die: exitNow}
+}
+
+// Declare adds a service's own point, so that it can be armed. Safe on a nil
+// Crasher.
+func (c *Crasher) Declare(point Point) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Contains(c.points, point) {
+		c.points = append(c.points, point)
+	}
+}
+
+// Points lists every point that can be armed: the runtime's, then the
+// service's in the order they were declared.
+func (c *Crasher) Points() []Point {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.points)
 }
 
 // exitNow ends the process at once with exit_group(2): no deferred function,
@@ -73,14 +92,14 @@ func exitNow(point Point) {
 // Arm makes point fire on the next message (probability 0) or on each message
 // with the given probability (0 < p <= 1).
 func (c *Crasher) Arm(point Point, probability float64) error {
-	if !slices.Contains(Points, point) {
-		return fmt.Errorf("unknown crash point %q (want one of %v)", point, Points)
-	}
 	if !(probability >= 0 && probability <= 1) {
 		return fmt.Errorf("probability must be between 0 and 1, got %v", probability)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !slices.Contains(c.points, point) {
+		return fmt.Errorf("unknown crash point %q (want one of %v)", point, c.points)
+	}
 	c.armed[point] = arming{once: probability == 0, probability: probability}
 	return nil
 }
@@ -144,25 +163,20 @@ func (c *Crasher) Handler() http.Handler {
 	return mux
 }
 
-// Charger is the payment handler's view of the gateway.
-type Charger interface {
-	Charge(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error)
-}
-
-// CrashAfterCharge wraps a gateway client so that the after-gateway-charge
-// point fires once the gateway has answered with a charge.
-func CrashAfterCharge(next Charger, c *Crasher) Charger {
-	return chargerFunc(func(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error) {
-		ch, err := next.Charge(ctx, req)
+// After wraps call, a side effect of a service, with the crash point point:
+// an armed process ends right after the call succeeds, before anything of the
+// message is committed. It declares point on c; with a nil c (faults
+// disabled) it returns call itself.
+func After[Req, Resp any](c *Crasher, point Point, call func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
+	if c == nil {
+		return call
+	}
+	c.Declare(point)
+	return func(ctx context.Context, req Req) (Resp, error) {
+		resp, err := call(ctx, req)
 		if err == nil {
-			c.Hit(AfterGatewayCharge)
+			c.Hit(point)
 		}
-		return ch, err
-	})
-}
-
-type chargerFunc func(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error)
-
-func (f chargerFunc) Charge(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error) {
-	return f(ctx, req)
+		return resp, err
+	}
 }

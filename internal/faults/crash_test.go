@@ -1,15 +1,18 @@
 package faults
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
 
 func newTestCrasher() (*Crasher, *int) {
 	deaths := 0
-	return &Crasher{armed: map[Point]arming{}, die: func(Point) { deaths++ }}, &deaths
+	return &Crasher{points: slices.Clone(RuntimePoints), armed: map[Point]arming{}, die: func(Point) { deaths++ }}, &deaths
 }
 
 func TestArmedOnceFiresOnce(t *testing.T) {
@@ -51,7 +54,8 @@ func TestHandler(t *testing.T) {
 		want           int
 	}{
 		{"POST", "/faults/crash?at=after-commit", http.StatusNoContent},
-		{"POST", "/faults/crash?at=after-gateway-charge&probability=0.5", http.StatusNoContent},
+		{"POST", "/faults/crash?at=after-ack&probability=0.5", http.StatusNoContent},
+		{"POST", "/faults/crash?at=after-gateway-charge", http.StatusBadRequest}, // not declared here
 		{"POST", "/faults/crash?at=before-lunch", http.StatusBadRequest},
 		{"POST", "/faults/crash?at=after-ack&probability=2", http.StatusBadRequest},
 		{"POST", "/faults/crash?at=after-ack&probability=often", http.StatusBadRequest},
@@ -66,5 +70,38 @@ func TestHandler(t *testing.T) {
 		if rec.Code != tt.want {
 			t.Errorf("%s %s = %d, want %d (%s)", tt.method, tt.target, rec.Code, tt.want, rec.Body)
 		}
+	}
+}
+
+// A service's own point: declared by wrapping its side effect, then armed and
+// hit after a successful call only.
+func TestAfterDeclaresAndFires(t *testing.T) {
+	c, deaths := newTestCrasher()
+	fail := false
+	book := After(c, "after-carrier-book", func(_ context.Context, id string) (string, error) {
+		if fail {
+			return "", errors.New("carrier down")
+		}
+		return "label-" + id, nil
+	})
+	if !slices.Contains(c.Points(), "after-carrier-book") {
+		t.Fatalf("points %v lack the declared one", c.Points())
+	}
+	if err := c.Arm("after-carrier-book", 1); err != nil {
+		t.Fatal(err)
+	}
+	fail = true
+	_, _ = book(context.Background(), "o1")
+	if *deaths != 0 {
+		t.Fatal("fired after a failed call")
+	}
+	fail = false
+	if label, _ := book(context.Background(), "o1"); label != "label-o1" || *deaths != 1 {
+		t.Fatalf("label %q, deaths %d; want the call's result and one death", label, *deaths)
+	}
+	var disabled *Crasher
+	plain := func(context.Context, int) (int, error) { return 7, nil }
+	if n, _ := After(disabled, "x", plain)(context.Background(), 0); n != 7 {
+		t.Fatal("a disabled crasher changed the call")
 	}
 }

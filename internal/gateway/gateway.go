@@ -33,11 +33,12 @@ type Client struct {
 
 // NewClient returns a client of the gateway at baseURL (for example
 // http://localhost:8081) whose every call, response body included, is bounded
-// by timeout.
-func NewClient(baseURL string, timeout time.Duration) *Client {
+// by timeout, keeping up to conns idle connections (one per concurrent caller;
+// fewer would reopen connections under load).
+func NewClient(baseURL string, timeout time.Duration, conns int) *Client {
 	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConns = 256
-	t.MaxIdleConnsPerHost = 64 // the default of 2 would reopen connections under a consumer's worker pool
+	t.MaxIdleConns = max(conns, 2)
+	t.MaxIdleConnsPerHost = max(conns, 2) // net/http's default of 2 would reopen connections under a worker pool
 	t.IdleConnTimeout = 30 * time.Second
 	return &Client{
 		baseURL: strings.TrimRight(baseURL, "/"),

@@ -49,7 +49,7 @@ func TestChargeSendsTheRequest(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 
-	if _, err := gateway.NewClient(srv.URL+"/", time.Second).Charge(context.Background(), request); err != nil {
+	if _, err := gateway.NewClient(srv.URL+"/", time.Second, 8).Charge(context.Background(), request); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]any{"order_id": "ord-1", "customer_id": "cust-1", "amount_cents": float64(1000), "currency": "EUR"}
@@ -83,7 +83,7 @@ func TestChargeAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			url := answer(t, http.StatusCreated, tt.header, tt.body)
-			got, err := gateway.NewClient(url, time.Second).Charge(context.Background(), request)
+			got, err := gateway.NewClient(url, time.Second, 8).Charge(context.Background(), request)
 			if err != nil || got != tt.want {
 				t.Fatalf("Charge = %+v, %v; want %+v", got, err, tt.want)
 			}
@@ -114,7 +114,7 @@ func TestChargeClassifiesStatusErrors(t *testing.T) {
 		t.Run(http.StatusText(tt.code), func(t *testing.T) {
 			body := `{"error":"nope"}`
 			url := answer(t, tt.code, map[string]string{"Location": "/elsewhere"}, body)
-			_, err := gateway.NewClient(url, time.Second).Charge(context.Background(), request)
+			_, err := gateway.NewClient(url, time.Second, 8).Charge(context.Background(), request)
 			for _, s := range sentinels {
 				if errors.Is(err, s) != (s == tt.want) {
 					t.Fatalf("errors.Is(%v, %v) = %v", err, s, !(s == tt.want))
@@ -134,7 +134,7 @@ func TestChargeClassifiesStatusErrors(t *testing.T) {
 func TestStatusErrorTruncatesBody(t *testing.T) {
 	body := strings.Repeat("é", 1000) // 2000 bytes: the cut at 1024 falls inside no character, 1023 would
 	url := answer(t, http.StatusBadRequest, nil, "x"+body)
-	_, err := gateway.NewClient(url, time.Second).Charge(context.Background(), request)
+	_, err := gateway.NewClient(url, time.Second, 8).Charge(context.Background(), request)
 	var se *gateway.StatusError
 	if !errors.As(err, &se) || len(se.Body) != 1023 || !strings.HasPrefix(se.Body, "xé") {
 		t.Fatalf("body of %d bytes, want 1023 valid bytes", len(se.Body))
@@ -157,7 +157,7 @@ func TestChargeTransportFailuresAreUnavailable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := gateway.NewClient(tt.url(t), 300*time.Millisecond).Charge(context.Background(), request)
+			_, err := gateway.NewClient(tt.url(t), 300*time.Millisecond, 8).Charge(context.Background(), request)
 			if !errors.Is(err, gateway.ErrUnavailable) || errors.Is(err, gateway.ErrRejected) || errors.Is(err, gateway.ErrInFlight) {
 				t.Fatalf("error %v, want only ErrUnavailable", err)
 			}
@@ -175,7 +175,7 @@ func TestChargeTransportFailuresAreUnavailable(t *testing.T) {
 func TestChargeKeepsCallerCancellation(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := gateway.NewClient(slowURL(t), time.Second).Charge(ctx, request)
+	_, err := gateway.NewClient(slowURL(t), time.Second, 8).Charge(ctx, request)
 	if !errors.Is(err, gateway.ErrUnavailable) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("error %v, want ErrUnavailable and context.Canceled", err)
 	}
@@ -194,7 +194,7 @@ func TestChargeDoesNotRetry(t *testing.T) {
 		hangUp(w)
 	}))
 	t.Cleanup(srv.Close)
-	client := gateway.NewClient(srv.URL, time.Second)
+	client := gateway.NewClient(srv.URL, time.Second, 8)
 	if _, err := client.Charge(context.Background(), request); err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -47,6 +49,111 @@ func Fingerprint(body []byte) []byte {
 	return sum[:]
 }
 
+// Seen reports whether messageID was already applied, with a plain read that
+// takes no lock: a known duplicate can then skip the handler and its outside
+// calls. It returns ErrPayloadMismatch if the id was applied with another body.
+// A false answer is only a hint: the claim in Commit decides.
+func (ib *Inbox) Seen(ctx context.Context, messageID string, body []byte) (bool, error) {
+	var seen Entry
+	err := ib.db.WithContext(ctx).Select("payload_sha256").
+		Where("message_id = ? AND consumer = ?", messageID, ib.consumer).Limit(1).Find(&seen).Error
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("look up message %s in inbox: %w", messageID, err)
+	case seen.PayloadSHA256 == nil:
+		return false, nil
+	case !bytes.Equal(seen.PayloadSHA256, Fingerprint(body)):
+		return false, fmt.Errorf("message %s: %w", messageID, ErrPayloadMismatch)
+	}
+	return true, nil
+}
+
+// Item is one message to commit: its id and body, and the writes that must
+// commit together with its inbox row. Apply runs only if the id is claimed now
+// (not applied before); nil Apply commits the inbox row alone.
+type Item struct {
+	MessageID string
+	Body      []byte
+	Apply     func(tx *gorm.DB) error
+}
+
+// Result is what became of one Item. Fresh means its id was claimed and its
+// writes applied; false with a nil Err means it had been applied before (a
+// duplicate). A non-nil Err means the item was rolled back alone.
+type Result struct {
+	Fresh bool
+	Err   error
+}
+
+// Commit claims and applies every item in one transaction (group commit): one
+// COMMIT, and so one WAL flush, for all of them. Each item of a batch runs
+// under its own savepoint, so an item whose claim or writes fail is rolled back
+// alone and reported in its Result while the others commit. A non-nil error
+// means the transaction as a whole failed (begin, savepoint or COMMIT): then
+// nothing of any item was committed, whatever the Results say.
+//
+// Items are claimed in message-id order, so that two batches holding some of
+// the same ids (duplicates on two replicas) take the row locks in one order.
+func (ib *Inbox) Commit(ctx context.Context, items []Item) ([]Result, error) {
+	order := make([]int, len(items))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].MessageID, items[b].MessageID) })
+	results := make([]Result, len(items))
+	savepoints := len(items) > 1
+	err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		for _, i := range order {
+			if err := ib.commitItem(tx, items[i], &results[i], savepoints); err != nil {
+				return err
+			}
+		}
+		if !savepoints && results[0].Err != nil {
+			return errRolledBack
+		}
+		return nil
+	})
+	if errors.Is(err, errRolledBack) {
+		err = nil
+	}
+	return results, err
+}
+
+// errRolledBack rolls back a transaction whose only item failed.
+var errRolledBack = errors.New("the only item failed")
+
+// commitItem claims one item and applies it, recording a failure of its own in
+// res; the error it returns breaks the whole transaction.
+func (ib *Inbox) commitItem(tx *gorm.DB, it Item, res *Result, savepoint bool) error {
+	if savepoint {
+		if err := tx.Exec("SAVEPOINT inbox_item").Error; err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+	}
+	fresh, err := ib.claim(tx, it.MessageID, it.Body)
+	if err == nil && fresh && it.Apply != nil {
+		err = it.Apply(tx)
+	}
+	if err != nil {
+		res.Err = err
+		if !savepoint {
+			return nil // Commit rolls back
+		}
+		// A failed statement aborts the transaction (25P02) until this rollback.
+		if rbErr := tx.Exec("ROLLBACK TO SAVEPOINT inbox_item").Error; rbErr != nil {
+			return fmt.Errorf("roll back message %s: %w", it.MessageID, rbErr)
+		}
+		return nil
+	}
+	res.Fresh = fresh
+	if savepoint {
+		if err := tx.Exec("RELEASE SAVEPOINT inbox_item").Error; err != nil {
+			return fmt.Errorf("release savepoint: %w", err)
+		}
+	}
+	return nil
+}
+
 // Process claims messageID and runs apply in the same transaction; it commits
 // only if apply returns nil, and returns the commit error if the commit fails.
 //
@@ -56,17 +163,11 @@ func Fingerprint(body []byte) []byte {
 // inserted once the first commits (or claim the id if the first rolls back). No
 // unique-violation error is ever raised, so the transaction is never aborted.
 func (ib *Inbox) Process(ctx context.Context, messageID string, body []byte, apply func(tx *gorm.DB) error) (fresh bool, err error) {
-	err = ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		fresh, err = ib.claim(tx, messageID, body)
-		if err != nil || !fresh {
-			return err
-		}
-		return apply(tx)
-	})
+	res, err := ib.Commit(ctx, []Item{{MessageID: messageID, Body: body, Apply: apply}})
 	if err != nil {
 		return false, err
 	}
-	return fresh, nil
+	return res[0].Fresh, res[0].Err
 }
 
 func (ib *Inbox) claim(tx *gorm.DB, messageID string, body []byte) (bool, error) {

@@ -19,7 +19,7 @@ import (
 // for a handler's business writes.
 func setup(t *testing.T) *gorm.DB {
 	t.Helper()
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox)
 	if err := db.Exec(`CREATE TABLE effects (message_id text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -165,5 +165,107 @@ func TestCommitFailureIsReported(t *testing.T) {
 	}
 	if got := count(t, db, "inbox", "c1"); got != 0 {
 		t.Fatalf("inbox rows after failed commit = %d, want 0", got)
+	}
+}
+
+// Group commit: one transaction for several messages, a savepoint each. An
+// item whose writes fail, even with a statement error that aborts the
+// transaction, rolls back alone; the others commit; an id seen twice in one
+// batch is applied once.
+func TestCommitBatch(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	ib := inbox.New(db, "payments")
+	errBoom := errors.New("boom")
+	items := []inbox.Item{
+		{MessageID: "b1", Body: []byte("1"), Apply: writeEffect("b1")},
+		{MessageID: "b2", Body: []byte("2"), Apply: func(tx *gorm.DB) error {
+			if err := writeEffect("b2")(tx); err != nil {
+				return err
+			}
+			return errBoom
+		}},
+		{MessageID: "b3", Body: []byte("3"), Apply: func(tx *gorm.DB) error {
+			return tx.Exec(`INSERT INTO no_such_table VALUES (1)`).Error // aborts the transaction
+		}},
+		{MessageID: "b4", Body: []byte("4"), Apply: writeEffect("b4")},
+		{MessageID: "b1", Body: []byte("1"), Apply: writeEffect("b1")},
+		{MessageID: "b5", Body: []byte("5")}, // no writes: the inbox row alone
+	}
+	res, err := ib.Commit(ctx, items)
+	if err != nil {
+		t.Fatal(err)
+	}
+	freshB1 := 0
+	for i, r := range res {
+		if items[i].MessageID == "b1" && r.Fresh {
+			freshB1++
+		}
+	}
+	switch {
+	case freshB1 != 1:
+		t.Errorf("b1 fresh %d times in one batch, want once", freshB1)
+	case !errors.Is(res[1].Err, errBoom) || res[1].Fresh:
+		t.Errorf("b2 = %+v, want its own error", res[1])
+	case res[2].Err == nil || res[2].Fresh:
+		t.Errorf("b3 = %+v, want the statement's error", res[2])
+	case !res[3].Fresh || res[3].Err != nil || !res[5].Fresh || res[5].Err != nil:
+		t.Errorf("b4 = %+v, b5 = %+v, want both fresh", res[3], res[5])
+	}
+	for id, want := range map[string]int64{"b1": 1, "b2": 0, "b3": 0, "b4": 1, "b5": 0} {
+		if got := count(t, db, "effects", id); got != want {
+			t.Errorf("effects of %s = %d, want %d", id, got, want)
+		}
+	}
+	for id, want := range map[string]int64{"b1": 1, "b2": 0, "b3": 0, "b4": 1, "b5": 1} {
+		if got := count(t, db, "inbox", id); got != want {
+			t.Errorf("inbox rows of %s = %d, want %d", id, got, want)
+		}
+	}
+	// The failed ones are fresh on their retry.
+	res, err = ib.Commit(ctx, []inbox.Item{{MessageID: "b2", Body: []byte("2"), Apply: writeEffect("b2")}, {MessageID: "b4", Body: []byte("4")}})
+	if err != nil || !res[0].Fresh || res[1].Fresh {
+		t.Fatalf("retry = %+v, %v; want b2 fresh and b4 a duplicate", res, err)
+	}
+}
+
+// A COMMIT that fails takes every item of the batch with it.
+func TestCommitBatchFailureTakesAll(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	if err := db.Exec(`CREATE TABLE deferred_unique (k int, CONSTRAINT k_unique UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	ib := inbox.New(db, "payments")
+	insert := func(tx *gorm.DB) error { return tx.Exec(`INSERT INTO deferred_unique VALUES (1)`).Error }
+	_, err := ib.Commit(ctx, []inbox.Item{{MessageID: "x1", Body: []byte("a"), Apply: insert}, {MessageID: "x2", Body: []byte("a"), Apply: insert}})
+	if err == nil {
+		t.Fatal("Commit succeeded; want the deferred constraint's error at COMMIT")
+	}
+	for _, id := range []string{"x1", "x2"} {
+		if got := count(t, db, "inbox", id); got != 0 {
+			t.Errorf("inbox rows of %s = %d after a failed commit", id, got)
+		}
+	}
+}
+
+func TestSeen(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	ib := inbox.New(db, "payments")
+	if seen, err := ib.Seen(ctx, "s1", []byte("a")); seen || err != nil {
+		t.Fatalf("Seen before = %v, %v", seen, err)
+	}
+	if _, err := ib.Process(ctx, "s1", []byte("a"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if seen, err := ib.Seen(ctx, "s1", []byte("a")); !seen || err != nil {
+		t.Fatalf("Seen after = %v, %v", seen, err)
+	}
+	if _, err := ib.Seen(ctx, "s1", []byte("b")); !errors.Is(err, inbox.ErrPayloadMismatch) {
+		t.Fatalf("Seen with another body = %v, want ErrPayloadMismatch", err)
+	}
+	if seen, _ := inbox.New(db, "other").Seen(ctx, "s1", []byte("a")); seen {
+		t.Fatal("another consumer sees s1")
 	}
 }

@@ -1,6 +1,8 @@
-// Package migrations holds the versioned SQL schemas of the payments and the
-// gateway databases, embedded in the binaries, and applies them under a
-// PostgreSQL advisory lock so that replicas starting together never race.
+// Package migrations applies versioned SQL schemas, embedded in the binaries,
+// under a PostgreSQL advisory lock so that replicas starting together never
+// race. Every schema is a Set with its own version table: the kit's inbox
+// (Inbox), each service's own tables, the fake gateway's charges. A service's
+// database holds the inbox set and the service's set side by side.
 package migrations
 
 import (
@@ -8,43 +10,75 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
 	"github.com/pressly/goose/v3/lock"
 )
 
-//go:embed payments/*.sql gateway/*.sql
+//go:embed inbox/*.sql gateway/*.sql
 var files embed.FS
 
-// Set is one database's migrations.
+// Set is one schema: numbered goose SQL files (00001_name.sql, …) applied in
+// order and recorded in a version table of its own, <name>_schema_version.
 type Set struct {
-	name   string
-	lockID int64
+	name string
+	fsys fs.FS
+}
+
+// NewSet returns the schema called name whose SQL files are at the root of
+// fsys, for example an embed.FS narrowed with fs.Sub. The name keys the
+// version table and the advisory lock: keep it stable once deployed.
+func NewSet(name string, fsys fs.FS) Set { return Set{name: name, fsys: fsys} }
+
+// Must narrows an embedded tree to one directory for NewSet; it panics on a
+// path that cannot exist, a programming error caught by any test.
+func Must(fsys fs.FS, dir string) fs.FS {
+	sub, err := fs.Sub(fsys, dir)
+	if err != nil {
+		panic(err)
+	}
+	return sub
 }
 
 var (
-	// Payments is the schema of the payment service: inbox and payments.
-	Payments = Set{name: "payments", lockID: 0x7061796d656e7473}
+	// Inbox is the kit's own schema: the inbox table every consumer shares.
+	Inbox = NewSet("inbox", Must(files, "inbox"))
 	// Gateway is the schema of the fake payment gateway: charges.
-	Gateway = Set{name: "gateway", lockID: 0x67617465776179}
+	Gateway = NewSet("gateway", Must(files, "gateway"))
 )
 
-// Apply brings db up to the newest version of set and returns the versions it
-// applied. Concurrent callers queue on a session advisory lock; the second finds
-// nothing left to do.
-func Apply(ctx context.Context, db *sql.DB, set Set) ([]int64, error) {
-	p, err := provider(db, set)
-	if err != nil {
-		return nil, err
-	}
-	results, err := p.Up(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("migrate %s: %w", set.name, err)
-	}
-	applied := make([]int64, 0, len(results))
-	for _, r := range results {
-		applied = append(applied, r.Source.Version)
+// Name is the set's name.
+func (s Set) Name() string { return s.name }
+
+// Table is the set's goose version table.
+func (s Set) Table() string { return s.name + "_schema_version" }
+
+func (s Set) lockID() int64 {
+	h := fnv.New64a()
+	h.Write([]byte("migrations:" + s.name))
+	return int64(h.Sum64() >> 1)
+}
+
+// Apply brings db up to the newest version of each set, in order, and returns
+// the versions it applied per set name. Concurrent callers queue on a session
+// advisory lock per set; the second finds nothing left to do.
+func Apply(ctx context.Context, db *sql.DB, sets ...Set) (map[string][]int64, error) {
+	applied := map[string][]int64{}
+	for _, set := range sets {
+		p, err := provider(db, set)
+		if err != nil {
+			return applied, err
+		}
+		results, err := p.Up(ctx)
+		if err != nil {
+			return applied, fmt.Errorf("migrate %s: %w", set.name, err)
+		}
+		for _, r := range results {
+			applied[set.name] = append(applied[set.name], r.Source.Version)
+		}
 	}
 	return applied, nil
 }
@@ -59,16 +93,16 @@ func Version(ctx context.Context, db *sql.DB, set Set) (int64, error) {
 }
 
 func provider(db *sql.DB, set Set) (*goose.Provider, error) {
-	sub, err := fs.Sub(files, set.name)
-	if err != nil {
-		return nil, fmt.Errorf("migrations %s: %w", set.name, err)
-	}
 	// Poll the advisory lock every second for up to five minutes.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(set.lockID), lock.WithLockTimeout(1, 300))
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(set.lockID()), lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, fmt.Errorf("migration lock: %w", err)
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, sub, goose.WithSessionLocker(locker))
+	store, err := database.NewStore(database.DialectPostgres, set.Table())
+	if err != nil {
+		return nil, fmt.Errorf("migrations %s: %w", set.name, err)
+	}
+	p, err := goose.NewProvider("", db, set.fsys, goose.WithStore(store), goose.WithSessionLocker(locker))
 	if err != nil {
 		return nil, fmt.Errorf("migrations %s: %w", set.name, err)
 	}

@@ -5,10 +5,14 @@ import (
 	"database/sql"
 	"sync"
 	"testing"
+	"testing/fstest"
+
+	"github.com/pressly/goose/v3"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
@@ -23,15 +27,15 @@ func open(t *testing.T, url string) *sql.DB {
 }
 
 func TestApplyTwice(t *testing.T) {
-	for _, set := range []migrations.Set{migrations.Payments, migrations.Gateway} {
+	for _, set := range []migrations.Set{migrations.Inbox, payment.Migrations, migrations.Gateway} {
 		db := open(t, testenv.Postgres(t))
 		ctx := context.Background()
 		first, err := migrations.Apply(ctx, db, set)
-		if err != nil || len(first) == 0 {
+		if err != nil || len(first[set.Name()]) == 0 {
 			t.Fatalf("first apply: %v %v", first, err)
 		}
 		second, err := migrations.Apply(ctx, db, set)
-		if err != nil || len(second) != 0 {
+		if err != nil || len(second[set.Name()]) != 0 {
 			t.Fatalf("second apply: applied %v, err %v; want nothing, no error", second, err)
 		}
 	}
@@ -48,7 +52,11 @@ func TestApplyConcurrently(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range replicas {
 		db := open(t, url)
-		wg.Go(func() { applied[i], errs[i] = migrations.Apply(ctx, db, migrations.Payments) })
+		wg.Go(func() {
+			var got map[string][]int64
+			got, errs[i] = migrations.Apply(ctx, db, migrations.Inbox)
+			applied[i] = got["inbox"]
+		})
 	}
 	wg.Wait()
 	total := 0
@@ -58,11 +66,84 @@ func TestApplyConcurrently(t *testing.T) {
 		}
 		total += len(applied[i])
 	}
-	version, err := migrations.Version(ctx, open(t, url), migrations.Payments)
+	version, err := migrations.Version(ctx, open(t, url), migrations.Inbox)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if total != int(version) {
 		t.Fatalf("%d migrations applied in all, schema version %d: some ran twice or not at all", total, version)
+	}
+}
+
+// Two schemas in one database keep their versions apart: the inbox's and a
+// service's own each have a version table.
+func TestSetsHaveTheirOwnVersions(t *testing.T) {
+	db := open(t, testenv.Postgres(t))
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"inbox_schema_version", "payments_schema_version"} {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table+" WHERE version_id > 0").Scan(&n); err != nil || n != 1 {
+			t.Errorf("%s: %d versions, %v; want 1", table, n, err)
+		}
+	}
+}
+
+// legacySchema is the payments database as the first release migrated it:
+// one goose set, in goose's default table, holding the inbox and payments.
+const legacySchema = `-- +goose Up
+CREATE TABLE inbox (
+    message_id     text        NOT NULL CHECK (message_id <> ''),
+    consumer       text        NOT NULL CHECK (consumer <> ''),
+    payload_sha256 bytea       NOT NULL CHECK (octet_length(payload_sha256) = 32),
+    received_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (message_id, consumer)
+);
+CREATE INDEX inbox_received_at_idx ON inbox (received_at);
+CREATE TABLE payments (
+    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    order_id       text        NOT NULL UNIQUE,
+    message_id     text        NOT NULL,
+    customer_id    text        NOT NULL,
+    amount_cents   bigint      NOT NULL CHECK (amount_cents > 0),
+    currency       char(3)     NOT NULL,
+    status         text        NOT NULL CHECK (status IN ('succeeded', 'declined')),
+    charge_id      text        NOT NULL,
+    decline_reason text,
+    created_at     timestamptz NOT NULL DEFAULT now()
+);
+-- +goose Down
+DROP TABLE payments;
+DROP TABLE inbox;
+`
+
+// A database migrated by the first release (one set in goose_db_version) takes
+// the split schemas without error and keeps its rows.
+func TestLegacyDatabaseUpgrades(t *testing.T) {
+	db := open(t, testenv.Postgres(t))
+	ctx := context.Background()
+	legacy := fstest.MapFS{"00001_inbox_and_payments.sql": {Data: []byte(legacySchema)}}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, legacy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, `INSERT INTO inbox VALUES ('m1', 'payment-service', sha256('x'), now())`); err != nil {
+		t.Fatal(err)
+	}
+	applied, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations)
+	if err != nil {
+		t.Fatalf("upgrade: %v", err)
+	}
+	if len(applied["inbox"]) != 1 || len(applied["payments"]) != 1 {
+		t.Fatalf("applied %v, want version 1 of each set recorded", applied)
+	}
+	var n int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("inbox rows after the upgrade: %d, %v", n, err)
 	}
 }

@@ -1,6 +1,7 @@
 // Package payment is the reference handler: it charges an OrderPlaced event
 // exactly once. It is the part of the template a cloner rewrites; everything it
-// needs from the runtime arrives as arguments to Handle.
+// needs from the runtime arrives as arguments to Handle and to the writes it
+// returns.
 package payment
 
 import (
@@ -65,22 +66,20 @@ func NewHandler(gw Charger) *Handler {
 // for the same charge, and the gateway replays its first answer.
 func IdempotencyKey(orderID string) string { return "order-charge:" + orderID }
 
-// Handle validates the event, charges the order and inserts the payment, all in
-// the caller's inbox transaction.
-func (h *Handler) Handle(ctx context.Context, tx *gorm.DB, msg consumer.Message) (consumer.Outcome, error) {
+// Handle validates the event and charges the order, with no transaction open,
+// then returns the payment insert for the runtime to commit with the inbox row.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
 	ev, err := orders.Decode(msg.Body)
 	if err != nil {
 		var invalid *orders.InvalidError
 		if errors.As(err, &invalid) {
-			return "", consumer.Permanent(invalid.Reason, err)
+			return nil, consumer.Permanent(invalid.Reason, err)
 		}
-		return "", consumer.Permanent("invalid_event", err)
+		return nil, consumer.Permanent("invalid_event", err)
 	}
-	// The same order under a new message id (a producer retry) is a duplicate;
-	// this read only saves a gateway call, the unique order_id below decides.
-	if paid, err := paymentExists(ctx, tx, ev.OrderID); err != nil || paid {
-		return consumer.OutcomeDuplicate, err
-	}
+	// The same order under a new message id (a producer retry) asks for the
+	// same charge: the gateway replays it, and the unique order_id below makes
+	// the message a duplicate.
 	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
 		IdempotencyKey: IdempotencyKey(ev.OrderID),
 		OrderID:        ev.OrderID,
@@ -89,21 +88,14 @@ func (h *Handler) Handle(ctx context.Context, tx *gorm.DB, msg consumer.Message)
 		Currency:       ev.Currency,
 	})
 	if errors.Is(err, gateway.ErrRejected) {
-		return "", consumer.Permanent("gateway_rejected", err)
+		return nil, consumer.Permanent("gateway_rejected", err)
 	}
 	if err != nil {
-		return "", err // the client's error names the order
+		return nil, err // the client's error names the order
 	}
-	return record(ctx, tx, msg.ID, ev, charge)
-}
-
-func paymentExists(ctx context.Context, tx *gorm.DB, orderID string) (bool, error) {
-	var n int64
-	err := tx.WithContext(ctx).Model(&Payment{}).Where("order_id = ?", orderID).Limit(1).Count(&n).Error
-	if err != nil {
-		return false, fmt.Errorf("look up payment of order %s: %w", orderID, err)
-	}
-	return n > 0, nil
+	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+		return record(ctx, tx, msg.ID, ev, charge)
+	}, nil
 }
 
 // record inserts the payment. A concurrent transaction inserting the same order

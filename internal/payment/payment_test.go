@@ -41,7 +41,7 @@ type stack struct {
 func newStack(t *testing.T) *stack {
 	t.Helper()
 	s := &stack{t: t, amqpURL: testenv.VHost(t)}
-	s.db, _ = testenv.MigratedDB(t, migrations.Payments)
+	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	s.gatewayDB, _ = testenv.MigratedDB(t, migrations.Gateway)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: 30 * time.Second})
@@ -80,7 +80,8 @@ func (s *stack) service() *consumer.Metrics {
 		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second))
+	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8))
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
@@ -350,6 +351,6 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 }
 
 func TestModelMatchesSchema(t *testing.T) {
-	db, _ := testenv.MigratedDB(t, migrations.Payments)
+	db, _ := testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	testenv.AssertModelMatchesTable(t, db, &payment.Payment{})
 }

@@ -22,7 +22,7 @@ import (
 // Besides ns/op it reports rows/s, the longest single batch and the mean one.
 func BenchmarkPruneMillion(b *testing.B) {
 	const rows = 1_000_000
-	gdb, url := testenv.MigratedDB(b, migrations.Payments)
+	gdb, url := testenv.MigratedDB(b, migrations.Inbox)
 	db, err := gdb.DB()
 	if err != nil {
 		b.Fatal(err)

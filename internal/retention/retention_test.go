@@ -80,7 +80,7 @@ type inboxDB struct {
 
 func newInboxDB(t *testing.T) *inboxDB {
 	t.Helper()
-	gdb, url := testenv.MigratedDB(t, migrations.Payments)
+	gdb, url := testenv.MigratedDB(t, migrations.Inbox)
 	db, err := gdb.DB()
 	if err != nil {
 		t.Fatal(err)

@@ -16,7 +16,12 @@ func Logger(t testing.TB) *slog.Logger {
 
 // CaptureLogger is Logger that also keeps every line, for tests that assert
 // on what was (not) logged.
+// A benchmark gets warnings and errors only: its log is always printed.
 func CaptureLogger(t testing.TB) (*slog.Logger, *Buffer) {
+	level := slog.LevelDebug
+	if _, ok := t.(*testing.B); ok {
+		level = slog.LevelWarn
+	}
 	buf := &Buffer{}
 	w := &testWriter{t: t, keep: buf}
 	t.Cleanup(func() {
@@ -24,7 +29,7 @@ func CaptureLogger(t testing.TB) (*slog.Logger, *Buffer) {
 		w.done = true
 		w.mu.Unlock()
 	})
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), buf
 }
 
 // Buffer is a goroutine-safe log store: an io.Writer for the output of a

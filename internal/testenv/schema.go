@@ -14,8 +14,8 @@ import (
 	"github.com/inbox-template/payment-service/internal/migrations"
 )
 
-// MigratedDB returns a GORM handle on a fresh database with set applied.
-func MigratedDB(t testing.TB, set migrations.Set) (*gorm.DB, string) {
+// MigratedDB returns a GORM handle on a fresh database with the sets applied.
+func MigratedDB(t testing.TB, sets ...migrations.Set) (*gorm.DB, string) {
 	t.Helper()
 	url := Postgres(t)
 	ctx := context.Background()
@@ -28,7 +28,7 @@ func MigratedDB(t testing.TB, set migrations.Set) (*gorm.DB, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := migrations.Apply(ctx, sqlDB, set); err != nil {
+	if _, err := migrations.Apply(ctx, sqlDB, sets...); err != nil {
 		t.Fatal(err)
 	}
 	return db, url

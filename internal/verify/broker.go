@@ -3,6 +3,7 @@ package verify
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -16,9 +17,11 @@ type amqpBroker struct {
 	dlq  *deadletter.Queue
 }
 
-// NewBroker returns the Broker of a connection; it leaves every message in place.
-func NewBroker(conn *amqp.Connection, topo rabbit.Topology) Broker {
-	return &amqpBroker{conn: conn, dlq: deadletter.New(conn, topo)}
+// NewBroker returns the Broker of a connection; it leaves every message in
+// place. attrs are the payment service's log attributes: they name each dead
+// letter's order (order_id).
+func NewBroker(conn *amqp.Connection, topo rabbit.Topology, attrs func(body []byte) []slog.Attr) Broker {
+	return &amqpBroker{conn: conn, dlq: deadletter.New(conn, topo, attrs)}
 }
 
 func (b *amqpBroker) Depth(queue string) (int, error) {

@@ -124,8 +124,8 @@ func (r *Report) fill(f facts, runs []Run) {
 	validDead := 0
 	for _, m := range f.dead {
 		r.DeadLettered[m.Reason]++
-		deadOrders[m.OrderID] = true
-		if published[m.OrderID] {
+		deadOrders[m.Attrs["order_id"]] = true
+		if published[m.Attrs["order_id"]] {
 			validDead++
 		}
 	}

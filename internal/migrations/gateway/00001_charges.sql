@@ -3,7 +3,8 @@
 -- A row is inserted 'in_flight' and committed before the charge is executed, so a
 -- concurrent request with the same key sees it and gets 409; it becomes 'completed'
 -- with the stored response that later requests with the key replay.
-CREATE TABLE charges (
+-- IF NOT EXISTS: databases migrated before each schema had its own version table.
+CREATE TABLE IF NOT EXISTS charges (
     id              text        PRIMARY KEY,
     idempotency_key text        NOT NULL UNIQUE,
     request_sha256  bytea       NOT NULL,
@@ -20,7 +21,7 @@ CREATE TABLE charges (
     created_at      timestamptz NOT NULL DEFAULT now(),
     completed_at    timestamptz
 );
-CREATE INDEX charges_order_id_idx ON charges (order_id);
+CREATE INDEX IF NOT EXISTS charges_order_id_idx ON charges (order_id);
 
 -- +goose Down
 DROP TABLE charges;

@@ -1,0 +1,107 @@
+// Package shipping is the example consumer of the README's "Make it yours": it
+// books a carrier pickup for each OrderPaid event and records the shipment,
+// exactly once. It is a handler, an event, a carrier client and a migration;
+// the kit (internal/service) does the rest.
+package shipping
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/faults"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/service"
+)
+
+// OrderPaid is the event this service consumes.
+type OrderPaid struct {
+	EventID string `json:"event_id"`
+	OrderID string `json:"order_id"`
+	Address string `json:"address"`
+}
+
+// Shipment is one row of the shipments table.
+type Shipment struct {
+	OrderID   string `gorm:"primaryKey"`
+	MessageID string
+	PickupID  string
+}
+
+// Handler books a pickup for each paid order and records the shipment.
+type Handler struct {
+	book func(ctx context.Context, req Pickup) (string, error)
+}
+
+// Handle validates the event and books the pickup with no transaction open,
+// then returns the shipment insert for the runtime to commit with the inbox row.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
+	var ev OrderPaid
+	if err := json.Unmarshal(msg.Body, &ev); err != nil {
+		return nil, consumer.Permanent("malformed_json", err) // dead-lettered with this reason
+	}
+	if ev.OrderID == "" || ev.Address == "" {
+		return nil, consumer.Permanent("missing_field", nil)
+	}
+	// The idempotency key is the order's: a redelivery books the same pickup.
+	pickupID, err := h.book(ctx, Pickup{Key: "pickup:" + ev.OrderID, OrderID: ev.OrderID, Address: ev.Address})
+	if err != nil {
+		return nil, err // retried with backoff, then dead-lettered
+	}
+	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+		res := tx.Clauses(clause.OnConflict{DoNothing: true}).
+			Create(&Shipment{OrderID: ev.OrderID, MessageID: msg.ID, PickupID: pickupID})
+		switch {
+		case res.Error != nil:
+			return "", res.Error
+		case res.RowsAffected == 0: // the same order under another message id
+			return consumer.OutcomeDuplicate, nil
+		}
+		return consumer.OutcomeProcessed, nil
+	}, nil
+}
+
+// Settings are the handler's own.
+type Settings struct {
+	CarrierURL     string        `envconfig:"CARRIER_URL" default:"http://localhost:8082" desc:"base URL of the carrier's pickup API"`
+	CarrierTimeout time.Duration `envconfig:"CARRIER_TIMEOUT" default:"5s" desc:"timeout of one booking; below HANDLER_TIMEOUT"`
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Service describes the shipping service to the kit. Its queues are derived:
+// shipping-service.order-paid, shipping-service.dlx, ….
+func Service() service.Options {
+	var s Settings
+	return service.Options{
+		Name:       "shipping-service",
+		Event:      "order-paid",
+		Exchange:   "payments",
+		RoutingKey: "order.paid",
+		Settings:   &s,
+		Check: func(cfg *service.Config, v *service.Checks) {
+			v.URL("CARRIER_URL", s.CarrierURL, "http", "https")
+			v.Require(s.CarrierTimeout > 0 && s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT",
+				"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.CarrierTimeout)
+		},
+		Migrations: []migrations.Set{migrations.NewSet("shipping", migrations.Must(migrationFiles, "migrations"))},
+		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
+			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
+			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
+		},
+		LogAttrs: func(body []byte) []slog.Attr {
+			var ev OrderPaid
+			if json.Unmarshal(body, &ev) != nil || ev.OrderID == "" {
+				return nil
+			}
+			return []slog.Attr{slog.String("order_id", ev.OrderID)}
+		},
+	}
+}

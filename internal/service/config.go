@@ -1,0 +1,131 @@
+package service
+
+import (
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/retention"
+)
+
+// Config is every setting the kit reads from the environment. Names with no
+// default here (the queues, what to consume, the database URL, the consumer
+// label) come from Options: derived from the service's name and event, or set
+// by the service; each variable still overrides.
+type Config struct {
+	Broker
+	Database
+	Consumer        string          `envconfig:"CONSUMER_NAME" desc:"the inbox.consumer column and the metrics' consumer label (default the service name)"`
+	HTTPAddr        string          `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of health, metrics and fault endpoints"`
+	Prefetch        int             `envconfig:"PREFETCH" default:"192" desc:"unacked deliveries held at most (1-1000)"`
+	Workers         int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); they hold no database connection during outside calls"`
+	DBCommitters    int             `envconfig:"DB_COMMITTERS" default:"4" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
+	GroupCommitMax  int             `envconfig:"GROUP_COMMIT_MAX" default:"32" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
+	GroupCommitWait time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms" desc:"how long a commit waits for more messages to join it (0-1s)"`
+	MaxBodyBytes    int             `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"larger bodies are dead-lettered unread"`
+	HandlerTimeout  time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m"`
+	RetryDelays     []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
+	MaxAttempts     int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
+	ShutdownTimeout time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"time in-flight messages get after SIGTERM (keep below Compose's stop_grace_period)"`
+	FaultsEnabled   bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
+	PprofEnabled    bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
+	LogLevel        string          `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	// Inbox rows older than InboxRetention are pruned every InboxPruneInterval
+	// (0 disables the pruner), InboxPruneBatch rows per transaction.
+	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS"`
+	InboxPruneInterval time.Duration `envconfig:"INBOX_PRUNE_INTERVAL" default:"1h" desc:"how often the service prunes the inbox; 0 disables the pruner"`
+	InboxPruneBatch    int           `envconfig:"INBOX_PRUNE_BATCH" default:"1000" desc:"inbox rows deleted per transaction when pruning"`
+}
+
+// Broker is the RabbitMQ connection and the topology the consumer declares.
+type Broker struct {
+	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL; everything lives in its vhost"`
+	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" default:"10s" desc:"AMQP heartbeat; a dead link is detected in about two"`
+	Exchange         string        `envconfig:"EXCHANGE" desc:"topic exchange the consumed events are published to (no kit default)"`
+	RoutingKey       string        `envconfig:"ROUTING_KEY" desc:"binding key of the work queue (no kit default)"`
+	Queue            string        `envconfig:"QUEUE" desc:"quorum work queue (default <service>.<event>)"`
+	DeadLetterEx     string        `envconfig:"DEAD_LETTER_EXCHANGE" desc:"direct exchange for dead letters (default <service>.dlx)"`
+	DeadLetterQueue  string        `envconfig:"DEAD_LETTER_QUEUE" desc:"queue where dead letters wait (default <queue>.dlq)"`
+	DeliveryLimit    int           `envconfig:"QUEUE_DELIVERY_LIMIT" default:"20" desc:"broker-side delivery limit for crash loops (x-delivery-limit)"`
+	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" default:"30s" desc:"cap of the jittered reconnect backoff"`
+}
+
+// Database is the service's PostgreSQL pool.
+type Database struct {
+	URL              string        `envconfig:"DATABASE_URL" desc:"PostgreSQL URL of the service's database"`
+	MaxConns         int           `envconfig:"DB_MAX_CONNS" default:"10" desc:"connection pool size; more than DB_COMMITTERS"`
+	StatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"5s" desc:"statement_timeout and lock_timeout of each session"`
+}
+
+// validate reports every out-of-range value, naming its variable.
+func (c *Config) validate(v *Checks) {
+	c.Broker.validate(v)
+	c.Database.validate(v)
+	v.Require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
+	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
+	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
+	v.Require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
+	v.Require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
+	// Each committer holds a connection for its transaction; the inbox
+	// look-ups of the workers and the readiness ping need at least one more.
+	v.Require(c.DBCommitters < c.MaxConns, "DB_MAX_CONNS", "must exceed DB_COMMITTERS (%d) so that look-ups and pings get a connection, got %d: raise DB_MAX_CONNS", c.DBCommitters, c.MaxConns)
+	v.Require(c.GroupCommitMax >= 1 && c.GroupCommitMax <= 1000, "GROUP_COMMIT_MAX", "must be between 1 (a transaction per message) and 1000, got %d", c.GroupCommitMax)
+	v.Require(c.GroupCommitWait >= 0 && c.GroupCommitWait <= time.Second, "GROUP_COMMIT_WAIT", "must be between 0 and 1s, got %s", c.GroupCommitWait)
+	v.Require(c.MaxBodyBytes >= 256, "MAX_BODY_BYTES", "must be at least 256, got %d", c.MaxBodyBytes)
+	v.Require(c.HandlerTimeout > 0, "HANDLER_TIMEOUT", "must be positive, got %s", c.HandlerTimeout)
+	// RabbitMQ closes the channel of a consumer that holds a delivery for longer
+	// than consumer_timeout (30 minutes by default); stay far below it.
+	v.Require(c.HandlerTimeout <= 10*time.Minute, "HANDLER_TIMEOUT", "must be at most 10m (RabbitMQ's consumer_timeout is 30m), got %s", c.HandlerTimeout)
+	ValidateRetries(v, c.RetryDelays, c.MaxAttempts)
+	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
+	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
+		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
+	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
+	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+}
+
+func (b *Broker) validate(v *Checks) {
+	v.URL("AMQP_URL", b.AMQPURL, "amqp", "amqps")
+	v.Require(b.Heartbeat >= time.Second, "AMQP_HEARTBEAT", "must be at least 1s, got %s", b.Heartbeat)
+	v.Require(b.Exchange != "", "EXCHANGE", "must be set: the exchange to consume from has no default")
+	v.Require(b.RoutingKey != "", "ROUTING_KEY", "must be set: the binding key to consume has no default")
+	v.Require(b.Queue != "", "QUEUE", "must not be empty")
+	v.Require(b.DeadLetterEx != "", "DEAD_LETTER_EXCHANGE", "must not be empty")
+	v.Require(b.DeadLetterQueue != "", "DEAD_LETTER_QUEUE", "must not be empty")
+	v.Require(b.DeliveryLimit >= 1, "QUEUE_DELIVERY_LIMIT", "must be at least 1, got %d", b.DeliveryLimit)
+	v.Require(b.ReconnectMaxWait >= 100*time.Millisecond, "RECONNECT_MAX_WAIT", "must be at least 100ms, got %s", b.ReconnectMaxWait)
+}
+
+func (d *Database) validate(v *Checks) {
+	v.URL("DATABASE_URL", d.URL, "postgres", "postgresql")
+	v.Require(d.MaxConns >= 2, "DB_MAX_CONNS", "must be at least 2, got %d", d.MaxConns)
+	v.Require(d.StatementTimeout >= 100*time.Millisecond, "DB_STATEMENT_TIMEOUT", "must be at least 100ms, got %s", d.StatementTimeout)
+}
+
+// ValidateRetries checks the retry schedule.
+func ValidateRetries(v *Checks, delays []time.Duration, maxAttempts int) {
+	v.Require(len(delays) > 0, "RETRY_DELAYS", "needs at least one delay")
+	for _, d := range delays {
+		v.Require(d >= 10*time.Millisecond && d <= 24*time.Hour, "RETRY_DELAYS", "each delay must be between 10ms and 24h, got %s", d)
+	}
+	v.Require(maxAttempts >= 1 && maxAttempts <= 100, "MAX_ATTEMPTS", "must be between 1 and 100, got %d", maxAttempts)
+}
+
+// ValidateRetention checks the inbox window against the broker's redelivery
+// horizon (see retention.MinWindow): a row pruned while its message can still
+// be redelivered would let the redelivery be applied a second time.
+func ValidateRetention(v *Checks, window time.Duration, batch int, delays []time.Duration, maxAttempts int) {
+	floor := retention.MinWindow(delays, maxAttempts)
+	v.Require(window >= floor, "INBOX_RETENTION",
+		"must be at least %s, the redelivery horizon of RETRY_DELAYS=%s and MAX_ATTEMPTS=%d (%s), got %s",
+		floor, render(delays), maxAttempts, retention.MinWindowRule, window)
+	v.Require(batch >= 1 && batch <= retention.MaxBatchSize, "INBOX_PRUNE_BATCH",
+		"must be between 1 and %d, got %d", retention.MaxBatchSize, batch)
+}
+
+// ValidLogLevel reports whether s is a level the logging package knows.
+func ValidLogLevel(s string) bool {
+	switch s {
+	case "debug", "info", "warn", "error":
+		return true
+	}
+	return false
+}

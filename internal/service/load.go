@@ -1,0 +1,181 @@
+package service
+
+import (
+	"fmt"
+	"net/url"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+)
+
+// Validator is a configuration struct that checks itself.
+type Validator interface {
+	Validate() error
+}
+
+// Load fills cfg from the environment (envconfig) and validates it. Every
+// error names the variable at fault.
+func Load(cfg Validator) error {
+	if err := envconfig.Process("", cfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	return nil
+}
+
+// LogValue renders configuration structs as variable → value pairs for the
+// start-up log, masking passwords in URLs and every field tagged
+// `secret:"true"`.
+func LogValue(cfgs ...any) map[string]string {
+	out := map[string]string{}
+	for _, cfg := range cfgs {
+		if cfg != nil {
+			collect(reflect.ValueOf(cfg), out, true)
+		}
+	}
+	return out
+}
+
+// Values renders configuration structs as variable → value pairs, secrets
+// included.
+func Values(cfgs ...any) map[string]string {
+	out := map[string]string{}
+	for _, cfg := range cfgs {
+		if cfg != nil {
+			collect(reflect.ValueOf(cfg), out, false)
+		}
+	}
+	return out
+}
+
+func collect(v reflect.Value, out map[string]string, mask bool) {
+	if v.Kind() == reflect.Pointer {
+		v = v.Elem()
+	}
+	t := v.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
+			collect(v.Field(i), out, mask)
+			continue
+		}
+		name := f.Tag.Get("envconfig")
+		if name == "" {
+			continue
+		}
+		val := render(v.Field(i).Interface())
+		if mask && f.Tag.Get("secret") == "true" {
+			val = "***"
+		}
+		if mask {
+			val = maskURL(val)
+		}
+		out[name] = val
+	}
+}
+
+// render writes a value the way envconfig reads it back.
+func render(v any) string {
+	if ds, ok := v.([]time.Duration); ok {
+		parts := make([]string, len(ds))
+		for i, d := range ds {
+			parts[i] = d.String()
+		}
+		return strings.Join(parts, ",")
+	}
+	return fmt.Sprint(v)
+}
+
+// maskURL hides the password of a URL with credentials; other values pass through.
+func maskURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}
+
+// Checks collects validation failures, so that one start reports all of them,
+// each naming its variable.
+type Checks []string
+
+// Require records a failure of variable unless ok.
+func (c *Checks) Require(ok bool, variable, format string, args ...any) {
+	if !ok {
+		*c = append(*c, variable+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+// URL requires value to be a URL with a host and one of the schemes.
+func (c *Checks) URL(variable, value string, schemes ...string) {
+	u, err := url.Parse(value)
+	ok := err == nil && u.Host != ""
+	if ok {
+		ok = false
+		for _, s := range schemes {
+			ok = ok || u.Scheme == s
+		}
+	}
+	c.Require(ok, variable, "%q is not a %s URL", value, strings.Join(schemes, " or "))
+}
+
+// Err is nil without failures, else one error listing them all.
+func (c Checks) Err() error {
+	if len(c) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid %s", strings.Join(c, "; "))
+}
+
+// Variable is one environment variable a program reads: its name, its default
+// and what it is for (the field's desc tag).
+type Variable struct {
+	Name, Default, Desc string
+}
+
+// Describe lists the variables of a configuration struct in field order, with
+// the defaults of their default tags.
+func Describe(spec any) []Variable {
+	var out []Variable
+	describe(reflect.TypeOf(spec), &out)
+	return out
+}
+
+func describe(t reflect.Type, out *[]Variable) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeOf(time.Time{}) {
+			describe(f.Type, out)
+			continue
+		}
+		if name := f.Tag.Get("envconfig"); name != "" {
+			*out = append(*out, Variable{Name: name, Default: f.Tag.Get("default"), Desc: f.Tag.Get("desc")})
+		}
+	}
+}
+
+// Describe lists every variable a service reads, the kit's and its Settings',
+// with the defaults it has when the environment sets none: the derived names
+// included.
+func (o Options) Describe() []Variable {
+	cfg := prefill(o)
+	cfg.derive(o)
+	derived := Values(&cfg)
+	vars := Describe(&Config{})
+	for i, v := range vars {
+		if v.Default == "" {
+			vars[i].Default = derived[v.Name]
+		}
+	}
+	if o.Settings != nil {
+		vars = append(vars, Describe(o.Settings)...)
+	}
+	return vars
+}

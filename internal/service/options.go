@@ -1,0 +1,140 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"github.com/kelseyhightower/envconfig"
+	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/faults"
+	"github.com/inbox-template/payment-service/internal/migrations"
+)
+
+// Options describe one service: what it is called, what it consumes, its own
+// settings, its schema and its handler. Everything else is the kit's.
+type Options struct {
+	// Name is the service's name, e.g. "shipping-service": the consumer label
+	// of the inbox and the metrics, the program name in logs, the database's
+	// application_name, and the root of the derived names below.
+	Name string
+	// Event is the event the service consumes, e.g. "order-paid". The work
+	// queue is <Name>.<Event>, the dead-letter exchange <Name>.dlx, the
+	// dead-letter queue <queue>.dlq and the retry queues <queue>.retry.<delay>.
+	Event string
+	// Exchange and RoutingKey say what to consume. The kit has no default: a
+	// service that sets neither here nor in EXCHANGE and ROUTING_KEY refuses to
+	// start, naming the variable.
+	Exchange, RoutingKey string
+	// Queue, DeadLetterExchange and DeadLetterQueue replace the derived names
+	// (the payment service keeps the names it was released with). Database is
+	// the database name of DATABASE_URL's default (default: Name with
+	// underscores).
+	Queue, DeadLetterExchange, DeadLetterQueue, Database string
+
+	// Settings points to the handler's own configuration struct, loaded from
+	// the environment with envconfig next to the kit's (GATEWAY_URL, say).
+	Settings any
+	// Check validates Settings against the kit's configuration, adding a
+	// failure per variable to v (a timeout that must stay below
+	// HANDLER_TIMEOUT, say).
+	Check func(cfg *Config, v *Checks)
+
+	// Migrations are the service's own schemas, applied at start after the
+	// kit's inbox schema, each with its own version table.
+	Migrations []migrations.Set
+	// NewHandler builds the handler once configuration and database are ready.
+	NewHandler func(k *Kit) (consumer.Handler, error)
+	// KeyFromBody finds the dedupe key in a body without a message_id property;
+	// nil requires the property.
+	KeyFromBody func(body []byte) string
+	// LogAttrs names the business entity on every log line about a message
+	// (and in `dlq list`); it must not fail.
+	LogAttrs func(body []byte) []slog.Attr
+}
+
+// Kit is what a handler may use: the loaded configuration, the service's
+// database, its logger and metrics registry, and the crash points (nil unless
+// FAULTS_ENABLED; wrap a side effect with faults.After to declare one).
+type Kit struct {
+	Config  Config
+	DB      *gorm.DB
+	Log     *slog.Logger
+	Metrics prometheus.Registerer
+	Crasher *faults.Crasher
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.Name == "":
+		return errors.New("service options: Name is empty")
+	case o.Event == "" && o.Queue == "":
+		return errors.New("service options: Event is empty and no Queue is given")
+	case o.NewHandler == nil:
+		return errors.New("service options: NewHandler is nil")
+	}
+	return nil
+}
+
+// LoadConfig reads the kit's configuration and the service's Settings from the
+// environment, fills the names the environment leaves unset from the options,
+// and validates both. Every error names its variable.
+func LoadConfig(opts Options) (Config, error) {
+	if err := opts.validate(); err != nil {
+		return Config{}, err
+	}
+	cfg := prefill(opts)
+	// envconfig keeps a field whose variable is unset and has no default tag.
+	if err := envconfig.Process("", &cfg); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
+	}
+	if opts.Settings != nil {
+		if err := envconfig.Process("", opts.Settings); err != nil {
+			return Config{}, fmt.Errorf("configuration: %w", err)
+		}
+	}
+	cfg.derive(opts)
+	var v Checks
+	cfg.validate(&v)
+	if opts.Check != nil {
+		opts.Check(&cfg, &v)
+	}
+	if err := v.Err(); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
+}
+
+// prefill sets the defaults that come from the options.
+func prefill(opts Options) Config {
+	cfg := Config{Consumer: opts.Name}
+	cfg.Exchange, cfg.RoutingKey = opts.Exchange, opts.RoutingKey
+	cfg.Queue, cfg.DeadLetterEx, cfg.DeadLetterQueue = opts.Queue, opts.DeadLetterExchange, opts.DeadLetterQueue
+	cfg.URL = "postgres://postgres@localhost:5432/" + opts.database() + "?sslmode=disable"
+	return cfg
+}
+
+// derive fills the names still empty: the work queue from the name and the
+// event, the dead-letter queue from the work queue.
+func (c *Config) derive(opts Options) {
+	if c.Queue == "" {
+		c.Queue = opts.Name + "." + opts.Event
+	}
+	if c.DeadLetterEx == "" {
+		c.DeadLetterEx = opts.Name + ".dlx"
+	}
+	if c.DeadLetterQueue == "" {
+		c.DeadLetterQueue = c.Queue + ".dlq"
+	}
+}
+
+func (o *Options) database() string {
+	if o.Database != "" {
+		return o.Database
+	}
+	return strings.ReplaceAll(o.Name, "-", "_")
+}

@@ -1,0 +1,169 @@
+package service
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+)
+
+// shippingSettings stand for a handler's own settings.
+type shippingSettings struct {
+	CarrierTimeout time.Duration `envconfig:"CARRIER_TIMEOUT" default:"3s"`
+}
+
+func shippingOptions(s *shippingSettings) Options {
+	return Options{
+		Name: "shipping-service", Event: "order-paid", Exchange: "payments", RoutingKey: "order.paid",
+		Settings: s,
+		Check: func(cfg *Config, v *Checks) {
+			v.Require(s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT", "must be below HANDLER_TIMEOUT")
+		},
+		NewHandler: func(*Kit) (consumer.Handler, error) { return nil, nil },
+	}
+}
+
+// One name drives the names; each variable still overrides its own.
+func TestNamesDerivedFromTheService(t *testing.T) {
+	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"QUEUE": "shipping-service.order-paid", "DEAD_LETTER_EXCHANGE": "shipping-service.dlx",
+		"DEAD_LETTER_QUEUE": "shipping-service.order-paid.dlq", "CONSUMER_NAME": "shipping-service",
+		"EXCHANGE": "payments", "ROUTING_KEY": "order.paid",
+		"DATABASE_URL": "postgres://postgres@localhost:5432/shipping_service?sslmode=disable",
+	}
+	got := Values(&cfg)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	if q := Topology(cfg).RetryQueue(time.Second); q != "shipping-service.order-paid.retry.1s" {
+		t.Errorf("retry queue %q", q)
+	}
+
+	t.Setenv("QUEUE", "shipments.in")
+	t.Setenv("CONSUMER_NAME", "shipping-eu")
+	cfg, err = LoadConfig(shippingOptions(&shippingSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Queue != "shipments.in" || cfg.DeadLetterQueue != "shipments.in.dlq" || cfg.Consumer != "shipping-eu" {
+		t.Errorf("overrides: queue %q, dead-letter queue %q, consumer %q", cfg.Queue, cfg.DeadLetterQueue, cfg.Consumer)
+	}
+}
+
+// What to consume has no default in the kit: a service that names none
+// refuses to start, naming the variable.
+func TestNoDefaultExchange(t *testing.T) {
+	opts := shippingOptions(&shippingSettings{})
+	opts.Exchange, opts.RoutingKey = "", ""
+	_, err := LoadConfig(opts)
+	if err == nil || !strings.Contains(err.Error(), "EXCHANGE") || !strings.Contains(err.Error(), "ROUTING_KEY") {
+		t.Fatalf("err = %v, want one naming EXCHANGE and ROUTING_KEY", err)
+	}
+	t.Setenv("EXCHANGE", "payments")
+	t.Setenv("ROUTING_KEY", "order.paid")
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatalf("with the variables set: %v", err)
+	}
+}
+
+func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
+	tests := []struct {
+		env      map[string]string
+		variable string // "" means valid
+	}{
+		{map[string]string{}, ""},
+		{map[string]string{"PREFETCH": "many"}, "PREFETCH"},
+		{map[string]string{"PREFETCH": "0"}, "PREFETCH"},
+		{map[string]string{"WORKERS": "193"}, "WORKERS"},
+		{map[string]string{"WORKERS": "300", "PREFETCH": "300"}, ""},
+		{map[string]string{"DB_COMMITTERS": "10"}, "DB_MAX_CONNS"},
+		{map[string]string{"DB_COMMITTERS": "0"}, "DB_COMMITTERS"},
+		{map[string]string{"GROUP_COMMIT_MAX": "0"}, "GROUP_COMMIT_MAX"},
+		{map[string]string{"GROUP_COMMIT_MAX": "1", "GROUP_COMMIT_WAIT": "0s"}, ""},
+		{map[string]string{"GROUP_COMMIT_WAIT": "2s"}, "GROUP_COMMIT_WAIT"},
+		{map[string]string{"PPROF_ENABLED": "yes please"}, "PPROF_ENABLED"},
+		{map[string]string{"AMQP_URL": "localhost:5672"}, "AMQP_URL"},
+		{map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
+		{map[string]string{"RETRY_DELAYS": "1s,0s"}, "RETRY_DELAYS"},
+		{map[string]string{"RETRY_DELAYS": "soon"}, "RETRY_DELAYS"},
+		{map[string]string{"MAX_ATTEMPTS": "0"}, "MAX_ATTEMPTS"},
+		{map[string]string{"HANDLER_TIMEOUT": "31m"}, "HANDLER_TIMEOUT"},
+		{map[string]string{"HANDLER_TIMEOUT": "2s"}, "CARRIER_TIMEOUT"}, // the handler's own check
+		{map[string]string{"CARRIER_TIMEOUT": "soon"}, "CARRIER_TIMEOUT"},
+		{map[string]string{"FAULTS_ENABLED": "maybe"}, "FAULTS_ENABLED"},
+		{map[string]string{"LOG_LEVEL": "trace"}, "LOG_LEVEL"},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "1ms"}, "DB_STATEMENT_TIMEOUT"},
+		{map[string]string{"INBOX_RETENTION": "23h"}, "INBOX_RETENTION"},
+		// 2 × (24h + 24h) of retry trips is above the 72h window.
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "72h"}, "INBOX_RETENTION"},
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, ""},
+		{map[string]string{"INBOX_PRUNE_INTERVAL": "0"}, ""},
+		{map[string]string{"INBOX_PRUNE_INTERVAL": "10ms"}, "INBOX_PRUNE_INTERVAL"},
+		{map[string]string{"INBOX_PRUNE_BATCH": "0"}, "INBOX_PRUNE_BATCH"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.variable, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			_, err := LoadConfig(shippingOptions(&shippingSettings{}))
+			switch {
+			case tt.variable == "" && err != nil:
+				t.Fatalf("defaults rejected: %v", err)
+			case tt.variable != "" && (err == nil || !strings.Contains(err.Error(), tt.variable)):
+				t.Fatalf("err = %v, want one naming %s", err, tt.variable)
+			}
+		})
+	}
+}
+
+func TestLogValueMasksSecrets(t *testing.T) {
+	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/")
+	t.Setenv("DATABASE_URL", "postgres://app:hunter2@db:5432/shipping")
+	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := LogValue(&cfg)
+	for _, secret := range []string{"s3cret", "hunter2"} {
+		for k, val := range v {
+			if strings.Contains(val, secret) {
+				t.Errorf("%s=%s shows a password", k, val)
+			}
+		}
+	}
+	if v["PREFETCH"] != "192" || !strings.Contains(v["AMQP_URL"], "user:") {
+		t.Errorf("log value lost non-secret fields: %v", v)
+	}
+}
+
+// Describe gives every variable with the default a service has with an empty
+// environment: derived names included, the handler's settings last.
+func TestDescribe(t *testing.T) {
+	vars := shippingOptions(&shippingSettings{}).Describe()
+	got := map[string]string{}
+	for _, v := range vars {
+		got[v.Name] = v.Default
+		if v.Desc == "" && v.Name != "CARRIER_TIMEOUT" {
+			t.Errorf("%s has no desc tag", v.Name)
+		}
+	}
+	for name, want := range map[string]string{
+		"QUEUE": "shipping-service.order-paid", "WORKERS": "128", "CARRIER_TIMEOUT": "3s", "EXCHANGE": "payments",
+		"DATABASE_URL": "postgres://postgres@localhost:5432/shipping_service?sslmode=disable",
+	} {
+		if got[name] != want {
+			t.Errorf("%s defaults to %q, want %q", name, got[name], want)
+		}
+	}
+	if last := vars[len(vars)-1].Name; last != "CARRIER_TIMEOUT" {
+		t.Errorf("last variable %s, want the handler's", last)
+	}
+}

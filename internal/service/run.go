@@ -1,0 +1,229 @@
+// Package service is the kit's entry point: Run wires a consumer service from
+// its Options (configuration, database and migrations, metrics, health and
+// readiness, fault endpoints, inbox pruning, signals and the shutdown order),
+// so that a service is a handler, a migration and a short main.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/faults"
+	"github.com/inbox-template/payment-service/internal/health"
+	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/logging"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/retention"
+)
+
+// Run runs the service until ctx is cancelled (a signal), then shuts it down
+// in order. With the argument "healthcheck" it only probes the running
+// service's /readyz, for container health checks in images without a shell.
+func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) error {
+	cfg, err := LoadConfig(opts)
+	if err != nil {
+		return err
+	}
+	switch {
+	case len(args) == 1 && args[0] == "healthcheck":
+		// Readiness, not liveness: a container is healthy once it consumes.
+		return health.Probe(ctx, localURL(cfg.HTTPAddr)+"/readyz")
+	case len(args) > 0:
+		return fmt.Errorf("unknown arguments %q; usage: %s [healthcheck]", args, opts.Name)
+	}
+	log := logging.New(stdout, cfg.LogLevel, opts.Name)
+	log.Info("starting", "config", LogValue(&cfg, opts.Settings))
+	db, err := openDatabase(ctx, opts, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer database.Close(db)
+	reg := newRegistry()
+	k := &Kit{Config: cfg, DB: db, Log: log, Metrics: reg}
+	if cfg.FaultsEnabled {
+		// nil unless FAULTS_ENABLED: every crash point is then a no-op
+		k.Crasher = faults.NewCrasher()
+		log.Warn("fault injection enabled: POST /faults/crash arms crash points")
+	}
+	rt, err := newRuntime(opts, k)
+	if err != nil {
+		return err
+	}
+	pruner, err := newPruner(cfg, db, k.Metrics, log)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt)}
+	return serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log)
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// openDatabase opens the pool and applies the kit's inbox schema, then the
+// service's own, under advisory locks (replicas starting together never race).
+func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logger) (*gorm.DB, error) {
+	db, err := database.Open(ctx, database.Options{
+		URL:              cfg.URL,
+		MaxConns:         cfg.MaxConns,
+		StatementTimeout: cfg.StatementTimeout,
+		AppName:          opts.Name,
+	}, log)
+	if err != nil {
+		return nil, err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	applied, err := migrations.Apply(ctx, sqlDB, append([]migrations.Set{migrations.Inbox}, opts.Migrations...)...)
+	if err != nil {
+		database.Close(db)
+		return nil, err
+	}
+	log.Info("schema up to date", "applied", applied)
+	return db, nil
+}
+
+func newRuntime(opts Options, k *Kit) (*consumer.Runtime, error) {
+	h, err := opts.NewHandler(k)
+	if err != nil {
+		return nil, fmt.Errorf("build the handler: %w", err)
+	}
+	cfg := k.Config
+	var onStage func(consumer.Stage)
+	if k.Crasher != nil {
+		onStage = k.Crasher.OnStage
+	}
+	return consumer.New(consumer.Config{
+		Name:             cfg.Consumer,
+		AMQPURL:          cfg.AMQPURL,
+		Heartbeat:        cfg.Heartbeat,
+		Topology:         Topology(cfg),
+		Prefetch:         cfg.Prefetch,
+		Workers:          cfg.Workers,
+		Committers:       cfg.DBCommitters,
+		GroupCommitMax:   cfg.GroupCommitMax,
+		GroupCommitWait:  cfg.GroupCommitWait,
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+		KeyFromBody:      opts.KeyFromBody,
+		LogAttrs:         opts.LogAttrs,
+		MaxAttempts:      cfg.MaxAttempts,
+		ShutdownTimeout:  cfg.ShutdownTimeout,
+		ReconnectMaxWait: cfg.ReconnectMaxWait,
+		DatabaseCheck:    func(ctx context.Context) error { return database.Ping(ctx, k.DB) },
+		OnStage:          onStage,
+	}, inbox.New(k.DB, cfg.Consumer), h, cfg.HandlerTimeout, consumer.NewMetrics(k.Metrics), k.Log)
+}
+
+// Topology is the broker topology of a service's configuration.
+func Topology(cfg Config) rabbit.Topology {
+	return rabbit.Topology{
+		Exchange:           cfg.Exchange,
+		RoutingKey:         cfg.RoutingKey,
+		Queue:              cfg.Queue,
+		DeadLetterExchange: cfg.DeadLetterEx,
+		DeadLetterQueue:    cfg.DeadLetterQueue,
+		DeliveryLimit:      cfg.DeliveryLimit,
+		RetryDelays:        cfg.RetryDelays,
+	}
+}
+
+// newPruner is the inbox retention: every replica runs it, one prunes at a time.
+func newPruner(cfg Config, db *gorm.DB, reg prometheus.Registerer, log *slog.Logger) (*retention.Pruner, error) {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, err
+	}
+	return retention.New(sqlDB, PruneConfig(cfg), retention.NewMetrics(reg), log)
+}
+
+// PruneConfig is the inbox retention of a service's configuration.
+func PruneConfig(cfg Config) retention.Config {
+	return retention.Config{
+		Consumer:    cfg.Consumer,
+		Window:      cfg.InboxRetention,
+		BatchSize:   cfg.InboxPruneBatch,
+		Pause:       retention.DefaultPause,
+		Interval:    cfg.InboxPruneInterval,
+		RetryDelays: cfg.RetryDelays,
+		MaxAttempts: cfg.MaxAttempts,
+	}
+}
+
+func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime) *http.ServeMux {
+	mux := health.Mux(reg, map[string]health.Check{
+		"broker":   func(context.Context) error { return rt.Ready() },
+		"database": func(ctx context.Context) error { return database.Ping(ctx, k.DB) },
+	})
+	if k.Crasher != nil {
+		mux.Handle("/faults/", k.Crasher.Handler())
+	}
+	if k.Config.PprofEnabled {
+		health.Pprof(mux)
+		k.Log.Warn("profiling enabled: /debug/pprof/ is served on HTTP_ADDR")
+	}
+	return mux
+}
+
+// serve runs the HTTP server, the consumer and the inbox pruner until ctx is
+// cancelled or the server fails, then stops the consumer first (it waits for
+// in-flight messages), the pruner (its batch in flight rolls back) and the
+// server last, so readiness stays observable during the drain.
+func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, timeout time.Duration, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", srv.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR %s: %w", srv.Addr, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	srvErr := make(chan error, 1)
+	go func() {
+		err := srv.Serve(ln)
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		srvErr <- err
+		cancel()
+	}()
+	log.Info("serving", "addr", ln.Addr().String())
+	var pruning sync.WaitGroup
+	pruning.Go(func() { pruner.Run(ctx) })
+	rtErr := rt.Run(ctx)
+	log.Info("consumer stopped; shutting down")
+	cancel()
+	pruning.Wait()
+	shutdownCtx, done := context.WithTimeout(context.Background(), timeout)
+	defer done()
+	err = errors.Join(rtErr, srv.Shutdown(shutdownCtx), <-srvErr)
+	if err == nil {
+		log.Info("stopped cleanly")
+	}
+	return err
+}
+
+// localURL turns a listen address such as ":8080" into a URL on loopback.
+func localURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
