@@ -175,5 +175,8 @@ for image in $images; do
   else
     docker_build -t "$image" "$here/$dir"
   fi
+  stages=$(docker images -q --filter dangling=true --filter label=inbox-template.standin-stage)
+  # shellcheck disable=SC2086 # one id a word
+  [[ -z $stages ]] || docker rmi $stages >/dev/null 2>&1 || true
   log "$image: stand-in built from $dir/ in $((SECONDS - start))s ($(docker image inspect -f '{{.Size}}' "$image" | awk '{ printf "%.0f MB", $1 / 1e6 }'))"
 done
