@@ -1,5 +1,6 @@
 // Command fake-gateway serves the fake payment gateway: charges with real
-// idempotency-key semantics over its own PostgreSQL database, and fault knobs.
+// idempotency-key semantics over its own PostgreSQL database (or, for
+// benchmarks, in memory: STORE=memory), and fault knobs.
 //
 //	fake-gateway              serve on HTTP_ADDR
 //	fake-gateway healthcheck  exit 0 if the local server answers /healthz with 200
@@ -61,31 +62,16 @@ func serve(ctx context.Context, cfg config.FakeGateway, stdout, stderr io.Writer
 	log := newLogger(stdout, cfg.LogLevel)
 	log.InfoContext(ctx, "starting", slog.Any("config", config.LogValue(&cfg)))
 
-	db, err := database.Open(ctx, database.Options{
-		URL: cfg.DatabaseURL, MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fake-gateway",
-	}, log)
+	store, closeStore, err := openStore(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err := database.Close(db); err != nil {
-			log.Warn("close database", slog.Any("error", err))
-		}
-	}()
-	sqlDB, err := db.DB()
-	if err != nil {
-		return fmt.Errorf("database handle: %w", err)
-	}
-	applied, err := migrations.Apply(ctx, sqlDB, migrations.Gateway)
-	if err != nil {
-		return err
-	}
-	log.InfoContext(ctx, "migrations applied", slog.Any("versions", applied))
+	defer closeStore()
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	faults := fakegateway.Faults{ErrorRate: cfg.ErrorRate, LostResponseRate: cfg.LostResponseRate, Latency: cfg.Latency}
-	srv, err := fakegateway.NewServer(db, reg, log, faults, fakegateway.Options{
+	srv, err := fakegateway.NewServerWithStore(store, reg, log, faults, fakegateway.Options{
 		InFlightTakeover: cfg.InFlightTakeover,
 		FaultsEnabled:    cfg.FaultsEnabled,
 	})
@@ -93,6 +79,37 @@ func serve(ctx context.Context, cfg config.FakeGateway, stdout, stderr io.Writer
 		return fmt.Errorf("build gateway: %w", err)
 	}
 	return listen(ctx, log, stderr, cfg.HTTPAddr, srv.Handler())
+}
+
+// openStore opens the store STORE names, and returns what closes it.
+func openStore(ctx context.Context, cfg config.FakeGateway, log *slog.Logger) (fakegateway.Store, func(), error) {
+	if cfg.Store == config.GatewayStoreMemory {
+		log.WarnContext(ctx, "charges are kept in memory: lost on exit, invisible to inboxctl verify")
+		return fakegateway.NewMemoryStore(), func() {}, nil
+	}
+	db, err := database.Open(ctx, database.Options{
+		URL: cfg.DatabaseURL, MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fake-gateway",
+	}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	closeDB := func() {
+		if err := database.Close(db); err != nil {
+			log.Warn("close database", slog.Any("error", err))
+		}
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		closeDB()
+		return nil, nil, fmt.Errorf("database handle: %w", err)
+	}
+	applied, err := migrations.Apply(ctx, sqlDB, migrations.Gateway)
+	if err != nil {
+		closeDB()
+		return nil, nil, err
+	}
+	log.InfoContext(ctx, "migrations applied", slog.Any("versions", applied))
+	return fakegateway.NewPostgresStore(db), closeDB, nil
 }
 
 // listen serves h on addr until ctx ends, then drains requests for up to

@@ -63,6 +63,49 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	}
 }
 
+// TestRunServesFromMemoryWithoutDatabase: STORE=memory never connects to
+// DATABASE_URL, which here points nowhere.
+func TestRunServesFromMemoryWithoutDatabase(t *testing.T) {
+	addr := testenv.FreeAddr(t)
+	t.Setenv("STORE", "memory")
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
+	t.Setenv("HTTP_ADDR", addr)
+	t.Setenv("LOG_LEVEL", "warn")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs testenv.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, nil, &logs, &logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	testenv.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
+		return run(context.Background(), []string{"healthcheck"}, &logs, &logs) == nil, nil
+	})
+	client := gateway.NewClient("http://"+addr, 5*time.Second, 8)
+	req := gateway.ChargeRequest{IdempotencyKey: "order-1", OrderID: "order-1", CustomerID: "cust-1", AmountCents: 1000, Currency: "EUR"}
+	first, err := client.Charge(context.Background(), req)
+	if err != nil || first.Replayed {
+		t.Fatalf("charge = %+v, %v; want a new charge", first, err)
+	}
+	again, err := client.Charge(context.Background(), req)
+	if err != nil || !again.Replayed || again.ID != first.ID {
+		t.Fatalf("second charge = %+v, %v; want the replay of %s", again, err, first.ID)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run = %v, want nil after cancel", err)
+	}
+	done <- nil // for the cleanup
+	if !strings.Contains(logs.String(), "charges are kept in memory") {
+		t.Errorf("logs do not warn that charges are kept in memory:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), `"msg":"charge request"`) {
+		t.Errorf("LOG_LEVEL=warn still logs each charge:\n%s", logs.String())
+	}
+}
+
 func TestRunFailures(t *testing.T) {
 	tests := []struct {
 		name string
@@ -71,6 +114,7 @@ func TestRunFailures(t *testing.T) {
 		want string
 	}{
 		{"invalid config", map[string]string{"FAULT_ERROR_RATE": "2"}, nil, "FAULT_ERROR_RATE"},
+		{"unknown store", map[string]string{"STORE": "redis"}, nil, "STORE"},
 		{"unknown argument", nil, []string{"serve"}, "unknown arguments"},
 		{"healthcheck with no server", nil, []string{"healthcheck"}, "healthcheck"},
 		{"healthcheck of an address without a port", map[string]string{"HTTP_ADDR": "localhost"}, []string{"healthcheck"}, "HTTP_ADDR"},

@@ -6,13 +6,20 @@ import (
 	"github.com/inbox-template/payment-service/internal/service"
 )
 
+// Stores of the fake gateway (STORE).
+const (
+	GatewayStorePostgres = "postgres" // the table charges in DATABASE_URL
+	GatewayStoreMemory   = "memory"   // benchmarks only: no database, lost on exit
+)
+
 // FakeGateway is the configuration of cmd/fake-gateway.
 type FakeGateway struct {
+	Store            string        `envconfig:"STORE" default:"postgres" desc:"where charges are kept: postgres (DATABASE_URL) or memory (benchmarks: no database, lost on exit, not seen by inboxctl verify)"`
 	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable" desc:"PostgreSQL URL of the service's database"`
 	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8081" desc:"listen address of health, metrics and fault endpoints"`
 	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0" desc:"probability (0-1) of a 503 before anything is stored"`
 	LostResponseRate float64       `envconfig:"FAULT_LOST_RESPONSE_RATE" default:"0" desc:"probability (0-1) of storing the charge, then dropping the connection"`
-	Latency          time.Duration `envconfig:"FAULT_LATENCY" default:"0s" desc:"delay inside each new charge (makes 409 in flight observable)"`
+	Latency          time.Duration `envconfig:"FAULT_LATENCY" default:"0s" desc:"network time of every charge request; a new charge spends it in flight (makes 409 observable)"`
 	InFlightTakeover time.Duration `envconfig:"IN_FLIGHT_TAKEOVER" default:"30s" desc:"an in-flight idempotency key older than this is presumed abandoned"`
 	FaultsEnabled    bool          `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
@@ -21,7 +28,11 @@ type FakeGateway struct {
 // Validate reports every out-of-range value, naming its variable.
 func (c *FakeGateway) Validate() error {
 	var v service.Checks
-	v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+	v.Require(c.Store == GatewayStorePostgres || c.Store == GatewayStoreMemory, "STORE",
+		"must be %s or %s, got %q", GatewayStorePostgres, GatewayStoreMemory, c.Store)
+	if c.Store != GatewayStoreMemory { // the memory store reads no database
+		v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+	}
 	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
 	v.Require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
 	v.Require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)

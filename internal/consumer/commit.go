@@ -78,7 +78,16 @@ func (c *committer) run(ctx context.Context, n int, wg *sync.WaitGroup) {
 // within the wait, up to the maximum.
 func (c *committer) gather(ctx context.Context, first *commitJob) []*commitJob {
 	batch := []*commitJob{first}
-	if c.max == 1 {
+	for len(batch) < c.max { // what is waiting already
+		select {
+		case j := <-c.jobs:
+			batch = append(batch, j)
+			continue
+		default:
+		}
+		break
+	}
+	if len(batch) == c.max || c.wait == 0 {
 		return batch
 	}
 	timer := time.NewTimer(c.wait)
@@ -106,7 +115,9 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 		items[i] = inbox.Item{MessageID: j.msg.ID, Body: j.msg.Body, Apply: c.apply(ctx, j)}
 	}
 	c.metrics.batchSize.WithLabelValues(c.name).Observe(float64(len(batch)))
+	start := time.Now()
 	results, err := c.inbox.Commit(ctx, items)
+	c.metrics.commitSeconds.WithLabelValues(c.name).Observe(time.Since(start).Seconds())
 	for i, j := range batch {
 		switch {
 		case err != nil:

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"mime"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -35,8 +37,11 @@ const maxIDLen = 255
 // meanwhile, left for the broker to redeliver.
 func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	msg := message(d)
+	if !r.fromRetryQueue(d) {
+		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
+	}
 	reason, admitErr := r.admit(d, &msg)
-	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
@@ -49,20 +54,41 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	case ctx.Err() != nil:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
 		// unacked so the broker redelivers it.
-		log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
 	case errors.Is(err, inbox.ErrPayloadMismatch):
 		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
 	case errors.Is(err, ErrPermanent):
 		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
-	case r.pingDatabase(ctx) != nil:
-		log.Warn("database unavailable: requeueing and pausing", "err", err)
-		_ = d.Nack(false, true)
-		s.requestPause()
-	case msg.Attempt >= r.cfg.MaxAttempts:
-		r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
 	default:
+		if cause := r.infrastructure(ctx, err); cause != "" {
+			log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
+				"cause", cause, "attempt", msg.Attempt, "err", err)
+			r.hold(ctx, s, d, msg, err, log)
+			s.requestPause(cause)
+			return
+		}
+		if msg.Attempt >= r.cfg.MaxAttempts {
+			r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
+			return
+		}
 		r.retry(ctx, s, d, msg, err, log)
 	}
+}
+
+// infrastructure names the fault of a failure that is not the message's: a
+// dependency the handler found misconfigured, an SQLSTATE of the database's
+// own trouble, a database step that got no answer, or (for an unknown error
+// of a database step) a database that fails its check. "" means the message
+// failed.
+func (r *Runtime) infrastructure(ctx context.Context, err error) string {
+	if cause := pauseCause(err); cause != "" {
+		return cause
+	}
+	var se *stepError
+	if errors.As(err, &se) && se.step != stepHandler && r.pingDatabase(ctx) != nil {
+		return CauseDatabase
+	}
+	return ""
 }
 
 // pingDatabase tells a database outage from a failure of the message. Error
@@ -72,6 +98,22 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return r.cfg.DatabaseCheck(ctx)
+}
+
+// fromRetryQueue reports whether the broker brought the delivery back from
+// one of our delay queues (x-death names the queue): only then was its
+// x-attempt header written by this runtime.
+func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
+	deaths, _ := d.Headers["x-death"].([]any)
+	prefix := r.cfg.Topology.Queue + ".retry."
+	for _, x := range deaths {
+		if t, ok := x.(amqp.Table); ok {
+			if q, _ := t["queue"].(string); strings.HasPrefix(q, prefix) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // message builds the handler's view of a delivery.
@@ -117,9 +159,9 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason string, err error
 	switch {
 	case msg.ID == "":
 		return ReasonMissingID, errors.New("no message_id property and no id in the body")
-	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID):
+	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl):
 		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
-		return ReasonInvalidID, errors.New("message id is longer than 255 bytes or not UTF-8")
+		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
 	return "", nil
 }
@@ -151,21 +193,21 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 		return "", err
 	}
 	defer release()
-	seen, err := r.inbox.Seen(ctx, msg.ID, msg.Body)
+	seen, err := r.lookups.seen(ctx, msg.ID, msg.Body)
 	switch {
 	case err != nil:
-		return "", err
+		return "", failedAt(stepLookup, err)
 	case seen:
 		return OutcomeDuplicate, nil
 	}
 	writes, err := r.handler.Handle(ctx, msg)
 	if err != nil {
-		return "", err
+		return "", failedAt(stepHandler, err)
 	}
 	out, fresh, err := r.commits.commit(ctx, msg, writes)
 	switch {
 	case err != nil:
-		return "", err
+		return "", failedAt(stepCommit, err)
 	case !fresh:
 		return OutcomeDuplicate, nil
 	case out == "":
@@ -177,10 +219,10 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	return out, nil
 }
 
-func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logger) {
+func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
 	if err := d.Ack(false); err != nil {
 		// The effects are committed; the redelivery will be suppressed by the inbox.
-		log.Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
+		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return
 	}
 	r.stage(StageAcked)
@@ -189,7 +231,26 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 	if out == OutcomeProcessed {
 		level = slog.LevelDebug
 	}
-	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	if r.log.Enabled(context.Background(), level) {
+		log.get().Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	}
+}
+
+// messageLog builds a message's logger on first use: most messages are never
+// logged about, and the handler's attributes cost a parse of the body.
+type messageLog struct {
+	r           *Runtime
+	msg         *Message // read at first use: admit may resolve the id from the body
+	tag         uint64
+	redelivered bool
+	l           *slog.Logger
+}
+
+func (m *messageLog) get() *slog.Logger {
+	if m.l == nil {
+		m.l = m.r.messageLogger(*m.msg, m.tag, m.redelivered)
+	}
+	return m.l
 }
 
 // messageLogger puts the message's id (the resolved dedupe key) and the

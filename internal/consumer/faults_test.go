@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
@@ -23,8 +25,15 @@ func (r *runtime) reconnects() int {
 	return counterValue(r.metrics.reconnects.WithLabelValues(r.cfg.Name))
 }
 
+// pauses counts the pauses of every cause.
 func (r *runtime) pauses() int {
-	return counterValue(r.metrics.pauses.WithLabelValues(r.cfg.Name))
+	ch := make(chan prometheus.Metric, 16)
+	go func() { r.metrics.pauses.Collect(ch); close(ch) }()
+	n := 0
+	for m := range ch {
+		n += counterValue(m)
+	}
+	return n
 }
 
 // brokerLog returns what RabbitMQ logged from now on, read when called.
@@ -210,5 +219,82 @@ func TestBlackholedDatabaseDoesNotWedgeWorkers(t *testing.T) {
 	if err := proxy.Start(); err != nil {
 		t.Fatal(err)
 	}
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+}
+
+// The database answers but cannot write (read-only, as a standby after a
+// failover): messages are put back without spending attempts, the runtime
+// pauses until the database takes writes again, and nothing is dead-lettered.
+func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	db, err := database.Open(ctx, database.Options{URL: e.dbURL, MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "victim"}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	checker, err := database.NewChecker(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = checker.Close() })
+	admin, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	u, err := url.Parse(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dbName := strings.TrimPrefix(u.Path, "/")
+	setReadOnly := func(on string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+dbName+" SET default_transaction_read_only = "+on); err != nil {
+			t.Fatal(err)
+		}
+		// The pool's sessions keep the setting they started with: end them.
+		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 200
+	e.publishMany(n, "ro")
+	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) {
+		c.MaxAttempts = 2
+		c.ReconnectMaxWait = 500 * time.Millisecond
+		c.DatabaseCheck = checker.Check
+	})
+	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 30 })
+	setReadOnly("on")
+	waitFor(t, "paused for the database", func() bool {
+		err := rt.Ready()
+		return err != nil && rt.pauses() >= 1
+	})
+	time.Sleep(3 * time.Second) // several pause cycles while read-only
+	setReadOnly("off")
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+	if rt.count(OutcomeDeadLettered) != 0 || rt.count(OutcomeRetried) != 0 {
+		t.Errorf("dead-lettered %d, retried %d: a read-only database is not the messages' fault",
+			rt.count(OutcomeDeadLettered), rt.count(OutcomeRetried))
+	}
+	t.Logf("pauses %d, requeued %d", rt.pauses(), rt.count(OutcomeRequeued))
+}
+
+// Prefetched deliveries that no worker started go back at every graceful stop.
+// Left to the channel's close, a quorum queue counts each return against its
+// x-delivery-limit and finally dead-letters valid messages that never failed;
+// the runtime returns them as new messages instead. 30 restarts against a
+// backlog with a limit of 2: nothing dead-lettered.
+func TestGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
+	e := newEnvWith(t, func(topo *rabbit.Topology) { topo.DeliveryLimit = 2 })
+	const n = 600
+	e.publishMany(n, "r")
+	for i := range 30 {
+		rt := e.start(slowHandler(20*time.Millisecond), func(c *Config) { c.Workers = 2; c.Prefetch = 32 })
+		time.Sleep(time.Duration(50+10*i%70) * time.Millisecond)
+		rt.shutdown(t)
+	}
+	e.start(recordHandler(nil), nil)
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 }

@@ -33,6 +33,7 @@ const (
 	OutcomeProcessed    Outcome = "processed"
 	OutcomeDuplicate    Outcome = "duplicate"
 	OutcomeRetried      Outcome = "retried"
+	OutcomeRequeued     Outcome = "requeued" // put back without spending an attempt: not the message's fault
 	OutcomeDeadLettered Outcome = "dead_lettered"
 )
 

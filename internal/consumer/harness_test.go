@@ -34,6 +34,12 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith is newEnv with the topology changed by tune before it is declared.
+func newEnvWith(t testing.TB, tune func(*rabbit.Topology)) *env {
+	t.Helper()
 	e := &env{t: t, url: testenv.VHost(t)}
 	e.vhost = e.url[strings.LastIndex(e.url, "/")+1:]
 	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Inbox)
@@ -44,6 +50,9 @@ func newEnv(t testing.TB) *env {
 		Exchange: "orders", RoutingKey: "order.placed", Queue: "work", DeadLetterExchange: "dlx",
 		DeadLetterQueue: "work.dlq", DeliveryLimit: 20,
 		RetryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond},
+	}
+	if tune != nil {
+		tune(&e.topo)
 	}
 	conn, err := amqp.Dial(e.url)
 	if err != nil {

@@ -16,6 +16,8 @@ type Metrics struct {
 	panics         *prometheus.CounterVec
 	ready          *prometheus.GaugeVec
 	batchSize      *prometheus.HistogramVec
+	blocked        *prometheus.GaugeVec
+	commitSeconds  *prometheus.HistogramVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -46,8 +48,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer"}),
 		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_pauses_total",
-			Help: "Times consumption paused because the database was unavailable.",
-		}, []string{"consumer"}),
+			Help: "Times consumption paused because the infrastructure failed every message, by cause (database, or a dependency's cause such as gateway_misconfigured).",
+		}, []string{"consumer", "cause"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_handler_panics_total",
 			Help: "Handler panics recovered.",
@@ -62,7 +64,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"consumer"}),
 	}
-	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize)
+	m.blocked = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "consumer_publishing_blocked",
+		Help: "1 while the broker blocks the publishing connection (a memory or disk alarm).",
+	}, []string{"consumer"})
+	m.commitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "consumer_commit_duration_seconds",
+		Help:    "Time of one inbox transaction: the claims, the handlers' writes and the COMMIT.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	}, []string{"consumer"})
+	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked, m.commitSeconds)
 	return m
 }
 

@@ -47,10 +47,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// ReconnectMaxWait caps the jittered exponential backoff between sessions.
 	ReconnectMaxWait time.Duration
-	// DatabaseCheck reports whether the database answers. After a failed
-	// message the runtime asks it: if it fails, the failure was the database's,
-	// not the message's, and the runtime pauses instead of spending the retry
-	// budget of good messages.
+	// DatabaseCheck reports whether the database answers and takes writes,
+	// preferably on a connection of its own (database.Checker). The runtime
+	// asks it before each session, while paused, and after a database step
+	// failed with an error that says nothing by itself.
 	DatabaseCheck func(ctx context.Context) error
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
@@ -122,6 +122,7 @@ type Runtime struct {
 	cfg      Config
 	inbox    *inbox.Inbox
 	commits  *committer
+	lookups  *lookups
 	inFlight inFlight
 	handler  Handler
 	metrics  *Metrics
@@ -131,6 +132,8 @@ type Runtime struct {
 	// when one last finished (or when held rose from zero), in Unix nanoseconds.
 	held     atomic.Int64
 	progress atomic.Int64
+	// pausedFor names the cause of a pause in progress, nil when not paused.
+	pausedFor atomic.Pointer[string]
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
@@ -151,6 +154,7 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
+	r.lookups = &lookups{inbox: ib, jobs: make(chan *lookupJob)}
 	r.commits = &committer{
 		inbox: ib, max: cfg.GroupCommitMax, wait: cfg.GroupCommitWait, timeout: applyMargin,
 		jobs: make(chan *commitJob), stage: r.stage, metrics: m, name: cfg.Name,
@@ -170,6 +174,10 @@ func (r *Runtime) stage(s Stage) {
 	}
 }
 
+// LookupReaders is how many inbox look-ups run at once, each on one pooled
+// connection; a pool needs Committers + LookupReaders connections.
+const LookupReaders = 2
+
 // applyMargin is the time a message gets beyond the handler's own timeout: the
 // inbox look-up, then waiting for a committer and its transaction (the claim
 // may wait for a concurrent duplicate's). It also bounds one batch.
@@ -185,6 +193,9 @@ func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 // hang on held deliveries (a wedged handler, a driver stuck past its timeouts)
 // is not ready, although its connection is fine.
 func (r *Runtime) Ready() error {
+	if cause := r.pausedFor.Load(); cause != nil {
+		return fmt.Errorf("paused: %s is failing every message; resuming by itself", *cause)
+	}
 	if !r.ready.Load() {
 		return errors.New("not consuming: broker disconnected or database unavailable")
 	}
@@ -216,9 +227,6 @@ func (r *Runtime) setReady(ok bool) {
 	r.metrics.ready.WithLabelValues(r.cfg.Name).Set(v)
 }
 
-// errDatabaseDown ends a session so that consumption pauses until the database is back.
-var errDatabaseDown = errors.New("database unavailable")
-
 // Run consumes until ctx is cancelled, then shuts down gracefully: it stops
 // taking deliveries, lets in-flight messages finish within ShutdownTimeout (their
 // ack goes out after their commit), and closes channel and connection. A message
@@ -230,6 +238,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
 	var committers sync.WaitGroup
 	r.commits.run(commitCtx, r.cfg.Committers, &committers)
+	r.lookups.run(commitCtx, LookupReaders, &committers)
 	defer func() { stopCommits(); committers.Wait() }()
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
@@ -242,13 +251,18 @@ func (r *Runtime) Run(ctx context.Context) error {
 		if time.Since(started) > time.Minute {
 			backoff.reset()
 		}
-		if errors.Is(err, errDatabaseDown) {
-			r.metrics.pauses.WithLabelValues(r.cfg.Name).Inc()
-			r.log.Warn("paused: database unavailable; held messages were requeued", "err", err)
-			if err := r.waitForDatabase(ctx, backoff); err != nil {
+		var paused errPausedSession
+		if errors.As(err, &paused) {
+			r.metrics.pauses.WithLabelValues(r.cfg.Name, paused.cause).Inc()
+			r.pausedFor.Store(&paused.cause)
+			wait := backoff.next()
+			r.log.Error("paused: not the messages' fault; held ones were put back without spending an attempt",
+				"cause", paused.cause, "wait", wait.String())
+			if err := r.waitToResume(ctx, paused.cause, wait, backoff); err != nil {
 				return nil
 			}
-			r.log.Info("database is back: resuming")
+			r.pausedFor.Store(nil)
+			r.log.Info("resuming", "cause", paused.cause)
 			continue
 		}
 		r.metrics.reconnects.WithLabelValues(r.cfg.Name).Inc()
@@ -260,18 +274,23 @@ func (r *Runtime) Run(ctx context.Context) error {
 	}
 }
 
-func (r *Runtime) waitForDatabase(ctx context.Context, b *backoff) error {
-	for {
+// waitToResume waits out a pause: at least wait, and for the database until
+// its check passes (with growing waits in between). A dependency the runtime
+// cannot check is tried again by resuming: if it still fails, the next pause
+// waits longer.
+func (r *Runtime) waitToResume(ctx context.Context, cause string, wait time.Duration, b *backoff) error {
+	if !sleep(ctx, wait) {
+		return ctx.Err()
+	}
+	for cause == CauseDatabase {
+		if r.pingDatabase(ctx) == nil {
+			return nil
+		}
 		if !sleep(ctx, b.next()) {
 			return ctx.Err()
 		}
-		pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := r.cfg.DatabaseCheck(pingCtx)
-		cancel()
-		if err == nil {
-			return nil
-		}
 	}
+	return nil
 }
 
 // backoff is capped exponential backoff with full jitter.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -231,22 +233,96 @@ func TestBarePermanentError(t *testing.T) {
 	}
 }
 
-// An error that looks like the database's while the database answers is a
-// failure of the message: retried, not a pause.
-func TestDatabaseErrorWithDatabaseUpIsRetried(t *testing.T) {
+// Errors are told apart by what they say, not by a ping: the database's own
+// trouble (an SQLSTATE of its class) puts the message back without spending
+// an attempt and pauses; a violation the writes cause is the message's, and is
+// retried.
+func TestDatabaseErrorsClassifiedBySQLState(t *testing.T) {
 	e := newEnv(t)
-	rt := e.start(recordHandler(func(m Message) error {
-		if m.Attempt == 1 {
-			return &pgconn.PgError{Code: "53300", Message: "too many connections"}
+	var first atomic.Bool
+	first.Store(true)
+	rt := e.start(HandlerFunc(func(ctx context.Context, m Message) (Writes, error) {
+		if m.ID == "busy" && first.CompareAndSwap(true, false) {
+			return nil, fmt.Errorf("read the order: %w", &pgconn.PgError{Code: "53300", Message: "too many connections"})
 		}
-		return nil
+		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+			if m.ID == "clash" && m.Attempt == 1 {
+				return "", tx.Exec(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES ('clash', 'test', sha256(''))`).Error // 23505
+			}
+			return recordWrites(m)(ctx, tx)
+		}, nil
 	}), nil)
 	e.publish("busy", `{}`)
-	waitFor(t, "processed on the retry", func() bool { return rt.count(OutcomeProcessed) == 1 })
-	if rt.count(OutcomeRetried) != 1 || counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name)) != 0 {
-		t.Fatalf("retried %d, pauses %d: want one retry and no pause", rt.count(OutcomeRetried),
-			counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name)))
+	e.publish("clash", `{}`)
+	waitFor(t, "both processed", func() bool { return rt.count(OutcomeProcessed) == 2 })
+	if rt.count(OutcomeRequeued) != 1 || rt.pauses() != 1 {
+		t.Errorf("requeued %d, pauses %d: want busy put back once, with one pause", rt.count(OutcomeRequeued), rt.pauses())
 	}
+	if rt.count(OutcomeRetried) != 1 {
+		t.Errorf("retried %d: want clash retried once", rt.count(OutcomeRetried))
+	}
+	if !strings.Contains(rt.logs.String(), `"attempt":1,"max_attempts"`) {
+		t.Error("no retry of clash logged at attempt 1")
+	}
+}
+
+func TestPauseCause(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"dependency", fmt.Errorf("charge: %w", Pause("gateway_misconfigured", errors.New("401"))), "gateway_misconfigured"},
+		{"read-only", failedAt(stepCommit, &pgconn.PgError{Code: "25006"}), CauseDatabase},
+		{"disk full", failedAt(stepCommit, &pgconn.PgError{Code: "53100"}), CauseDatabase},
+		{"statement timeout", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), CauseDatabase},
+		{"lock timeout", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), CauseDatabase},
+		{"admin shutdown", failedAt(stepCommit, &pgconn.PgError{Code: "57P01"}), CauseDatabase},
+		{"schema missing", failedAt(stepCommit, &pgconn.PgError{Code: "42P01"}), CauseDatabase},
+		{"handler's own database", failedAt(stepHandler, &pgconn.PgError{Code: "08006"}), CauseDatabase},
+		{"unique violation", failedAt(stepCommit, &pgconn.PgError{Code: "23505"}), ""},
+		{"bad data", failedAt(stepCommit, &pgconn.PgError{Code: "22021"}), ""},
+		{"connection dropped at commit", failedAt(stepCommit, io.ErrUnexpectedEOF), CauseDatabase},
+		{"look-up timed out", failedAt(stepLookup, context.DeadlineExceeded), CauseDatabase},
+		{"gateway unreachable", failedAt(stepHandler, &net.OpError{Op: "dial", Err: errors.New("refused")}), ""},
+		{"writes' own error", failedAt(stepCommit, errors.New("unknown sku")), ""},
+	}
+	for _, tt := range tests {
+		if got := pauseCause(tt.err); got != tt.want {
+			t.Errorf("%s: cause %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// A dependency that fails every message alike (the handler says so with
+// Pause: a gateway answering 401) pauses consumption; the held messages spend
+// no attempt and are neither retried nor dead-lettered, and everything is
+// processed once the dependency is back.
+func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
+	e := newEnv(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	rt := e.start(HandlerFunc(func(ctx context.Context, m Message) (Writes, error) {
+		if broken.Load() {
+			return nil, Pause("gateway_misconfigured", errors.New("gateway answered 401 Unauthorized"))
+		}
+		return recordWrites(m), nil
+	}), func(c *Config) { c.MaxAttempts = 1; c.ReconnectMaxWait = 300 * time.Millisecond })
+	e.publishMany(20, "p")
+	waitFor(t, "readiness to name the cause", func() bool {
+		err := rt.Ready()
+		return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
+	})
+	broken.Store(false)
+	e.assertAllAppliedOnce(20, time.Minute)
+	if rt.count(OutcomeRetried) != 0 || rt.count(OutcomeDeadLettered) != 0 || rt.count(OutcomeRequeued) == 0 {
+		t.Errorf("retried %d, dead-lettered %d, requeued %d: want only requeues", rt.count(OutcomeRetried),
+			rt.count(OutcomeDeadLettered), rt.count(OutcomeRequeued))
+	}
+	if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n < 1 {
+		t.Errorf("pauses{cause=gateway_misconfigured} = %d", n)
+	}
+	waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
 }
 
 // The dead-letter queue is gone (deleted by hand): the broker would confirm
@@ -376,5 +452,38 @@ func TestConcurrentDuplicateWaitsForTheFirst(t *testing.T) {
 	})
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("handler ran %d times, want once", n)
+	}
+}
+
+// A producer's own x-attempt header is not trusted: only a message the broker
+// brought back from one of our delay queues carries an attempt count of ours.
+// Otherwise a message published with x-attempt 5 would get a single try.
+func TestProducerAttemptHeaderIsIgnored(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(func(m Message) error {
+		if m.Attempt < 3 {
+			return errTransient
+		}
+		return nil
+	}), func(c *Config) { c.MaxAttempts = 3 })
+	e.publish("forged", `{}`, func(p *amqp.Publishing) { p.Headers = amqp.Table{HeaderAttempt: int32(5)} })
+	waitFor(t, "processed on the third attempt", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if rt.count(OutcomeRetried) != 2 || rt.count(OutcomeDeadLettered) != 0 {
+		t.Fatalf("retried %d, dead-lettered %d: want two retries, no dead letter", rt.count(OutcomeRetried), rt.count(OutcomeDeadLettered))
+	}
+}
+
+// MAX_BODY_BYTES is checked after the whole body arrived: the broker sends it
+// entire (its own max_message_size, 128 MiB by default, is the only earlier
+// cap), so the dead letter carries every byte. The Compose stack caps it at
+// the broker; the disruptive suite shows that cap refusing the publish.
+func TestOversizeBodyArrivesWhole(t *testing.T) {
+	e := newEnv(t)
+	e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 64 << 10 })
+	big := strings.Repeat("x", 2<<20)
+	e.publish("huge", big)
+	d := e.deadLetters(1)[0]
+	if d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge || len(d.Body) != len(big) {
+		t.Fatalf("reason %v, %d bytes: want body_too_large with all %d bytes, received whole", d.Headers[HeaderDeadLetterReason], len(d.Body), len(big))
 	}
 }

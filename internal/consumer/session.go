@@ -13,33 +13,89 @@ import (
 	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
-// session is one broker connection's lifetime: a consuming channel, a confirm
-// channel for retries and dead letters, and the workers. Deliveries never
-// outlive their session: each is settled through its own channel (the
+// session is one broker connection pair's lifetime: a consuming channel, a
+// confirm channel for retries and dead letters, and the workers. Deliveries
+// never outlive their session: each is settled through its own channel (the
 // delivery's Acknowledger), so after a reconnect an old delivery tag can only
 // fail on its closed channel, never settle another message on a new one.
+//
+// Consuming and publishing use connections of their own, as RabbitMQ advises:
+// under a memory or disk alarm the broker blocks every connection that
+// publishes, and would stop reading the acks of a shared one, so the consumer
+// could not drain what would clear the alarm.
 type session struct {
-	conn    *amqp.Connection
+	conn    *amqp.Connection // consuming: acks, nacks, deliveries
+	pubConn *amqp.Connection // publishing: retry, dead-letter and returned copies
 	consume *amqp.Channel
 	publish *rabbit.Publisher
-	// pause is closed once by the first worker that finds the database down.
+	// pause is closed once by the first worker that finds the infrastructure
+	// at fault; cause names it.
 	pause     chan struct{}
 	pauseOnce sync.Once
+	cause     string
+	// unblocked is closed when the broker unblocks the publishing connection;
+	// nil while it is not blocked.
+	blockMu   sync.Mutex
+	unblocked chan struct{}
 }
 
-func (s *session) requestPause() { s.pauseOnce.Do(func() { close(s.pause) }) }
+// setBlocked records the broker blocking (or unblocking) the publishing connection.
+func (s *session) setBlocked(on bool) {
+	s.blockMu.Lock()
+	defer s.blockMu.Unlock()
+	switch {
+	case on && s.unblocked == nil:
+		s.unblocked = make(chan struct{})
+	case !on && s.unblocked != nil:
+		close(s.unblocked)
+		s.unblocked = nil
+	}
+}
+
+// waitUnblocked returns at once unless the publishing connection is blocked;
+// then it waits for the alarm to clear. A publish would only wait for its
+// confirm instead, time out, and requeue its original, which a quorum queue
+// counts against the delivery limit.
+func (s *session) waitUnblocked(ctx context.Context) error {
+	s.blockMu.Lock()
+	ch := s.unblocked
+	s.blockMu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *session) requestPause(cause string) {
+	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
+}
 
 func (r *Runtime) openSession() (*session, error) {
-	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name)
+	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" consume")
 	if err != nil {
 		return nil, err
 	}
-	s := &session{conn: conn, pause: make(chan struct{})}
-	if err := r.openChannels(s); err != nil {
+	pubConn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" publish")
+	if err != nil {
 		conn.Close()
 		return nil, err
 	}
+	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{})}
+	if err := r.openChannels(s); err != nil {
+		s.close()
+		return nil, err
+	}
 	return s, nil
+}
+
+func (s *session) close() {
+	_ = s.conn.Close()
+	_ = s.pubConn.Close()
 }
 
 func (r *Runtime) openChannels(s *session) error {
@@ -53,25 +109,30 @@ func (r *Runtime) openChannels(s *session) error {
 	if err := s.consume.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	s.publish, err = rabbit.NewPublisher(s.conn)
+	s.publish, err = rabbit.NewPublisher(s.pubConn)
 	return err
 }
 
 // session runs one broker session until the context is cancelled (graceful
-// shutdown, returns nil), the connection or a channel dies, or the database
-// goes down (returns errDatabaseDown).
+// shutdown, returns nil), the connection or a channel dies, or a worker finds
+// the infrastructure at fault (returns errPausedSession).
 func (r *Runtime) session(ctx context.Context) error {
 	if err := r.pingDatabase(ctx); err != nil {
-		return fmt.Errorf("%w: %w", errDatabaseDown, err)
+		return errPausedSession{cause: CauseDatabase}
 	}
 	s, err := r.openSession()
 	if err != nil {
 		return err
 	}
-	defer s.conn.Close()
+	var watching sync.WaitGroup
+	defer watching.Wait() // the watcher ends when the connection closes
+	defer s.close()
 	// Every Notify channel is buffered and read or left to be closed by the
 	// library: an unbuffered, unread one would block its connection.
 	connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
+	pubConnClosed := s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	watching.Go(func() { r.watchBlocked(s, blocked) })
 	consumeClosed := s.consume.NotifyClose(make(chan *amqp.Error, 1))
 	publishClosed := s.publish.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := s.consume.NotifyCancel(make(chan string, 1))
@@ -98,6 +159,8 @@ func (r *Runtime) session(ctx context.Context) error {
 	case <-ctx.Done():
 	case e := <-connClosed:
 		reason = fmt.Errorf("connection closed: %v", e)
+	case e := <-pubConnClosed:
+		reason = fmt.Errorf("publishing connection closed: %v", e)
 	case e := <-consumeClosed:
 		reason = fmt.Errorf("consume channel closed: %v", e)
 	case e := <-publishClosed:
@@ -105,16 +168,20 @@ func (r *Runtime) session(ctx context.Context) error {
 	case <-cancelled:
 		reason = errors.New("consumer cancelled by the broker (queue deleted?)")
 	case <-s.pause:
-		reason = errDatabaseDown
+		reason = errPausedSession{cause: s.cause}
 	}
 	r.setReady(false)
 	close(stop)
-	if reason == nil || errors.Is(reason, errDatabaseDown) {
-		// Tell the broker to stop sending; prefetched deliveries not yet taken by
-		// a worker go back to the queue when the channel closes.
-		_ = s.consume.Cancel(tag, false)
+	stopped := false
+	if reason == nil || errors.As(reason, new(errPausedSession)) {
+		// Tell the broker to stop sending; the deliveries it sent before the
+		// cancel-ok arrive, then the channel of deliveries closes.
+		stopped = s.consume.Cancel(tag, false) == nil
 	}
 	r.drain(&wg, cancelWork)
+	if stopped {
+		r.returnUnstarted(work, s, deliveries)
+	}
 	_ = s.consume.Close()
 	_ = s.publish.Close()
 	return reason
@@ -174,4 +241,23 @@ func (r *Runtime) deliverSafely(ctx context.Context, s *session, d amqp.Delivery
 		}
 	}()
 	r.deliver(ctx, s, d)
+}
+
+// watchBlocked reports the broker blocking the publishing connection (a memory
+// or disk alarm) until the connection closes the channel. Consumption goes on:
+// acks travel on the other connection; copies that cannot be published in
+// time leave their original unacked and requeued.
+func (r *Runtime) watchBlocked(s *session, blocked <-chan amqp.Blocking) {
+	defer s.setBlocked(false) // the connection is gone: release the waiters
+	for b := range blocked {
+		s.setBlocked(b.Active)
+		v := 0.0
+		if b.Active {
+			v = 1
+			r.log.Warn("the broker blocks publishing (resource alarm): retries and dead letters wait", "reason", b.Reason)
+		} else {
+			r.log.Info("the broker unblocked publishing")
+		}
+		r.metrics.blocked.WithLabelValues(r.cfg.Name).Set(v)
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 // Options tune a pool.
@@ -49,11 +48,7 @@ func Open(ctx context.Context, o Options, log *slog.Logger) (*gorm.DB, error) {
 	sqlDB.SetMaxIdleConns(max(o.MaxConns, 2))
 	sqlDB.SetConnMaxLifetime(30 * time.Minute)
 	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{
-		Logger: logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
-			SlowThreshold:             time.Second,
-			LogLevel:                  logger.Warn,
-			IgnoreRecordNotFoundError: true,
-		}),
+		Logger:                 newQuietLogger(log.With("component", "gorm"), time.Second),
 		SkipDefaultTransaction: true,
 	})
 	if err != nil {

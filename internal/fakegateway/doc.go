@@ -7,10 +7,11 @@
 //
 // POST /v1/charges takes an Idempotency-Key header (1 to 255 characters) and a
 // JSON body {"order_id","customer_id","amount_cents","currency"}, and answers 201
-// with the charge. Each key is one row of the table charges:
+// with the charge. Each key is one charge in the Store:
 //
-//   - A new key is inserted in the state in_flight, and committed, before the
-//     charge is executed; the row then becomes completed with the exact response.
+//   - A new key is stored in the state in_flight, visible to other requests,
+//     before the charge is executed; it then becomes completed with the exact
+//     response.
 //   - The same key with the same request replays the stored response byte for
 //     byte, with the header Idempotent-Replayed: true.
 //   - The same key with a different request (compared by a SHA-256 fingerprint of
@@ -20,7 +21,7 @@
 //     have crashed mid-request, and exactly one later request takes it over and
 //     executes it.
 //
-// GET /healthz answers 200 while the database answers. GET /metrics serves the
+// GET /healthz answers 200 while the store answers. GET /metrics serves the
 // Prometheus registry. GET and POST /faults read and set the fault knobs, and
 // exist only when the Server is built with FaultsEnabled.
 //
@@ -35,6 +36,18 @@
 //
 // ErrorRate answers 503 before anything is stored. LostResponseRate executes and
 // stores the charge, then drops the connection without a response, as a network
-// failure after the charge would. Latency delays the execution after the
-// in-flight row is committed, which widens the window for concurrent retries.
+// failure after the charge would. Latency is the network time of every charge
+// request, whatever its answer: a request that executes a charge spends it in
+// flight, after its claim is stored, which widens the window for concurrent
+// retries (409); any other request (a replay, 409, 422, 400, an injected 503)
+// answers once that time has passed since it arrived. A client that leaves
+// while its charge waits releases the claim.
+//
+// # Stores
+//
+// PostgresStore keeps the charges in the table charges of the gateway's own
+// database, one commit per claim and one per completion; the fault scripts and
+// inboxctl verify need it. MemoryStore has the same semantics without a
+// database, so that a benchmark measures the consumer rather than the gateway's
+// commits. One contract test suite runs against both.
 package fakegateway

@@ -21,7 +21,8 @@ type Faults struct {
 	// LostResponseRate is the probability of executing and storing a charge and
 	// then dropping the connection without a response.
 	LostResponseRate float64
-	// Latency delays every charge after its in-flight row is committed.
+	// Latency is the network time of every charge request; a request that
+	// executes a charge spends it in flight (see the package documentation).
 	Latency time.Duration
 }
 

@@ -19,22 +19,76 @@ import (
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
-// env is one Server over its own database, served by httptest.
+// env is one Server over its own store, served by httptest.
 type env struct {
 	srv    *Server
 	url    string
-	db     *gorm.DB
+	probe  probe
 	reg    *prometheus.Registry
 	client *http.Client
 }
 
+// storeKind is one Store implementation under test, with the probe that reads
+// its charges.
+type storeKind struct {
+	name string
+	open func(t *testing.T) (Store, probe)
+}
+
+var (
+	postgresStore = storeKind{"postgres", openPostgres}
+	memoryStore   = storeKind{"memory", openMemory}
+)
+
+// eachStore runs test against every Store implementation: one contract, two stores.
+func eachStore(t *testing.T, opts Options, test func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, k := range []storeKind{postgresStore, memoryStore} {
+		t.Run(k.name, func(t *testing.T) { test(t, newEnvWith(t, k, opts)) })
+	}
+}
+
+// newEnv is an env over the PostgreSQL store, for tests of the server alone.
 func newEnv(t *testing.T, opts Options) *env {
 	t.Helper()
+	return newEnvWith(t, postgresStore, opts)
+}
+
+func newEnvWith(t *testing.T, k storeKind, opts Options) *env {
+	t.Helper()
+	st, p := k.open(t)
+	if opts.InFlightTakeover == 0 {
+		opts.InFlightTakeover = 30 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	srv, err := NewServerWithStore(st, reg, testLogger(t), Faults{}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	client := &http.Client{Timeout: 30 * time.Second}
+	t.Cleanup(client.CloseIdleConnections)
+	return &env{srv: srv, url: hs.URL, probe: p, reg: reg, client: client}
+}
+
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// probe reads a store's charges for assertions, and ages them for takeover tests.
+type probe interface {
+	row(t *testing.T, key string) row
+	count(t *testing.T) int
+	// age makes the key's claim time d ago.
+	age(t *testing.T, key string, d time.Duration)
+}
+
+func openPostgres(t *testing.T) (Store, probe) {
 	ctx := context.Background()
-	log := slog.New(slog.NewJSONHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	db, err := database.Open(ctx, database.Options{
 		URL: testenv.Postgres(t), MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fakegateway-test",
-	}, log)
+	}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,19 +100,12 @@ func newEnv(t *testing.T, opts Options) *env {
 	if _, err := migrations.Apply(ctx, sqlDB, migrations.Gateway); err != nil {
 		t.Fatal(err)
 	}
-	if opts.InFlightTakeover == 0 {
-		opts.InFlightTakeover = 30 * time.Second
-	}
-	reg := prometheus.NewRegistry()
-	srv, err := NewServer(db, reg, log, Faults{}, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
-	client := &http.Client{Timeout: 30 * time.Second}
-	t.Cleanup(client.CloseIdleConnections)
-	return &env{srv: srv, url: hs.URL, db: db, reg: reg, client: client}
+	return NewPostgresStore(db), postgresProbe{db}
+}
+
+func openMemory(*testing.T) (Store, probe) {
+	st := NewMemoryStore()
+	return st, memoryProbe{st}
 }
 
 func (e *env) setFaults(t *testing.T, f Faults) {
@@ -125,8 +172,20 @@ type row struct {
 
 func (e *env) row(t *testing.T, key string) row {
 	t.Helper()
+	return e.probe.row(t, key)
+}
+
+func (e *env) count(t *testing.T) int {
+	t.Helper()
+	return e.probe.count(t)
+}
+
+type postgresProbe struct{ db *gorm.DB }
+
+func (p postgresProbe) row(t *testing.T, key string) row {
+	t.Helper()
 	var r row
-	err := e.db.Raw(`SELECT id, state, status, decline_reason, response_code, response_body, replays, completed_at
+	err := p.db.Raw(`SELECT id, state, status, decline_reason, response_code, response_body, replays, completed_at
 		FROM charges WHERE idempotency_key = ?`, key).Row().
 		Scan(&r.ID, &r.State, &r.Status, &r.DeclineReason, &r.ResponseCode, &r.ResponseBody, &r.Replays, &r.CompletedAt)
 	if err != nil {
@@ -135,13 +194,60 @@ func (e *env) row(t *testing.T, key string) row {
 	return r
 }
 
-func (e *env) count(t *testing.T) int {
+func (p postgresProbe) count(t *testing.T) int {
 	t.Helper()
 	var n int
-	if err := e.db.Raw(`SELECT count(*) FROM charges`).Row().Scan(&n); err != nil {
+	if err := p.db.Raw(`SELECT count(*) FROM charges`).Row().Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
+}
+
+func (p postgresProbe) age(t *testing.T, key string, d time.Duration) {
+	t.Helper()
+	err := p.db.Exec(`UPDATE charges SET created_at = now() - make_interval(secs => ?) WHERE idempotency_key = ?`,
+		d.Seconds(), key).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+type memoryProbe struct{ s *MemoryStore }
+
+func (p memoryProbe) row(t *testing.T, key string) row {
+	t.Helper()
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	ch, ok := p.s.byKey[key]
+	if !ok {
+		t.Fatalf("row of key %s: none", key)
+	}
+	r := row{ID: ch.id, State: ch.state, ResponseBody: ch.body, Replays: ch.replays}
+	if ch.state == stateCompleted {
+		status, code, at, reason := ch.status, ch.code, ch.completedAt, ch.reason // copies: the store goes on
+		r.Status, r.ResponseCode, r.CompletedAt = &status, &code, &at
+		if reason != "" {
+			r.DeclineReason = &reason
+		}
+	}
+	return r
+}
+
+func (p memoryProbe) count(*testing.T) int {
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	return len(p.s.byKey)
+}
+
+func (p memoryProbe) age(t *testing.T, key string, d time.Duration) {
+	t.Helper()
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	ch, ok := p.s.byKey[key]
+	if !ok {
+		t.Fatalf("age key %s: none", key)
+	}
+	ch.createdAt = time.Now().Add(-d)
 }
 
 // counter reads one series of the registry, 0 when absent.

@@ -13,8 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"gorm.io/gorm"
-
-	"github.com/inbox-template/payment-service/internal/database"
 )
 
 // Options are the Server's settings besides its dependencies.
@@ -28,8 +26,7 @@ type Options struct {
 
 // Server is the fake gateway's HTTP API.
 type Server struct {
-	store    store
-	db       *gorm.DB
+	store    Store
 	log      *slog.Logger
 	metrics  *metrics
 	gatherer prometheus.Gatherer
@@ -42,6 +39,12 @@ type Server struct {
 // NewServer builds a Server over a database migrated with migrations.Gateway and
 // registers its metrics with reg, which /metrics then serves.
 func NewServer(db *gorm.DB, reg *prometheus.Registry, log *slog.Logger, faults Faults, opts Options) (*Server, error) {
+	return NewServerWithStore(NewPostgresStore(db), reg, log, faults, opts)
+}
+
+// NewServerWithStore builds a Server over st, a PostgresStore or a MemoryStore,
+// and registers its metrics with reg, which /metrics then serves.
+func NewServerWithStore(st Store, reg *prometheus.Registry, log *slog.Logger, faults Faults, opts Options) (*Server, error) {
 	if err := faults.Validate(); err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
 	}
@@ -53,8 +56,7 @@ func NewServer(db *gorm.DB, reg *prometheus.Registry, log *slog.Logger, faults F
 		return nil, fmt.Errorf("register gateway metrics: %w", err)
 	}
 	return &Server{
-		store:    store{db: db},
-		db:       db,
+		store:    st,
 		log:      log,
 		metrics:  m,
 		gatherer: reg,
@@ -80,7 +82,7 @@ func (s *Server) Handler() http.Handler {
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := database.Ping(ctx, s.db); err != nil {
+	if err := s.store.ping(ctx); err != nil {
 		s.log.WarnContext(ctx, "health check failed", slog.Any("error", err))
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable"})
 		return

@@ -92,7 +92,7 @@ func TestFaultsValidate(t *testing.T) {
 
 func TestNewServerRejectsBadSettings(t *testing.T) {
 	log := discardLogger()
-	if _, err := NewServer(nil, prometheus.NewRegistry(), log, Faults{ErrorRate: 2}, Options{InFlightTakeover: time.Second}); err == nil {
+	if _, err := NewServerWithStore(NewMemoryStore(), prometheus.NewRegistry(), log, Faults{ErrorRate: 2}, Options{InFlightTakeover: time.Second}); err == nil {
 		t.Fatal("NewServer accepted an error rate of 2")
 	}
 	if _, err := NewServer(nil, prometheus.NewRegistry(), log, Faults{}, Options{}); err == nil {
@@ -108,11 +108,15 @@ func TestNewServerRejectsBadSettings(t *testing.T) {
 }
 
 func TestHealthz(t *testing.T) {
+	mem := newEnvWith(t, memoryStore, Options{})
+	if got := mem.do(t, http.MethodGet, "/healthz", "", ""); got.code != http.StatusOK {
+		t.Fatalf("healthz of the memory store = %d %s, want 200", got.code, got.body)
+	}
 	e := newEnv(t, Options{})
 	if got := e.do(t, http.MethodGet, "/healthz", "", ""); got.code != http.StatusOK || string(got.body) != `{"status":"ok"}` {
 		t.Fatalf("healthz = %d %s, want 200 {\"status\":\"ok\"}", got.code, got.body)
 	}
-	sqlDB, err := e.db.DB()
+	sqlDB, err := e.probe.(postgresProbe).db.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,27 +129,28 @@ func TestHealthz(t *testing.T) {
 }
 
 func TestMetricsEndpoint(t *testing.T) {
-	e := newEnv(t, Options{})
-	e.post(t, "key-1", chargeJSON("ord-1", 1000))
-	e.post(t, "key-1", chargeJSON("ord-1", 1000))
-	e.post(t, "key-2", chargeJSON("ord-2", 1002))
-	e.post(t, "", chargeJSON("ord-3", 1000))
-	got := e.do(t, http.MethodGet, "/metrics", "", "")
-	if got.code != http.StatusOK {
-		t.Fatalf("metrics = %d", got.code)
-	}
-	for _, line := range []string{
-		`gateway_requests_total{result="created"} 2`,
-		`gateway_requests_total{result="replayed"} 1`,
-		`gateway_requests_total{result="bad_request"} 1`,
-		`gateway_requests_total{result="lost_response"} 0`,
-		`gateway_charges_total{status="succeeded"} 1`,
-		`gateway_charges_total{status="declined"} 1`,
-	} {
-		if !strings.Contains(string(got.body), line+"\n") {
-			t.Errorf("metrics lack %q", line)
+	eachStore(t, Options{}, func(t *testing.T, e *env) {
+		e.post(t, "key-1", chargeJSON("ord-1", 1000))
+		e.post(t, "key-1", chargeJSON("ord-1", 1000))
+		e.post(t, "key-2", chargeJSON("ord-2", 1002))
+		e.post(t, "", chargeJSON("ord-3", 1000))
+		got := e.do(t, http.MethodGet, "/metrics", "", "")
+		if got.code != http.StatusOK {
+			t.Fatalf("metrics = %d", got.code)
 		}
-	}
+		for _, line := range []string{
+			`gateway_requests_total{result="created"} 2`,
+			`gateway_requests_total{result="replayed"} 1`,
+			`gateway_requests_total{result="bad_request"} 1`,
+			`gateway_requests_total{result="lost_response"} 0`,
+			`gateway_charges_total{status="succeeded"} 1`,
+			`gateway_charges_total{status="declined"} 1`,
+		} {
+			if !strings.Contains(string(got.body), line+"\n") {
+				t.Errorf("metrics lack %q", line)
+			}
+		}
+	})
 }
 
 func TestUnknownRoutes(t *testing.T) {

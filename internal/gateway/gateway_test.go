@@ -97,9 +97,13 @@ func TestChargeClassifiesStatusErrors(t *testing.T) {
 		want error
 	}{
 		{http.StatusBadRequest, gateway.ErrRejected},
-		{http.StatusUnprocessableEntity, gateway.ErrRejected},
-		{http.StatusNotFound, gateway.ErrRejected},
 		{http.StatusPaymentRequired, gateway.ErrRejected},
+		{http.StatusUnprocessableEntity, gateway.ErrKeyReused},
+		{http.StatusUnauthorized, gateway.ErrMisconfigured}, // a rotated API key
+		{http.StatusForbidden, gateway.ErrMisconfigured},
+		{http.StatusNotFound, gateway.ErrMisconfigured}, // a wrong GATEWAY_URL path
+		{http.StatusMethodNotAllowed, gateway.ErrMisconfigured},
+		{http.StatusGone, gateway.ErrMisconfigured},
 		{http.StatusConflict, gateway.ErrInFlight},
 		{http.StatusTooManyRequests, gateway.ErrUnavailable},
 		{http.StatusRequestTimeout, gateway.ErrUnavailable},
@@ -109,7 +113,7 @@ func TestChargeClassifiesStatusErrors(t *testing.T) {
 		{http.StatusGatewayTimeout, gateway.ErrUnavailable},
 		{http.StatusFound, gateway.ErrUnavailable}, // not followed: a redirected POST would become a GET
 	}
-	sentinels := []error{gateway.ErrUnavailable, gateway.ErrInFlight, gateway.ErrRejected}
+	sentinels := []error{gateway.ErrUnavailable, gateway.ErrInFlight, gateway.ErrRejected, gateway.ErrKeyReused, gateway.ErrMisconfigured}
 	for _, tt := range tests {
 		t.Run(http.StatusText(tt.code), func(t *testing.T) {
 			body := `{"error":"nope"}`

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // ErrPayloadMismatch means a message id was already applied with a different
@@ -49,28 +49,89 @@ func Fingerprint(body []byte) []byte {
 	return sum[:]
 }
 
+// Key is a message to look up: its id and its body.
+type Key struct {
+	MessageID string
+	Body      []byte
+}
+
+// Seen is what a look-up found of one Key: Applied means the id is in the
+// inbox with the same body; Err is ErrPayloadMismatch if it is there with
+// another body.
+type Seen struct {
+	Applied bool
+	Err     error
+}
+
 // Seen reports whether messageID was already applied, with a plain read that
 // takes no lock: a known duplicate can then skip the handler and its outside
 // calls. It returns ErrPayloadMismatch if the id was applied with another body.
 // A false answer is only a hint: the claim in Commit decides.
 func (ib *Inbox) Seen(ctx context.Context, messageID string, body []byte) (bool, error) {
-	var seen Entry
-	err := ib.db.WithContext(ctx).Select("payload_sha256").
-		Where("message_id = ? AND consumer = ?", messageID, ib.consumer).Limit(1).Find(&seen).Error
-	switch {
-	case err != nil:
-		return false, fmt.Errorf("look up message %s in inbox: %w", messageID, err)
-	case seen.PayloadSHA256 == nil:
-		return false, nil
-	case !bytes.Equal(seen.PayloadSHA256, Fingerprint(body)):
-		return false, fmt.Errorf("message %s: %w", messageID, ErrPayloadMismatch)
+	seen, err := ib.SeenMany(ctx, []Key{{MessageID: messageID, Body: body}})
+	if err != nil {
+		return false, err
 	}
-	return true, nil
+	return seen[0].Applied, seen[0].Err
+}
+
+// SeenMany is Seen for many messages with one read.
+func (ib *Inbox) SeenMany(ctx context.Context, keys []Key) ([]Seen, error) {
+	sqlDB, err := ib.db.DB()
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(keys))
+	for i, k := range keys {
+		ids[i] = k.MessageID
+	}
+	found, err := fingerprints(ctx, sqlDB, ib.consumer, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look up %d messages in inbox: %w", len(keys), err)
+	}
+	out := make([]Seen, len(keys))
+	for i, k := range keys {
+		sum, ok := found[k.MessageID]
+		switch {
+		case !ok:
+		case !bytes.Equal(sum, Fingerprint(k.Body)):
+			out[i].Err = fmt.Errorf("message %s: %w", k.MessageID, ErrPayloadMismatch)
+		default:
+			out[i].Applied = true
+		}
+	}
+	return out, nil
+}
+
+// querier is a *sql.DB or *sql.Tx.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// fingerprints reads the stored fingerprints of the ids present in the inbox.
+func fingerprints(ctx context.Context, q querier, consumer string, ids []string) (map[string][]byte, error) {
+	rows, err := q.QueryContext(ctx,
+		`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, consumer, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := make(map[string][]byte, len(ids))
+	for rows.Next() {
+		var id string
+		var sum []byte
+		if err := rows.Scan(&id, &sum); err != nil {
+			return nil, err
+		}
+		found[id] = sum
+	}
+	return found, rows.Err()
 }
 
 // Item is one message to commit: its id and body, and the writes that must
 // commit together with its inbox row. Apply runs only if the id is claimed now
-// (not applied before); nil Apply commits the inbox row alone.
+// (not applied before); nil Apply commits the inbox row alone. Apply may run
+// more than once (see Commit): only its last run commits.
 type Item struct {
 	MessageID string
 	Body      []byte
@@ -86,20 +147,127 @@ type Result struct {
 }
 
 // Commit claims and applies every item in one transaction (group commit): one
-// COMMIT, and so one WAL flush, for all of them. Each item of a batch runs
-// under its own savepoint, so an item whose claim or writes fail is rolled back
-// alone and reported in its Result while the others commit. A non-nil error
-// means the transaction as a whole failed (begin, savepoint or COMMIT): then
-// nothing of any item was committed, whatever the Results say.
+// COMMIT, and so one WAL flush, for all of them. An item whose claim or writes
+// fail is rolled back alone and reported in its Result while the others
+// commit. A non-nil error means the transaction as a whole failed (begin or
+// COMMIT): then nothing of any item was committed, whatever the Results say.
 //
-// Items are claimed in message-id order, so that two batches holding some of
-// the same ids (duplicates on two replicas) take the row locks in one order.
+// A batch first runs optimistically: one INSERT claims every id, then each
+// item's writes run, with no savepoint. If anything fails, that transaction
+// is rolled back and the batch runs again with a savepoint per item, so that
+// the failure stays with its item. Items are claimed in message-id order, so
+// two batches holding some of the same ids (duplicates on two replicas) take
+// the row locks in one order.
 func (ib *Inbox) Commit(ctx context.Context, items []Item) ([]Result, error) {
 	order := make([]int, len(items))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].MessageID, items[b].MessageID) })
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(items[a].MessageID, items[b].MessageID) })
+	if len(items) > 1 {
+		if results, err := ib.commitFast(ctx, items, order); err == nil {
+			return results, nil
+		}
+	}
+	return ib.commitEach(ctx, items, order)
+}
+
+// errFallBack rolls back the optimistic transaction of a batch with a failure.
+var errFallBack = errors.New("an item failed: run the batch with savepoints")
+
+// commitFast claims the whole batch with one statement and applies each fresh
+// item; any failure rolls it all back (errFallBack, or the transaction's).
+func (ib *Inbox) commitFast(ctx context.Context, items []Item, order []int) ([]Result, error) {
+	results := make([]Result, len(items))
+	err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		claimed, err := ib.claimAll(tx, items, order)
+		if err != nil {
+			return err
+		}
+		known, err := ib.knownFingerprints(tx, items, claimed)
+		if err != nil {
+			return err
+		}
+		first := map[string]int{} // id → the item that claimed it in this batch
+		for _, i := range order {
+			it := items[i]
+			if claimed[it.MessageID] {
+				if j, dup := first[it.MessageID]; dup {
+					known[it.MessageID] = Fingerprint(items[j].Body)
+				} else {
+					first[it.MessageID] = i
+					results[i].Fresh = true
+					if it.Apply != nil && it.Apply(tx) != nil {
+						return errFallBack
+					}
+					continue
+				}
+			}
+			if !bytes.Equal(known[it.MessageID], Fingerprint(it.Body)) {
+				return errFallBack // a payload mismatch: let the careful pass report it
+			}
+		}
+		return nil
+	})
+	return results, err
+}
+
+// claimAll inserts every distinct id of the batch, ON CONFLICT DO NOTHING, and
+// returns the ids it inserted: the others were applied before.
+func (ib *Inbox) claimAll(tx *gorm.DB, items []Item, order []int) (map[string]bool, error) {
+	var values strings.Builder
+	args := make([]any, 0, 3*len(items))
+	seen := map[string]bool{}
+	for _, i := range order {
+		it := items[i]
+		if seen[it.MessageID] {
+			continue
+		}
+		seen[it.MessageID] = true
+		if len(args) > 0 {
+			values.WriteString(", ")
+		}
+		values.WriteString("(?, ?, ?)")
+		args = append(args, it.MessageID, ib.consumer, Fingerprint(it.Body))
+	}
+	rows, err := tx.Raw(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES `+values.String()+
+		` ON CONFLICT DO NOTHING RETURNING message_id`, args...).Rows()
+	if err != nil {
+		return nil, fmt.Errorf("claim %d messages in inbox: %w", len(seen), err)
+	}
+	defer rows.Close()
+	claimed := make(map[string]bool, len(seen))
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		claimed[id] = true
+	}
+	return claimed, rows.Err()
+}
+
+// knownFingerprints reads the stored fingerprints of the ids not claimed now.
+func (ib *Inbox) knownFingerprints(tx *gorm.DB, items []Item, claimed map[string]bool) (map[string][]byte, error) {
+	var ids []string
+	for _, it := range items {
+		if !claimed[it.MessageID] && !slices.Contains(ids, it.MessageID) {
+			ids = append(ids, it.MessageID)
+		}
+	}
+	if len(ids) == 0 {
+		return map[string][]byte{}, nil
+	}
+	sqlTx, ok := tx.Statement.ConnPool.(*sql.Tx)
+	if !ok {
+		return nil, errors.New("inbox: not in a database/sql transaction")
+	}
+	return fingerprints(tx.Statement.Context, sqlTx, ib.consumer, ids)
+}
+
+// commitEach runs the batch with a savepoint per item (none for a single
+// item): a failure rolls back its item alone.
+func (ib *Inbox) commitEach(ctx context.Context, items []Item, order []int) ([]Result, error) {
 	results := make([]Result, len(items))
 	savepoints := len(items) > 1
 	err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -172,21 +340,20 @@ func (ib *Inbox) Process(ctx context.Context, messageID string, body []byte, app
 
 func (ib *Inbox) claim(tx *gorm.DB, messageID string, body []byte) (bool, error) {
 	sum := Fingerprint(body)
-	res := tx.Clauses(clause.OnConflict{DoNothing: true}).
-		Create(&Entry{MessageID: messageID, Consumer: ib.consumer, PayloadSHA256: sum})
+	res := tx.Exec(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`,
+		messageID, ib.consumer, sum)
 	if res.Error != nil {
 		return false, fmt.Errorf("claim message %s in inbox: %w", messageID, res.Error)
 	}
 	if res.RowsAffected == 1 {
 		return true, nil
 	}
-	var seen Entry
-	err := tx.Select("payload_sha256").
-		Where("message_id = ? AND consumer = ?", messageID, ib.consumer).Take(&seen).Error
+	var stored []byte
+	err := tx.Raw(`SELECT payload_sha256 FROM inbox WHERE message_id = ? AND consumer = ?`, messageID, ib.consumer).Row().Scan(&stored)
 	if err != nil {
 		return false, fmt.Errorf("read inbox entry of message %s: %w", messageID, err)
 	}
-	if !bytes.Equal(seen.PayloadSHA256, sum) {
+	if !bytes.Equal(stored, sum) {
 		return false, fmt.Errorf("message %s: %w", messageID, ErrPayloadMismatch)
 	}
 	return false, nil

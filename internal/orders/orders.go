@@ -10,6 +10,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -122,6 +123,12 @@ func (o OrderPlaced) Validate() error {
 		}
 		if len(v) > maxIDLen {
 			return invalid(ReasonInvalidField, "%s is longer than %d bytes", name, maxIDLen)
+		}
+		// Valid JSON and UTF-8, but PostgreSQL text refuses NUL, and no id
+		// of ours holds a control character: invalid input, not a failure
+		// to retry.
+		if strings.ContainsFunc(v, unicode.IsControl) {
+			return invalid(ReasonInvalidField, "%s holds a control character", name)
 		}
 	}
 	if o.AmountCents <= 0 {

@@ -29,6 +29,12 @@ const (
 // OutcomeDeclined counts a card decline: a business outcome, recorded and acked.
 const OutcomeDeclined consumer.Outcome = "declined"
 
+// ReasonOrderConflict dead-letters an order published again with another
+// amount, currency or customer: whether the first is paid or still in flight,
+// the gateway refuses the order's key for another request (422), and a payment
+// already recorded is compared too, in case the gateway forgot the key.
+const ReasonOrderConflict = "order_conflict"
+
 // Payment is one row of the payments table: the result of charging one order.
 type Payment struct {
 	ID            int64     `gorm:"column:id;primaryKey"`
@@ -87,10 +93,15 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 		AmountCents:    ev.AmountCents,
 		Currency:       ev.Currency,
 	})
-	if errors.Is(err, gateway.ErrRejected) {
+	switch {
+	case errors.Is(err, gateway.ErrKeyReused):
+		// The order's key was charged for another amount, currency or customer.
+		return nil, consumer.Permanent(ReasonOrderConflict, err)
+	case errors.Is(err, gateway.ErrRejected):
 		return nil, consumer.Permanent("gateway_rejected", err)
-	}
-	if err != nil {
+	case errors.Is(err, gateway.ErrMisconfigured):
+		return nil, consumer.Pause("gateway_misconfigured", err) // every message alike: not theirs
+	case err != nil:
 		return nil, err // the client's error names the order
 	}
 	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
@@ -119,11 +130,27 @@ func record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderP
 	case res.Error != nil:
 		return "", fmt.Errorf("insert payment of order %s: %w", ev.OrderID, res.Error)
 	case res.RowsAffected == 0:
-		return consumer.OutcomeDuplicate, nil
+		return sameOrder(ctx, tx, ev)
 	case p.Status == StatusDeclined:
 		return OutcomeDeclined, nil
 	}
 	return consumer.OutcomeProcessed, nil
+}
+
+// sameOrder decides about an order already paid under another message id: the
+// same order again is a duplicate; another amount, currency or customer is a
+// conflict, dead-lettered for a person to look at.
+func sameOrder(ctx context.Context, tx *gorm.DB, ev orders.OrderPlaced) (consumer.Outcome, error) {
+	var paid Payment
+	if err := tx.WithContext(ctx).Where("order_id = ?", ev.OrderID).Take(&paid).Error; err != nil {
+		return "", fmt.Errorf("read payment of order %s: %w", ev.OrderID, err)
+	}
+	if paid.AmountCents != ev.AmountCents || paid.Currency != ev.Currency || paid.CustomerID != ev.CustomerID {
+		return "", consumer.Permanent(ReasonOrderConflict, fmt.Errorf(
+			"order %s was paid as %d %s for customer %s, now published as %d %s for customer %s",
+			ev.OrderID, paid.AmountCents, paid.Currency, paid.CustomerID, ev.AmountCents, ev.Currency, ev.CustomerID))
+	}
+	return consumer.OutcomeDuplicate, nil
 }
 
 // EventID finds the event_id of a body, for producers that set no AMQP

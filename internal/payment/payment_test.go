@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,6 +284,8 @@ func TestPoisonMessages(t *testing.T) {
 		{"no-id", "application/json", `{"order_id":"o"}`, consumer.ReasonMissingID, true},
 		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, consumer.ReasonBodyTooLarge, false},
 		{"content-type", "text/plain", valid, consumer.ReasonUnsupportedContent, false},
+		// Valid JSON and UTF-8, but PostgreSQL text refuses NUL: invalid at once, not retried.
+		{"nul-in-order-id", "application/json", strings.Replace(valid, `"o"`, `"o\u0000x"`, 1), orders.ReasonInvalidField, false},
 	}
 	for _, tt := range tests {
 		id := "poison-" + tt.name
@@ -353,4 +357,73 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 func TestModelMatchesSchema(t *testing.T) {
 	db, _ := testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	testenv.AssertModelMatchesTable(t, db, &payment.Payment{})
+}
+
+// The same order published again under a new message id with another amount
+// is a conflict, dead-lettered with its own reason, whether the first is paid
+// already or still in flight at the gateway.
+func TestConflictingRepublishIsDeadLettered(t *testing.T) {
+	for _, inFlight := range []bool{false, true} {
+		t.Run(fmt.Sprintf("in-flight=%v", inFlight), func(t *testing.T) {
+			s := newStack(t)
+			m := s.service()
+			first, other := order("o-conflict", 1500), order("o-conflict", 2500)
+			other.EventID = "evt-other"
+			if inFlight {
+				if err := s.gateway.SetFaults(fakegateway.Faults{Latency: 700 * time.Millisecond}); err != nil {
+					t.Fatal(err)
+				}
+				s.publishOrder("msg-first", first)
+				s.publishOrder("msg-other", other)
+			} else {
+				s.publishOrder("msg-first", first)
+				waitOutcome(t, m, "processed", 1)
+				s.publishOrder("msg-other", other)
+			}
+			reasons := s.drainDLQ(1)
+			if reasons["msg-other"] != payment.ReasonOrderConflict {
+				t.Fatalf("dead letters %v, want msg-other with %s", reasons, payment.ReasonOrderConflict)
+			}
+			waitOutcome(t, m, "processed", 1)
+			s.assertPaidOnce("o-conflict")
+			var amount int64
+			if err := s.db.Table("payments").Select("amount_cents").Where("order_id = ?", "o-conflict").Scan(&amount).Error; err != nil || amount != 1500 {
+				t.Fatalf("paid amount %d (%v), want the first one, 1500", amount, err)
+			}
+		})
+	}
+}
+
+// A gateway that refuses every request alike (401 after a key rotation) is
+// our configuration's fault, not the messages': the consumer pauses, spends no
+// attempt and dead-letters nothing, and pays everything once the gateway
+// accepts again.
+func TestGatewayMisconfiguredPausesInsteadOfDeadLettering(t *testing.T) {
+	s := newStack(t)
+	var refuse atomic.Bool
+	refuse.Store(true)
+	gw := s.gateway.Handler()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if refuse.Load() {
+			http.Error(w, `{"error":"invalid API key"}`, http.StatusUnauthorized)
+			return
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	s.gwURL = proxy.URL
+	m := s.service()
+	const n = 10
+	for i := range n {
+		s.publishOrder(fmt.Sprintf("m-%d", i), order(fmt.Sprintf("o-401-%d", i), 1000+int64(i)*100))
+	}
+	testenv.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	refuse.Store(false)
+	waitOutcome(t, m, "processed", n)
+	if outcomes(m, "dead_lettered") != 0 || outcomes(m, "retried") != 0 {
+		t.Fatalf("dead-lettered %d, retried %d: want neither", outcomes(m, "dead_lettered"), outcomes(m, "retried"))
+	}
+	for i := range n {
+		s.assertPaidOnce(fmt.Sprintf("o-401-%d", i))
+	}
 }

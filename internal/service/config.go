@@ -3,6 +3,7 @@ package service
 import (
 	"time"
 
+	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/retention"
 )
 
@@ -64,9 +65,11 @@ func (c *Config) validate(v *Checks) {
 	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
 	v.Require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
 	v.Require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
-	// Each committer holds a connection for its transaction; the inbox
-	// look-ups of the workers and the readiness ping need at least one more.
-	v.Require(c.DBCommitters < c.MaxConns, "DB_MAX_CONNS", "must exceed DB_COMMITTERS (%d) so that look-ups and pings get a connection, got %d: raise DB_MAX_CONNS", c.DBCommitters, c.MaxConns)
+	// Each committer holds a connection for its transaction, each inbox
+	// look-up reader one for its read.
+	v.Require(c.DBCommitters+consumer.LookupReaders <= c.MaxConns, "DB_MAX_CONNS",
+		"must be at least DB_COMMITTERS + %d look-up readers = %d, got %d: raise DB_MAX_CONNS",
+		consumer.LookupReaders, c.DBCommitters+consumer.LookupReaders, c.MaxConns)
 	v.Require(c.GroupCommitMax >= 1 && c.GroupCommitMax <= 1000, "GROUP_COMMIT_MAX", "must be between 1 (a transaction per message) and 1000, got %d", c.GroupCommitMax)
 	v.Require(c.GroupCommitWait >= 0 && c.GroupCommitWait <= time.Second, "GROUP_COMMIT_WAIT", "must be between 0 and 1s, got %s", c.GroupCommitWait)
 	v.Require(c.MaxBodyBytes >= 256, "MAX_BODY_BYTES", "must be at least 256, got %d", c.MaxBodyBytes)

@@ -52,6 +52,13 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer database.Close(db)
+	// Readiness and the pause logic ask a connection of their own: a pool busy
+	// with workers must not look like an outage.
+	checker, err := database.NewChecker(cfg.URL)
+	if err != nil {
+		return err
+	}
+	defer checker.Close()
 	reg := newRegistry()
 	k := &Kit{Config: cfg, DB: db, Log: log, Metrics: reg}
 	if cfg.FaultsEnabled {
@@ -59,7 +66,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		k.Crasher = faults.NewCrasher()
 		log.Warn("fault injection enabled: POST /faults/crash arms crash points")
 	}
-	rt, err := newRuntime(opts, k)
+	rt, err := newRuntime(opts, k, checker.Check)
 	if err != nil {
 		return err
 	}
@@ -67,7 +74,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt)}
+	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, checker.Check)}
 	return serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log)
 }
 
@@ -102,7 +109,7 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	return db, nil
 }
 
-func newRuntime(opts Options, k *Kit) (*consumer.Runtime, error) {
+func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
 	h, err := opts.NewHandler(k)
 	if err != nil {
 		return nil, fmt.Errorf("build the handler: %w", err)
@@ -128,7 +135,7 @@ func newRuntime(opts Options, k *Kit) (*consumer.Runtime, error) {
 		MaxAttempts:      cfg.MaxAttempts,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
 		ReconnectMaxWait: cfg.ReconnectMaxWait,
-		DatabaseCheck:    func(ctx context.Context) error { return database.Ping(ctx, k.DB) },
+		DatabaseCheck:    check,
 		OnStage:          onStage,
 	}, inbox.New(k.DB, cfg.Consumer), h, cfg.HandlerTimeout, consumer.NewMetrics(k.Metrics), k.Log)
 }
@@ -168,10 +175,10 @@ func PruneConfig(cfg Config) retention.Config {
 	}
 }
 
-func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime) *http.ServeMux {
+func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, check health.Check) *http.ServeMux {
 	mux := health.Mux(reg, map[string]health.Check{
-		"broker":   func(context.Context) error { return rt.Ready() },
-		"database": func(ctx context.Context) error { return database.Ping(ctx, k.DB) },
+		"consumer": func(context.Context) error { return rt.Ready() },
+		"database": check,
 	})
 	if k.Crasher != nil {
 		mux.Handle("/faults/", k.Crasher.Handler())

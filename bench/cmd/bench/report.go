@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"text/tabwriter"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// machine is what the numbers were measured on.
+type machine struct {
+	cpu      string
+	cores    int
+	kernel   string
+	rabbitmq string
+	postgres string
+	goVer    string
+}
+
+func describeMachine(ctx context.Context, b *bench) machine {
+	m := machine{cpu: "unknown CPU", cores: runtime.NumCPU(), goVer: runtime.Version(), rabbitmq: "?", postgres: "?"}
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	if v, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.kernel = "Linux " + strings.TrimSpace(string(v))
+	}
+	if conn, err := amqp.Dial(b.o.amqpURL); err == nil {
+		if v, ok := conn.Properties["version"].(string); ok {
+			m.rabbitmq = v
+		}
+		conn.Close()
+	}
+	if v, err := b.pg.Version(ctx); err == nil {
+		v, _, _ = strings.Cut(v, " on ")
+		m.postgres = strings.TrimPrefix(v, "PostgreSQL ")
+	}
+	if d, err := b.pg.Durability(ctx); err == nil {
+		m.postgres += " (" + d + ")"
+	}
+	return m
+}
+
+// table is the report of a run.
+type table struct {
+	head   []string
+	rows   [][]string
+	notes  []string
+	header string
+}
+
+func newTable(o options, m machine, results []result) table {
+	t := table{head: []string{"configuration", "msg/s", "× amqp091", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
+	var plain float64
+	for _, r := range results {
+		if r.name == "amqp091" && r.err == nil {
+			plain = r.rate
+		}
+	}
+	messages := 0
+	for _, r := range results {
+		if r.name != "pgbench" && r.drained > 0 {
+			messages = r.drained
+		}
+		t.rows = append(t.rows, t.row(r, plain))
+	}
+	t.header = fmt.Sprintf("bench: %d orders per configuration", o.messages)
+	if messages > 0 {
+		t.header += fmt.Sprintf(" (%d messages with the duplicates, seed %d)", messages, o.seed)
+	}
+	if o.paced > 0 {
+		t.header += fmt.Sprintf("; publish→commit over a %s paced phase at %.0f%% of each drain rate (at most %.0f msg/s)",
+			o.paced, 100*o.pacedFraction, o.pacedMaxRate)
+	}
+	t.header += fmt.Sprintf("\nmachine: %s, %d cores, %s; RabbitMQ %s; PostgreSQL %s; %s",
+		m.cpu, m.cores, m.kernel, m.rabbitmq, m.postgres, m.goVer)
+	t.notes = append(t.notes,
+		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second).",
+		"paced msg/s (lag): the paced phase's rate, and the time from its last publish until every message was settled; a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing.",
+		"p50/p99: publish→commit in the paced phase; exact for the peers, ≈ interpolated linearly within the buckets of payment-service's consumer_end_to_end_seconds histogram.",
+		"peak RSS: VmHWM of the consumer process. DB conns: peak sessions of the configuration's database in pg_stat_activity, sampled every 100 ms (busy: not idle).")
+	return t
+}
+
+func (t *table) row(r result, plain float64) []string {
+	if r.err != nil {
+		t.notes = append(t.notes, fmt.Sprintf("%s failed: %v", r.name, r.err))
+		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", r.settings}
+	}
+	ratio := "–"
+	if plain > 0 {
+		ratio = fmt.Sprintf("%.2f×", r.rate/plain)
+	}
+	rss := "–"
+	if r.rss > 0 {
+		rss = fmt.Sprintf("%.1f MiB", float64(r.rss)/(1<<20))
+	}
+	paced := "–"
+	if r.paced.rate > 0 {
+		paced = fmt.Sprintf("%.0f (%.1f s)", r.paced.rate, r.paced.lag.Seconds())
+	}
+	return []string{
+		r.label, fmt.Sprintf("%.0f", r.rate), ratio, paced,
+		fmtLatency(r.lat, r.lat.p50, r.lat.above50), fmtLatency(r.lat, r.lat.p99, r.lat.above99),
+		rss, fmt.Sprintf("%d/%d", r.conns.Open, r.conns.Busy), r.settings,
+	}
+}
+
+func fmtLatency(q quantiles, ms float64, above bool) string {
+	if q.n == 0 || math.IsNaN(ms) {
+		return "–"
+	}
+	prefix := ""
+	switch {
+	case above:
+		prefix = "> "
+	case q.method == "histogram":
+		prefix = "≈ "
+	}
+	if ms < 10 {
+		return fmt.Sprintf("%s%.1f ms", prefix, ms)
+	}
+	return fmt.Sprintf("%s%.0f ms", prefix, ms)
+}
+
+func (t table) text() string {
+	var b strings.Builder
+	b.WriteString("\n" + t.header + "\n\n")
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, strings.Join(t.head, "\t"))
+	for _, r := range t.rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
+	}
+	w.Flush()
+	b.WriteString("\n")
+	for _, n := range t.notes {
+		b.WriteString(n + "\n")
+	}
+	return b.String()
+}
+
+func (t table) markdown() string {
+	var b strings.Builder
+	b.WriteString(strings.ReplaceAll(t.header, "\n", "  \n") + "\n\n")
+	b.WriteString("| " + strings.Join(t.head, " | ") + " |\n")
+	b.WriteString(strings.Repeat("|---", len(t.head)) + "|\n")
+	for _, r := range t.rows {
+		b.WriteString("| " + strings.Join(r, " | ") + " |\n")
+	}
+	b.WriteString("\n")
+	for _, n := range t.notes {
+		b.WriteString("- " + n + "\n")
+	}
+	return b.String()
+}

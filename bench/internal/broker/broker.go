@@ -1,0 +1,150 @@
+// Package broker is the bench's side of RabbitMQ: a vhost per configuration
+// (through rabbitmqctl), the payment service's topology declared before the
+// queue is pre-filled, and the queue counts a drain is judged by.
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The payment service's names and its work queue's delivery limit, at their
+// defaults (internal/config/payment.go of the template).
+const (
+	Exchange           = "orders"
+	RoutingKey         = "order.placed"
+	Queue              = "payments.order-placed"
+	DeadLetterExchange = "payments.dlx"
+	DeadLetterQueue    = "payments.order-placed.dlq"
+	DeliveryLimit      = 20
+)
+
+// QueueArgs are the work queue's arguments, as internal/rabbit/topology.go of
+// the template declares them; that package is internal to the template's module,
+// so the bench mirrors it. A drift cannot go unnoticed: RabbitMQ refuses the
+// service's own declaration of a queue with other arguments
+// (PRECONDITION_FAILED), and the service does not start.
+func QueueArgs() amqp.Table {
+	return amqp.Table{
+		"x-queue-type":              "quorum",
+		"x-overflow":                "reject-publish",
+		"x-dead-letter-strategy":    "at-least-once",
+		"x-dead-letter-exchange":    DeadLetterExchange,
+		"x-dead-letter-routing-key": Queue,
+		"x-delivery-limit":          int64(DeliveryLimit),
+	}
+}
+
+// Declare creates what the pre-fill needs before any consumer runs: the
+// exchange, the work queue bound to it, and the dead-letter exchange and queue.
+// The service declares its retry queues itself at start.
+func Declare(amqpURL string) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return fmt.Errorf("connect to declare the topology: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open a channel: %w", err)
+	}
+	steps := []func() error{
+		func() error { return ch.ExchangeDeclare(Exchange, amqp.ExchangeTopic, true, false, false, false, nil) },
+		func() error {
+			return ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil)
+		},
+		func() error { _, err := ch.QueueDeclare(Queue, true, false, false, false, QueueArgs()); return err },
+		func() error {
+			_, err := ch.QueueDeclare(DeadLetterQueue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+			return err
+		},
+		func() error { return ch.QueueBind(Queue, RoutingKey, Exchange, false, nil) },
+		func() error { return ch.QueueBind(DeadLetterQueue, Queue, DeadLetterExchange, false, nil) },
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return fmt.Errorf("declare the topology: %w", err)
+		}
+	}
+	return nil
+}
+
+// Ready is the number of ready messages in queue: not delivered, or delivered
+// and requeued. Unacknowledged deliveries are not counted; Ctl.Counts has both.
+func Ready(ch *amqp.Channel, queue string) (int, error) {
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("inspect queue %s: %w", queue, err)
+	}
+	return q.Messages, nil
+}
+
+// Ctl runs rabbitmqctl.
+type Ctl struct {
+	command []string
+}
+
+// NewCtl takes the command line that runs rabbitmqctl, e.g. "sudo rabbitmqctl".
+func NewCtl(command string) Ctl { return Ctl{command: strings.Fields(command)} }
+
+func (c Ctl) run(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.command[0], append(c.command[1:], args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w: %s", strings.Join(c.command, " "), strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// AddVHost creates vhost, grants the user of base every permission on it, and
+// returns base's URL pointed into it.
+func (c Ctl) AddVHost(ctx context.Context, base, vhost string) (string, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return "", fmt.Errorf("parse AMQP URL: %w", err)
+	}
+	if _, err := c.run(ctx, "add_vhost", vhost); err != nil {
+		return "", err
+	}
+	if _, err := c.run(ctx, "set_permissions", "-p", vhost, u.User.Username(), ".*", ".*", ".*"); err != nil {
+		return "", err
+	}
+	u.Path = "/" + vhost
+	return u.String(), nil
+}
+
+// DeleteVHost deletes vhost with everything in it.
+func (c Ctl) DeleteVHost(ctx context.Context, vhost string) error {
+	_, err := c.run(ctx, "delete_vhost", vhost)
+	return err
+}
+
+// Counts returns the ready and unacknowledged messages of queue in vhost.
+func (c Ctl) Counts(ctx context.Context, vhost, queue string) (ready, unacked int, err error) {
+	out, err := c.run(ctx, "list_queues", "-q", "--no-table-headers", "-p", vhost, "name", "messages_ready", "messages_unacknowledged")
+	if err != nil {
+		return 0, 0, err
+	}
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) != 3 || f[0] != queue {
+			continue
+		}
+		r, err1 := strconv.Atoi(f[1])
+		u, err2 := strconv.Atoi(f[2])
+		if err1 != nil || err2 != nil {
+			return 0, 0, fmt.Errorf("list_queues: unexpected line %q", line)
+		}
+		return r, u, nil
+	}
+	return 0, 0, fmt.Errorf("list_queues: no queue %s in vhost %s", queue, vhost)
+}

@@ -1,0 +1,173 @@
+// Package scratchdb gives each bench configuration a fresh PostgreSQL database,
+// counts what the consumer committed there, and samples the connections the
+// consumer holds to it.
+package scratchdb
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ObserverApp is the application_name of the bench's own connections, which the
+// connection samples leave out.
+const ObserverApp = "bench-observer"
+
+// Server is a PostgreSQL server reached through an admin URL (a superuser on
+// an existing database, such as postgres).
+type Server struct {
+	AdminURL string
+}
+
+func (s Server) exec(ctx context.Context, sql string) error {
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", redact(s.AdminURL), err)
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// Create makes an empty database and returns its URL.
+func (s Server) Create(ctx context.Context, name string) (string, error) {
+	if err := s.exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", fmt.Errorf("create database %s: %w", name, err)
+	}
+	u, err := url.Parse(s.AdminURL)
+	if err != nil {
+		return "", fmt.Errorf("parse the admin URL: %w", err)
+	}
+	u.Path = "/" + name
+	return u.String(), nil
+}
+
+// Drop deletes the database, closing the sessions still in it.
+func (s Server) Drop(ctx context.Context, name string) error {
+	if err := s.exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("drop database %s: %w", name, err)
+	}
+	return nil
+}
+
+// Version is the server's version string, e.g. "PostgreSQL 15.20 (Debian …) on x86_64…".
+func (s Server) Version(ctx context.Context) (string, error) {
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var v string
+	err = conn.QueryRow(ctx, "SELECT version()").Scan(&v)
+	return v, err
+}
+
+// Durability shows the settings that trade durability for speed, which a
+// benchmark must not have changed: "fsync on, synchronous_commit on".
+func (s Server) Durability(ctx context.Context) (string, error) {
+	conn, err := pgx.Connect(ctx, s.AdminURL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(ctx)
+	var fsync, syncCommit string
+	err = conn.QueryRow(ctx, "SELECT current_setting('fsync'), current_setting('synchronous_commit')").Scan(&fsync, &syncCommit)
+	return "fsync " + fsync + ", synchronous_commit " + syncCommit, err
+}
+
+// Observer is one connection to a bench database, for the bench's own queries.
+type Observer struct {
+	conn *pgx.Conn
+	db   string
+}
+
+// Observe connects to the database at dbURL as ObserverApp.
+func Observe(ctx context.Context, dbURL string) (*Observer, error) {
+	cfg, err := pgx.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	cfg.RuntimeParams["application_name"] = ObserverApp
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", cfg.Database, err)
+	}
+	return &Observer{conn: conn, db: cfg.Database}, nil
+}
+
+// Close closes the connection.
+func (o *Observer) Close(ctx context.Context) error { return o.conn.Close(ctx) }
+
+// Payments counts the rows of the payments table.
+func (o *Observer) Payments(ctx context.Context) (int, error) {
+	var n int
+	err := o.conn.QueryRow(ctx, "SELECT count(*) FROM payments").Scan(&n)
+	return n, err
+}
+
+// Connections is a peak of the consumer's sessions in its database.
+type Connections struct {
+	Open int // sessions connected
+	Busy int // sessions not idle: running a statement, or inside a transaction
+}
+
+// SampleConnections counts the database's sessions other than the bench's own
+// every interval until ctx ends, and returns the peaks through the function it
+// returns, which waits for the sampler to stop.
+func (o *Observer) SampleConnections(ctx context.Context, admin Server, every time.Duration) func() (Connections, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		wg   sync.WaitGroup
+		peak Connections
+		err  error
+	)
+	wg.Go(func() { peak, err = sample(ctx, admin, o.db, every) })
+	return func() (Connections, error) {
+		cancel()
+		wg.Wait()
+		return peak, err
+	}
+}
+
+func sample(ctx context.Context, admin Server, db string, every time.Duration) (Connections, error) {
+	var peak Connections
+	conn, err := pgx.Connect(ctx, admin.AdminURL) // outside db, so it is not counted
+	if err != nil {
+		return peak, fmt.Errorf("connect to sample connections: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		var c Connections
+		err := conn.QueryRow(ctx, `
+			SELECT count(*), count(*) FILTER (WHERE state IS DISTINCT FROM 'idle')
+			FROM pg_stat_activity
+			WHERE datname = $1 AND application_name <> $2 AND backend_type = 'client backend'`,
+			db, ObserverApp).Scan(&c.Open, &c.Busy)
+		if ctx.Err() != nil {
+			return peak, nil
+		}
+		if err != nil {
+			return peak, fmt.Errorf("sample connections: %w", err)
+		}
+		peak.Open, peak.Busy = max(peak.Open, c.Open), max(peak.Busy, c.Busy)
+		select {
+		case <-ctx.Done():
+			return peak, nil
+		case <-tick.C:
+		}
+	}
+}
+
+func redact(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "the admin URL"
+	}
+	return u.Redacted()
+}

@@ -1,0 +1,140 @@
+package consumer
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// ErrPaused is matched by every error that pauses consumption.
+var ErrPaused = errors.New("dependency unavailable for every message")
+
+// PauseError says a dependency fails for every message alike (a gateway
+// answering 401 after a key rotation, a 404 from a wrong URL): the message is
+// not at fault. The runtime puts the message back without spending an
+// attempt, stops consuming (readiness fails with Cause), and resumes by itself
+// after a backoff.
+type PauseError struct {
+	Cause string // short and stable: "gateway_misconfigured"
+	Err   error
+}
+
+func (e *PauseError) Error() string {
+	if e.Err == nil {
+		return e.Cause
+	}
+	return e.Cause + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *PauseError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrPaused) true.
+func (e *PauseError) Is(target error) bool { return target == ErrPaused }
+
+// Pause marks err as a fault of a dependency that fails for every message.
+func Pause(cause string, err error) error { return &PauseError{Cause: cause, Err: err} }
+
+// step is where in the flow of a message an error arose.
+type step string
+
+const (
+	stepLookup  step = "inbox look-up"
+	stepHandler step = "handler"
+	stepCommit  step = "commit"
+)
+
+// stepError records the step of a failure: only the runtime's own database
+// steps take an error without an SQLSTATE (a dropped connection, a timeout)
+// for the database's fault; from the handler it is the outside call's.
+type stepError struct {
+	step step
+	err  error
+}
+
+func (e *stepError) Error() string { return string(e.step) + ": " + e.err.Error() }
+func (e *stepError) Unwrap() error { return e.err }
+
+func failedAt(s step, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &stepError{step: s, err: err}
+}
+
+// Pause causes the runtime reports.
+const (
+	CauseDatabase = "database"
+)
+
+// pauseCause says whether a failure is the infrastructure's rather than the
+// message's, and names it; "" means the message failed.
+func pauseCause(err error) string {
+	var pe *PauseError
+	if errors.As(err, &pe) {
+		return pe.Cause
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		if infrastructureState(pg.Code) {
+			return CauseDatabase
+		}
+		return ""
+	}
+	var se *stepError
+	if errors.As(err, &se) && se.step != stepHandler && connectionFault(err) {
+		return CauseDatabase
+	}
+	return ""
+}
+
+// infrastructureState reports whether an SQLSTATE is a fault of the database
+// or of its configuration rather than of the data: every message would fail
+// alike, so none should spend an attempt on it.
+func infrastructureState(code string) bool {
+	switch code[:2] {
+	case "08", // connection exception
+		"53", // insufficient resources: disk full, out of memory, too many connections
+		"57", // operator intervention: admin shutdown, cannot connect now, query canceled (statement timeout)
+		"58", // system error: I/O
+		"28", // invalid authorization: a rotated password
+		"3D": // the database does not exist
+		return true
+	}
+	switch code {
+	case "25006", // read_only_sql_transaction: a standby after a failover
+		"55P03", // lock_not_available: lock_timeout
+		"40001", // serialization_failure
+		"40P01", // deadlock_detected
+		"42501", // insufficient_privilege: a revoked grant
+		"42P01", // undefined_table: the schema is not migrated
+		"42703": // undefined_column: likewise
+		return true
+	}
+	return false
+}
+
+// connectionFault reports an error that carries no answer from the database:
+// the connection failed, was closed, or timed out.
+func connectionFault(err error) bool {
+	var netErr net.Error
+	var connectErr *pgconn.ConnectError
+	switch {
+	case errors.As(err, &netErr), errors.As(err, &connectErr),
+		errors.Is(err, driver.ErrBadConn), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, context.DeadlineExceeded), pgconn.Timeout(err), pgconn.SafeToRetry(err):
+		return true
+	}
+	return strings.Contains(err.Error(), "conn closed")
+}
+
+// errPausedSession ends a session so that consumption pauses.
+type errPausedSession struct{ cause string }
+
+func (e errPausedSession) Error() string { return fmt.Sprintf("paused: %s", e.cause) }

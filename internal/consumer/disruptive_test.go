@@ -1,0 +1,78 @@
+//go:build disruptive
+
+package consumer
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// This file holds tests that disturb the whole broker, not just their vhost.
+// They are built only with -tags disruptive and run on their own, after the
+// main suite (see the Makefile's test target).
+
+// A memory alarm blocks every connection that publishes. Retry copies are
+// published on a connection of their own, so the consuming connection keeps
+// acking and every message that succeeds is settled during the alarm; the
+// failed ones are retried once the alarm clears. With one shared connection,
+// the first retry publish would stop the broker from reading the acks.
+func TestDisruptiveMemoryAlarmDoesNotStopAcks(t *testing.T) {
+	e := newEnv(t)
+	const n = 200
+	e.publishMany(n, "alarm")
+	watermark := strings.TrimSpace(testenv.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	failing := func(m Message) bool { return strings.HasSuffix(m.ID, "7") && m.Attempt == 1 } // 20 of 200
+	rt := e.start(recordHandler(func(m Message) error {
+		if failing(m) {
+			return errTransient
+		}
+		return nil
+	}), func(c *Config) { c.Workers = 32; c.Prefetch = 64 })
+	const fail = n / 10 // ids ending in 7
+	waitFor(t, "every succeeding message applied during the alarm", func() bool {
+		_, d := e.applied()
+		return d == n-fail
+	})
+	if v := testutil.ToFloat64(rt.metrics.blocked.WithLabelValues(rt.cfg.Name)); v != 1 {
+		t.Errorf("consumer_publishing_blocked = %v during the alarm, want 1", v)
+	}
+	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
+	e.assertAllAppliedOnce(n, 2*time.Minute)
+}
+
+// The broker's max_message_size refuses an oversize publish before any
+// consumer holds it in memory: the cap the Compose stack sets.
+func TestDisruptiveBrokerCapsMessageSize(t *testing.T) {
+	e := newEnv(t)
+	old := strings.TrimSpace(testenv.Ctl(t, "eval", "application:get_env(rabbit, max_message_size)."))
+	testenv.Ctl(t, "eval", "application:set_env(rabbit, max_message_size, 1048576).")
+	t.Cleanup(func() {
+		if v, ok := strings.CutPrefix(old, "{ok,"); ok {
+			testenv.Ctl(t, "eval", "application:set_env(rabbit, max_message_size, "+strings.TrimSuffix(v, "}")+").")
+		} else {
+			testenv.Ctl(t, "eval", "application:unset_env(rabbit, max_message_size).")
+		}
+	})
+	ch := e.channel()
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	err := rabbit.PublishConfirmed(context.Background(), ch, e.topo.Exchange, e.topo.RoutingKey,
+		amqp.Publishing{MessageId: "huge", Body: make([]byte, 2<<20)})
+	if err == nil {
+		t.Fatal("a 2 MiB publish was accepted with max_message_size 1 MiB")
+	}
+	if n := e.queueDepth(e.topo.Queue); n != 0 {
+		t.Fatalf("%d messages in the work queue, want none", n)
+	}
+}

@@ -1,0 +1,76 @@
+package database_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// A pool smaller than the workers is busy most of the time: the check must not
+// wait behind it (a readiness probe timing out would be taken for an outage).
+// The Checker has a connection of its own.
+func TestCheckerDoesNotWaitForABusyPool(t *testing.T) {
+	dbURL := testenv.Postgres(t)
+	ctx := context.Background()
+	pool, err := database.Open(ctx, database.Options{URL: dbURL, MaxConns: 2, StatementTimeout: 10 * time.Second}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(pool) })
+	var busy sync.WaitGroup
+	for range 2 {
+		busy.Go(func() { pool.Exec(`SELECT pg_sleep(3)`) })
+	}
+	t.Cleanup(busy.Wait)
+	time.Sleep(300 * time.Millisecond) // both pooled connections are taken
+	pingCtx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := database.Ping(pingCtx, pool); err == nil {
+		t.Fatal("the pool answered a ping while both its connections slept: the test proves nothing")
+	}
+	checker, err := database.NewChecker(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = checker.Close() })
+	checkCtx, cancel2 := context.WithTimeout(ctx, time.Second)
+	defer cancel2()
+	if err := checker.Check(checkCtx); err != nil {
+		t.Fatalf("check while the pool is busy: %v", err)
+	}
+}
+
+// A database that answers but takes no writes fails the check.
+func TestCheckerSeesReadOnly(t *testing.T) {
+	dbURL := testenv.Postgres(t)
+	ctx := context.Background()
+	u, _ := url.Parse(dbURL)
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	checker, err := database.NewChecker(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = checker.Close() })
+	if err := checker.Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "ALTER DATABASE "+strings.TrimPrefix(u.Path, "/")+" SET default_transaction_read_only = on"); err != nil {
+		t.Fatal(err)
+	}
+	if err := checker.Check(ctx); !errors.Is(err, database.ErrReadOnly) {
+		t.Fatalf("check of a read-only database = %v, want ErrReadOnly", err)
+	}
+}
