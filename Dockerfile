@@ -46,8 +46,8 @@ ARG TARGETOS TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags="-s -w" -o /out/ \
-      ./cmd/payment-service ./cmd/fake-gateway ./cmd/order-publisher ./cmd/inboxctl
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/...
+RUN mkdir -p /state/order-publisher
 
 FROM gcr.io/distroless/static-debian12:nonroot AS fake-gateway
 LABEL org.opencontainers.image.title="fake-gateway" \
@@ -62,6 +62,9 @@ FROM gcr.io/distroless/static-debian12:nonroot AS order-publisher
 LABEL org.opencontainers.image.title="order-publisher" \
       org.opencontainers.image.description="Demo load for the RabbitMQ inbox payment-service template: publishes order.placed messages"
 COPY --from=build /out/order-publisher /usr/local/bin/
+# Where the Compose demo load records that it ran (order-publisher -once): a
+# named volume mounted here starts with this directory's owner, nonroot.
+COPY --from=build --chown=nonroot:nonroot /state/order-publisher /var/lib/order-publisher
 USER nonroot:nonroot
 # No EXPOSE: the publisher only connects to RabbitMQ and listens on no port.
 ENTRYPOINT ["/usr/local/bin/order-publisher"]

@@ -389,6 +389,8 @@ func TestPaymentServiceRunsTwoReplicas(t *testing.T) {
 	}
 }
 
+// TestStartOrderWaitsForHealth: a service starts once what it needs is
+// healthy (or, for a one-shot, finished).
 func TestStartOrderWaitsForHealth(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	want := map[string][]string{
@@ -396,11 +398,15 @@ func TestStartOrderWaitsForHealth(t *testing.T) {
 		"payment-service": {"fake-gateway", "postgres", "rabbitmq"},
 		"order-publisher": {"payment-service", "rabbitmq"},
 		"inboxctl":        {"postgres", "rabbitmq"},
+		"prometheus":      {"order-publisher"},
 	}
 	for _, s := range p.Services {
 		var deps []string
 		for dep, d := range s.DependsOn {
 			deps = append(deps, dep)
+			if service(t, p, dep).Restart == types.RestartPolicyNo && d.Condition == types.ServiceConditionCompletedSuccessfully {
+				continue // waiting for a one-shot to finish (TestOneShotsAreAdopted)
+			}
 			if d.Condition != types.ServiceConditionHealthy {
 				t.Errorf("%s: depends_on %s with condition %q, want service_healthy", s.Name, dep, d.Condition)
 			}
@@ -415,15 +421,25 @@ func TestStartOrderWaitsForHealth(t *testing.T) {
 	}
 }
 
-// TestOneShotsRunOnDemand: a service that exits by design sits behind a
-// profile and runs with `docker compose run --rm`: `up` would start it again
-// each time (publishing the demo orders again), and `up --wait` counts its
-// normal exit as a failure.
-func TestOneShotsRunOnDemand(t *testing.T) {
+// TestOneShotsAreAdopted: a service that exits by design either sits behind a
+// profile (run with `docker compose run --rm`), or is in the default set and
+// a long-running service depends on its successful completion: otherwise
+// `up --wait` counts its normal exit as a failure.
+func TestOneShotsAreAdopted(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	for _, s := range p.Services {
-		if s.Restart == types.RestartPolicyNo && len(s.Profiles) == 0 {
-			t.Errorf("%s: restart \"no\" in the default set; give it a profile", s.Name)
+		if s.Restart != types.RestartPolicyNo || len(s.Profiles) > 0 {
+			continue
+		}
+		adopted := false
+		for _, other := range p.Services {
+			if d, ok := other.DependsOn[s.Name]; ok && other.Restart != types.RestartPolicyNo &&
+				d.Condition == types.ServiceConditionCompletedSuccessfully {
+				adopted = true
+			}
+		}
+		if !adopted {
+			t.Errorf("%s: a one-shot in the default set that no long-running service waits for (service_completed_successfully)", s.Name)
 		}
 	}
 }
@@ -434,8 +450,15 @@ func TestOrderPublisherIsAOneShotDemo(t *testing.T) {
 	if s.Restart != types.RestartPolicyNo {
 		t.Errorf("order-publisher: restart %q, want \"no\"", s.Restart)
 	}
-	if !slices.Equal(s.Profiles, []string{"demo"}) {
-		t.Errorf("order-publisher: profiles %q, want [demo]", s.Profiles)
+	if len(s.Profiles) != 0 {
+		t.Errorf("order-publisher: profiles %q, want the default set: the demo load comes with `up`", s.Profiles)
+	}
+	if i := slices.Index(s.Command, "-once"); i < 0 || i+1 == len(s.Command) {
+		t.Errorf("order-publisher: command %q lacks -once FILE: `up` would publish the demo load every time", s.Command)
+	} else if once := s.Command[i+1]; !slices.ContainsFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
+		return v.Type == types.VolumeTypeVolume && strings.HasPrefix(once, v.Target+"/")
+	}) {
+		t.Errorf("order-publisher: -once %s is not on a named volume: the record would not survive the container", once)
 	}
 	if !slices.Equal(s.Entrypoint, types.ShellCommand{binDir + "order-publisher"}) {
 		t.Errorf("order-publisher: entrypoint %q", s.Entrypoint)

@@ -114,6 +114,7 @@ func dockerfileTargets(t *testing.T) (targets []target, problems []string) {
 	report := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	copyRE := regexp.MustCompile(`^COPY --from=` + buildStage + `((?: /out/[a-z0-9-]+)+) ` + binDir + `$`)
 	entryRE := regexp.MustCompile(`^ENTRYPOINT \["` + binDir + `([a-z0-9-]+)"\]$`)
+	stateRE := regexp.MustCompile(`^COPY --from=` + buildStage + ` --chown=nonroot:nonroot /state/([a-z0-9-]+) /var/lib/([a-z0-9-]+)$`)
 	for _, s := range dockerfileStages(t) {
 		if s.name == buildStage {
 			continue
@@ -126,6 +127,9 @@ func dockerfileTargets(t *testing.T) (targets []target, problems []string) {
 			instr, _, _ := strings.Cut(l, " ")
 			switch instr {
 			case "COPY":
+				if stateRE.MatchString(l) {
+					continue // an empty state directory owned by nonroot, for a named volume
+				}
 				m := copyRE.FindStringSubmatch(l)
 				if m == nil {
 					report("Dockerfile: target %s: %q; an image copies only binaries from /out/ of the build stage into %s", s.name, l, binDir)
@@ -387,7 +391,7 @@ func TestDockerfileBuildCommandBuildsHere(t *testing.T) {
 		pkgs = append(pkgs, "./cmd/"+p)
 	}
 	for _, p := range pkgs {
-		if !slices.Contains(args, p) {
+		if !slices.Contains(args, p) && !slices.Contains(args, "./cmd/...") {
 			t.Errorf("Dockerfile: go build does not build %s", p)
 		}
 	}
