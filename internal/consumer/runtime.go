@@ -160,11 +160,8 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
-	r.lookups = &lookups{inbox: ib, jobs: make(chan *lookupJob)}
-	r.commits = &committer{
-		inbox: ib, max: cfg.GroupCommitMax, wait: cfg.GroupCommitWait, timeout: applyMargin,
-		jobs: make(chan *commitJob), stage: r.stage, metrics: m, name: cfg.Name,
-	}
+	r.lookups = newLookups(ib)
+	r.commits = newCommitter(ib, cfg.GroupCommitMax, cfg.GroupCommitWait, applyMargin, r.stage, m, cfg.Name)
 	if r.cfg.StallTimeout == 0 {
 		// The longest one delivery can take: its transaction, then a retry or
 		// dead-letter publish with its confirm and the pause after a failed one.
