@@ -6,6 +6,7 @@ package payment
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -91,14 +92,17 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 	// one still in flight is caught by the gateway's key and the unique
 	// order_id below.
 	var paid Payment
-	switch err := h.db.WithContext(ctx).Where("order_id = ?", ev.OrderID).Limit(1).Find(&paid).Error; {
-	case err != nil:
-		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
-	case paid.ID != 0:
+	err = h.db.WithContext(ctx).Raw(`SELECT amount_cents, currency, customer_id FROM payments WHERE order_id = ?`, ev.OrderID).
+		Row().Scan(&paid.AmountCents, &paid.Currency, &paid.CustomerID)
+	switch {
+	case err == nil:
+		paid.OrderID = ev.OrderID
 		if err := conflict(paid, ev); err != nil {
 			return nil, err
 		}
 		return consumer.Duplicate, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
 	}
 	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
 		IdempotencyKey: IdempotencyKey(ev.OrderID),
