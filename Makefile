@@ -3,7 +3,8 @@
 # rabbitmqctl on PATH: the tests create their own databases and vhosts.
 GO      ?= go
 BIN     ?= bin
-PROGRAMS = payment-service fake-gateway order-publisher inboxctl
+# Every directory of cmd/ is a program: the one place the list lives.
+PROGRAMS = $(notdir $(wildcard cmd/*))
 
 .PHONY: all build test check fmt vet lint clean
 
@@ -17,7 +18,7 @@ build:
 # commit, the default), the packages that commit messages again with a
 # transaction per message, then the tests that restart the broker itself,
 # alone so that they disturb no other.
-COMMIT_PACKAGES = ./internal/inbox ./internal/consumer ./internal/payment ./internal/deadletter ./internal/e2e
+COMMIT_PACKAGES = ./internal/inbox ./internal/consumer ./internal/payment ./internal/deadletter ./internal/e2e ./examples/...
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1)"
@@ -46,10 +47,10 @@ FAULT_SCRIPTS ?= $(sort $(wildcard scripts/faults/*.sh))
 CHAOS_FLAGS   ?= --duration 60s --orders 1500
 
 faults: build
-	@for s in $(FAULT_SCRIPTS); do echo "== $$s"; ./$$s || exit 1; done
+	@for s in $(FAULT_SCRIPTS); do echo "== $$s"; bash $$s || exit 1; done
 
 chaos: build
-	./scripts/chaos.sh $(CHAOS_FLAGS)
+	bash scripts/chaos.sh $(CHAOS_FLAGS)
 
 # The same with the buffered inbox (every fault script takes INBOX_MODE).
 chaos-buffered: build

@@ -8,25 +8,33 @@
 #   wait_publishers; wait_drain
 #   finish                      # inboxctl verify, the report, PASS/FAIL SCENARIO, exit 0/1
 #
-# Two modes:
-#   local    (default when `docker info` fails): the programs of bin/ run as local
+# Two modes, chosen on purpose (nothing is guessed from what the machine has):
+#   local    (the default, or --local, STACK=local): the programs of bin/ run as local
 #            processes on the local RabbitMQ and PostgreSQL, in a fresh vhost and two
 #            fresh databases, on free ports; logs in the run directory. The EXIT trap
 #            kills every process it started and, unless KEEP=1, deletes the vhost and
 #            the databases.
-#   compose  (--compose, STACK=compose, or default when Docker answers): drives
-#            docker-compose.yml under its own project name (COMPOSE_PROJECT, default
-#            inbox-faults) on fresh volumes; the EXIT trap runs `down -v` unless KEEP=1.
+#   compose  (--compose or STACK=compose): drives the Compose stack of the repository
+#            (docker-compose.yml, plus docker-compose.override.yml if there is one, or
+#            the files of COMPOSE_FILE, relative to the repository) under its own
+#            project name (COMPOSE_PROJECT, default inbox-faults) on fresh volumes, with
+#            every *_HOST_PORT on a port Docker picks unless set in the environment,
+#            so that it runs beside local servers and another stack. Addresses come
+#            from `docker compose port`. The EXIT trap appends the containers' logs to
+#            compose.log in the run directory and runs `down -v` unless KEEP=1.
 #
 # Every wait is bounded: a timeout fails the script. Settings (environment):
 #   KEEP=1                  keep the vhost and databases (local) or the containers (compose)
-#   STACK=local|compose     force a mode
+#   STACK=local|compose     the mode (default local)
+#   COMPOSE_PROJECT         compose project name (default inbox-faults)
 #   FAULTS_DIR              parent of the run directories (default ${TMPDIR:-/tmp}/inbox-faults)
 #   BIN_DIR                 where the programs are (default bin/ of the repository)
 #   PGHOST PGPORT PGUSER    local PostgreSQL (default 127.0.0.1 5432 postgres; trust auth)
 #   AMQP_BASE               local broker without vhost (default amqp://guest:guest@127.0.0.1:5672)
 #   RABBITMQCTL             command for rabbitmqctl (default rabbitmqctl; e.g. "sudo rabbitmqctl")
 #   RETRY_DELAYS MAX_ATTEMPTS RECONNECT_MAX_WAIT   passed to the service (short defaults: quick drains)
+#   GATEWAY_IN_FLIGHT_TIMEOUT  the gateway's IN_FLIGHT_TAKEOVER and what the service is told of it
+#                           (default 5s: the short retries, at least 8.96s, must outlast it)
 #   INBOX_MODE              inline (default) or buffered: passed to the service; in buffered mode
 #                           BUFFER_RETRY_DELAYS and BUFFER_MAX_ATTEMPTS too (short defaults), and a
 #                           drain also waits for the buffered inbox's unprocessed messages
@@ -44,6 +52,7 @@ KIT_RECONNECT_MAX_WAIT=${RECONNECT_MAX_WAIT:-5s}
 KIT_INBOX_MODE=${INBOX_MODE:-inline}
 KIT_BUFFER_RETRY_DELAYS=${BUFFER_RETRY_DELAYS:-200ms,1s,2s}
 KIT_BUFFER_MAX_ATTEMPTS=${BUFFER_MAX_ATTEMPTS:-30}
+KIT_IN_FLIGHT=${GATEWAY_IN_FLIGHT_TIMEOUT:-5s}
 COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults}
 DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
 
@@ -109,8 +118,8 @@ usage: $0 [--local | --compose]
 
 Runs the fault scenario "$SCENARIO" on a clean stack and checks the invariants with
 inboxctl verify; prints PASS $SCENARIO or FAIL $SCENARIO and exits 0 or 1.
-Modes: local processes from bin/ on the local RabbitMQ and PostgreSQL (default
-when no Docker engine answers), or docker compose (--compose or STACK=compose).
+Modes: local processes from bin/ on the local RabbitMQ and PostgreSQL (the
+default, --local), or the Compose stack (--compose or STACK=compose).
 KEEP=1 keeps the vhost and databases (or the compose project) for inspection.
 Logs: \${TMPDIR:-/tmp}/inbox-faults/<scenario>-<timestamp>/.
 EOF
@@ -133,13 +142,7 @@ kit_init() {
       *) echo "unknown argument: $arg" >&2; usage_common >&2; exit 2 ;;
     esac
   done
-  if [[ -z $MODE ]]; then
-    if command -v docker >/dev/null 2>&1 && timeout 20 docker info >/dev/null 2>&1; then
-      MODE=compose
-    else
-      MODE=local
-    fi
-  fi
+  MODE=${MODE:-local}
   [[ $MODE == local || $MODE == compose ]] || { echo "STACK must be local or compose, got $MODE" >&2; exit 2; }
   RUN_TAG="$(date +%Y%m%d%H%M%S)-$$"
   RUN_DIR="${FAULTS_DIR:-${TMPDIR:-/tmp}/inbox-faults}/$SCENARIO-$RUN_TAG"
@@ -183,12 +186,15 @@ cleanup() {
     kill -TERM "$pid" 2>/dev/null
   done
   if [[ $MODE == compose ]]; then
-    compose logs --no-color --timestamps >"$RUN_DIR/compose.log" 2>&1
+    {
+      echo "=== containers' logs at exit ($(date -Is))"
+      compose logs --no-color --timestamps
+    } >>"$RUN_DIR/compose.log" 2>&1
     if [[ ${KEEP:-0} == 1 ]]; then
       echo "KEEP=1: the compose project $COMPOSE_PROJECT is still up; remove it with"
-      echo "  docker compose -p $COMPOSE_PROJECT down -v"
+      echo "  (cd $KIT_ROOT && docker compose -p $COMPOSE_PROJECT down -v)"
     else
-      compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1
+      compose_down
     fi
     exit "$rc"
   fi
@@ -209,7 +215,10 @@ cleanup() {
   exit "$rc"
 }
 
-compose() { timeout 900 docker compose -p "$COMPOSE_PROJECT" -f "$KIT_ROOT/docker-compose.yml" "$@"; }
+# compose runs docker compose in the repository, so that it reads the files a
+# user's own `docker compose` there would: COMPOSE_FILE, or docker-compose.yml
+# and docker-compose.override.yml, and .env.
+compose() { (cd "$KIT_ROOT" && timeout 900 docker compose -p "$COMPOSE_PROJECT" "$@"); }
 rmq() { timeout 60 "${RABBITMQCTL_CMD[@]}" "$@"; }
 
 # free_port prints a TCP port of 127.0.0.1 that nothing listens on and that
@@ -269,8 +278,8 @@ stack_up() {
   timeout 60 createdb "$DB_PAYMENTS"
   timeout 60 createdb "$DB_GATEWAY"
   GATEWAY_ADDR="127.0.0.1:$(free_port)"
-  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" FAULTS_ENABLED=true LOG_LEVEL=info \
-    "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
+  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
+    FAULTS_ENABLED=true LOG_LEVEL=info "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
   GATEWAY_PID=$!
   disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
   wait_until 30 "the fake gateway on $GATEWAY_ADDR" http_ok "http://$GATEWAY_ADDR/healthz"
@@ -284,19 +293,45 @@ stack_up() {
 
 pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
 
+# compose_down removes the project, its volumes and its network. A container
+# of `docker compose run` (the publisher, inboxctl) survives its client's
+# SIGTERM and `down --remove-orphans` while it runs, and would keep the network,
+# and publish into the next run's broker: those go first.
+compose_down() {
+  local oneoffs
+  oneoffs=$(docker ps -q --filter "label=com.docker.compose.project=${COMPOSE_PROJECT,,}" \
+    --filter label=com.docker.compose.oneoff=True) || true
+  if [[ -n $oneoffs ]]; then
+    # shellcheck disable=SC2086 # one id a word
+    docker rm -f $oneoffs >>"$RUN_DIR/compose.log" 2>&1
+  fi
+  compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1
+}
+
+# compose_up: the stack on fresh volumes, built from the working tree (BuildKit
+# reuses every cached layer, so a rebuild of unchanged code takes a second or
+# two), without Prometheus, which no scenario needs.
 compose_up() {
   command -v docker >/dev/null || die "docker is needed in compose mode"
   # The compose file passes these through to the services and to inboxctl.
-  export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT"
+  export RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" \
+    GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT"
   export INBOX_MODE="$KIT_INBOX_MODE" BUFFER_RETRY_DELAYS="$KIT_BUFFER_RETRY_DELAYS" BUFFER_MAX_ATTEMPTS="$KIT_BUFFER_MAX_ATTEMPTS"
-  say "compose project $COMPOSE_PROJECT on fresh volumes (needs 127.0.0.1:5672, 5432 and 8081 free)"
-  compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1 || true
+  # Host ports Docker picks (0), unless the environment sets them: never the
+  # ones of a local PostgreSQL or RabbitMQ, or of another stack.
+  export RABBITMQ_HOST_PORT=${RABBITMQ_HOST_PORT:-0} RABBITMQ_UI_HOST_PORT=${RABBITMQ_UI_HOST_PORT:-0} \
+    POSTGRES_HOST_PORT=${POSTGRES_HOST_PORT:-0} GATEWAY_HOST_PORT=${GATEWAY_HOST_PORT:-0} \
+    PROMETHEUS_HOST_PORT=${PROMETHEUS_HOST_PORT:-0}
+  say "compose project $COMPOSE_PROJECT on fresh volumes"
+  printf '=== %s: %s\n' "$(date -Is)" "compose_up" >>"$RUN_DIR/compose.log"
+  compose_down || true
   compose build fake-gateway payment-service order-publisher inboxctl >>"$RUN_DIR/compose.log" 2>&1 ||
     die "docker compose build failed (see $RUN_DIR/compose.log)"
   compose up -d --wait rabbitmq postgres fake-gateway payment-service >>"$RUN_DIR/compose.log" 2>&1 ||
     die "docker compose up failed (see $RUN_DIR/compose.log)"
   REPLICAS=2 # the compose file runs two
-  GATEWAY_ADDR=127.0.0.1:8081
+  GATEWAY_ADDR=$(compose port fake-gateway 8081 2>>"$RUN_DIR/compose.log" | tail -n1)
+  [[ -n $GATEWAY_ADDR ]] || die "docker compose port fake-gateway 8081 gave no address"
   local i
   for ((i = 1; i <= REPLICAS; i++)); do
     SERVICE_SEEN[i]=$(service_instance "$i")
@@ -307,14 +342,22 @@ compose_up() {
 
 # ---------------------------------------------------------------- payment-service replicas
 
-service_container() { echo "$COMPOSE_PROJECT-payment-service-$1"; }
+# service_container I prints the id of replica I's container, found by
+# Compose's labels (whatever names an override gives the containers).
+service_container() {
+  docker ps -aq --filter "label=com.docker.compose.project=${COMPOSE_PROJECT,,}" \
+    --filter label=com.docker.compose.service=payment-service \
+    --filter "label=com.docker.compose.container-number=$1" --filter label=com.docker.compose.oneoff=False |
+    head -n1
+}
 
-# service_addr I prints host:port of replica I (compose maps a new port after a restart).
+# service_addr I prints host:port of replica I (compose maps a new port after a
+# restart), or nothing while its container has none (Docker is restarting it).
 service_addr() {
   if [[ $MODE == local ]]; then
     echo "127.0.0.1:${SERVICE_PORT[$1]}"
   else
-    compose port --index "$1" payment-service 8080 2>/dev/null | tail -n1
+    compose port --index "$1" payment-service 8080 2>/dev/null | tail -n1 || true
   fi
 }
 
@@ -355,7 +398,8 @@ service_start() {
     printf '{"kit":"=== started by %s at %s"}\n' "$SCENARIO" "$(date -Is)" >>"$RUN_DIR/payment-service-$i.log"
     env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" GATEWAY_URL="http://$GATEWAY_ADDR" \
       HTTP_ADDR="127.0.0.1:${SERVICE_PORT[i]}" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
-      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
+      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
+      SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
       INBOX_MODE="$KIT_INBOX_MODE" BUFFER_RETRY_DELAYS="$KIT_BUFFER_RETRY_DELAYS" BUFFER_MAX_ATTEMPTS="$KIT_BUFFER_MAX_ATTEMPTS" \
       "${SERVICE_ENV[@]}" "$BIN_DIR/payment-service" >>"$RUN_DIR/payment-service-$i.log" 2>&1 &
     SERVICE_PID[i]=$!
@@ -460,6 +504,7 @@ set_crash_points() {
 arm_replica() {
   local i=$1 spec addr
   addr=$(service_addr "$i")
+  [[ -n $addr ]] || return 0 # restarting: supervise arms it once it is back
   curl -fsS -o /dev/null --max-time 5 -X DELETE "http://$addr/faults/crash" 2>/dev/null || return 0
   for spec in ${SERVICE_ARM[i]:-}; do
     curl -fsS -o /dev/null --max-time 5 -X POST "http://$addr/faults/crash?at=${spec%%:*}&probability=${spec##*:}" ||
@@ -496,6 +541,10 @@ crash_phase() {
 
 # gateway_faults JSON: POST /faults on the fake gateway (error_rate, lost_response_rate, latency).
 gateway_faults() {
+  if [[ $MODE == compose ]]; then
+    # Docker maps a new host port if it restarted the container.
+    GATEWAY_ADDR=$(compose port fake-gateway 8081 2>/dev/null | tail -n1) || true
+  fi
   curl -fsS -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' -d "$1" \
     "http://$GATEWAY_ADDR/faults" || die "POST /faults $1 to the fake gateway failed"
 }
@@ -692,6 +741,7 @@ run_verify() {
     if [[ $MODE == local ]]; then
       env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" \
         GATEWAY_DATABASE_URL="$(pg_url "$DB_GATEWAY")" RETRY_DELAYS="$KIT_RETRY_DELAYS" \
+        MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
         timeout 120 "$BIN_DIR/inboxctl" verify --summary "$RUN_DIR/$f" >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
     else
       compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \

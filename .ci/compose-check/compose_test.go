@@ -76,7 +76,8 @@ var connectionSettings = map[string]func(program, value string) string{
 	},
 	"GATEWAY_URL": func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
 	"HTTP_ADDR": func(prog, v string) string {
-		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081"}[prog]
+		// inboxctl loads the service's configuration: the service's value.
+		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081", "inboxctl": ":8080"}[prog]
 		if v != want {
 			return "want " + want
 		}
@@ -173,6 +174,10 @@ type envEntry struct {
 	programs []string // from the comment above: "# [payment-service, inboxctl] ..."
 }
 
+// composeOnly reports whether docker-compose.yml itself reads the variable
+// (marked "[compose]"), rather than a program.
+func (e envEntry) composeOnly() bool { return slices.Equal(e.programs, []string{"compose"}) }
+
 // envExampleEntries reads .env.example as NAME=value lines, each with the
 // programs named at the start of the comment above it (internal/config's test
 // holds that list to the programs' configuration structs).
@@ -237,12 +242,19 @@ func TestLoadsWithAndWithoutEnvFile(t *testing.T) {
 
 func TestEnvExampleReachesTheServices(t *testing.T) {
 	env := envExampleValues(t)
+	entries := envExampleEntries(t)
 	marked := map[string]string{}
 	for name := range env {
 		marked[name] = "marker-" + strings.ToLower(name)
+		if entries[name].composeOnly() {
+			marked[name] = env[name] // a port; TestHostPortsComeFromEnv follows them
+		}
 	}
 	p := load(t, marked)
 	for name := range env {
+		if entries[name].composeOnly() {
+			continue
+		}
 		_, fixed := connectionSettings[name]
 		readers := 0
 		for _, s := range p.Services {
@@ -320,9 +332,15 @@ func TestLongRunningServicesHaveHealthChecks(t *testing.T) {
 			t.Errorf("%s: needs an exec-form health check ([\"CMD\", ...]), got %+v", s.Name, hc)
 			continue
 		}
-		if hc.StartInterval != nil && hc.StartPeriod == nil {
-			// Docker Compose refuses this at `up`, not at load time.
-			t.Errorf("%s: healthcheck.start_interval needs healthcheck.start_period", s.Name)
+		if hc.StartInterval != nil {
+			// Engine 20.10 refuses it at `up` ("can't set
+			// healthcheck.start_interval"); short intervals do instead.
+			t.Errorf("%s: healthcheck.start_interval needs Engine 25; the stack runs on 20.10", s.Name)
+		}
+		if len(s.Profiles) > 0 {
+			// `docker compose down` only stops the services of the active
+			// profiles: this one would survive `down -v` and keep the network.
+			t.Errorf("%s: long-running, but in profiles %q; keep it in the default set", s.Name, s.Profiles)
 		}
 		if s.Build != nil {
 			// Our image has no shell: the program probes itself.
@@ -371,6 +389,8 @@ func TestPaymentServiceRunsTwoReplicas(t *testing.T) {
 	}
 }
 
+// TestStartOrderWaitsForHealth: a service starts once what it needs is
+// healthy (or, for a one-shot, finished).
 func TestStartOrderWaitsForHealth(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	want := map[string][]string{
@@ -378,11 +398,15 @@ func TestStartOrderWaitsForHealth(t *testing.T) {
 		"payment-service": {"fake-gateway", "postgres", "rabbitmq"},
 		"order-publisher": {"payment-service", "rabbitmq"},
 		"inboxctl":        {"postgres", "rabbitmq"},
+		"prometheus":      {"order-publisher"},
 	}
 	for _, s := range p.Services {
 		var deps []string
 		for dep, d := range s.DependsOn {
 			deps = append(deps, dep)
+			if service(t, p, dep).Restart == types.RestartPolicyNo && d.Condition == types.ServiceConditionCompletedSuccessfully {
+				continue // waiting for a one-shot to finish (TestOneShotsAreAdopted)
+			}
 			if d.Condition != types.ServiceConditionHealthy {
 				t.Errorf("%s: depends_on %s with condition %q, want service_healthy", s.Name, dep, d.Condition)
 			}
@@ -397,11 +421,44 @@ func TestStartOrderWaitsForHealth(t *testing.T) {
 	}
 }
 
+// TestOneShotsAreAdopted: a service that exits by design either sits behind a
+// profile (run with `docker compose run --rm`), or is in the default set and
+// a long-running service depends on its successful completion: otherwise
+// `up --wait` counts its normal exit as a failure.
+func TestOneShotsAreAdopted(t *testing.T) {
+	p := load(t, envExampleValues(t))
+	for _, s := range p.Services {
+		if s.Restart != types.RestartPolicyNo || len(s.Profiles) > 0 {
+			continue
+		}
+		adopted := false
+		for _, other := range p.Services {
+			if d, ok := other.DependsOn[s.Name]; ok && other.Restart != types.RestartPolicyNo &&
+				d.Condition == types.ServiceConditionCompletedSuccessfully {
+				adopted = true
+			}
+		}
+		if !adopted {
+			t.Errorf("%s: a one-shot in the default set that no long-running service waits for (service_completed_successfully)", s.Name)
+		}
+	}
+}
+
 func TestOrderPublisherIsAOneShotDemo(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	s := service(t, p, "order-publisher")
 	if s.Restart != types.RestartPolicyNo {
 		t.Errorf("order-publisher: restart %q, want \"no\"", s.Restart)
+	}
+	if len(s.Profiles) != 0 {
+		t.Errorf("order-publisher: profiles %q, want the default set: the demo load comes with `up`", s.Profiles)
+	}
+	if i := slices.Index(s.Command, "-once"); i < 0 || i+1 == len(s.Command) {
+		t.Errorf("order-publisher: command %q lacks -once FILE: `up` would publish the demo load every time", s.Command)
+	} else if once := s.Command[i+1]; !slices.ContainsFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
+		return v.Type == types.VolumeTypeVolume && strings.HasPrefix(once, v.Target+"/")
+	}) {
+		t.Errorf("order-publisher: -once %s is not on a named volume: the record would not survive the container", once)
 	}
 	if !slices.Equal(s.Entrypoint, types.ShellCommand{binDir + "order-publisher"}) {
 		t.Errorf("order-publisher: entrypoint %q", s.Entrypoint)
@@ -545,12 +602,16 @@ func TestPorts(t *testing.T) {
 		"postgres":        {5432},
 		"fake-gateway":    {8081},
 		"payment-service": {8080},
+		"prometheus":      {9090},
 	}
 	hostPorts := map[string]string{}
 	for _, s := range p.Services {
 		var targets []uint32
 		for _, port := range s.Ports {
 			targets = append(targets, port.Target)
+			if port.HostIP != "127.0.0.1" {
+				t.Errorf("%s: port %d published on %q; want 127.0.0.1 only (demo credentials)", s.Name, port.Target, port.HostIP)
+			}
 			if port.Published == "" {
 				continue
 			}
@@ -568,11 +629,76 @@ func TestPorts(t *testing.T) {
 	}
 }
 
+// wantHostPorts is the service and container port each [compose] variable of
+// .env.example publishes on the host.
+var wantHostPorts = map[string]struct {
+	service string
+	target  uint32
+}{
+	"RABBITMQ_HOST_PORT":    {"rabbitmq", 5672},
+	"RABBITMQ_UI_HOST_PORT": {"rabbitmq", 15672},
+	"POSTGRES_HOST_PORT":    {"postgres", 5432},
+	"GATEWAY_HOST_PORT":     {"fake-gateway", 8081},
+	"PROMETHEUS_HOST_PORT":  {"prometheus", 9090},
+}
+
+// TestHostPortsComeFromEnv: every fixed host port is a [compose] variable of
+// .env.example, defaulting to the container's port, so that the stack runs
+// beside local servers without editing the file.
+func TestHostPortsComeFromEnv(t *testing.T) {
+	entries := envExampleEntries(t)
+	env := envExampleValues(t)
+	var vars []string
+	for name, e := range entries {
+		if e.composeOnly() {
+			vars = append(vars, name)
+		}
+	}
+	slices.Sort(vars)
+	if got, want := vars, slices.Sorted(maps.Keys(wantHostPorts)); !slices.Equal(got, want) {
+		t.Fatalf(".env.example: [compose] variables %q, want %q", got, want)
+	}
+	// Each variable set to a port of its own: that port, and only it, moves.
+	moved := maps.Clone(env)
+	byPort := map[string]string{}
+	for i, name := range vars {
+		if w := wantHostPorts[name]; env[name] != strconv.FormatUint(uint64(w.target), 10) {
+			t.Errorf(".env.example: %s=%s; want the container port %d (today's default)", name, env[name], w.target)
+		}
+		port := strconv.Itoa(41000 + i)
+		moved[name] = port
+		byPort[port] = name
+	}
+	p := load(t, moved)
+	seen := map[string]bool{}
+	for _, s := range p.Services {
+		for _, port := range s.Ports {
+			if port.Published == "" {
+				continue // a free port, chosen by Docker
+			}
+			name, ok := byPort[port.Published]
+			if !ok {
+				t.Errorf("%s: host port %s for %d is fixed in docker-compose.yml; take it from a [compose] variable", s.Name, port.Published, port.Target)
+				continue
+			}
+			if w := wantHostPorts[name]; w.service != s.Name || w.target != port.Target {
+				t.Errorf("%s publishes %s:%d; want %s:%d", name, s.Name, port.Target, w.service, w.target)
+			}
+			seen[name] = true
+		}
+	}
+	for _, name := range vars {
+		if !seen[name] {
+			t.Errorf("%s is in .env.example but docker-compose.yml publishes no port with it", name)
+		}
+	}
+}
+
 func TestPrometheusScrapesEveryReplica(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	s := service(t, p, "prometheus")
-	if !slices.Equal(s.Profiles, []string{"metrics"}) {
-		t.Errorf("prometheus: profiles %q, want [metrics]", s.Profiles)
+	if len(s.Profiles) != 0 {
+		t.Errorf("prometheus: profiles %q; keep it in the default set, so that `down -v` stops it", s.Profiles)
 	}
 	var cfgPath string
 	for _, v := range s.Volumes {

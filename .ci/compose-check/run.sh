@@ -17,8 +17,8 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-compose_version=v2.40.3
-plugin="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins/docker-compose"
+# shellcheck source-path=SCRIPTDIR source=../compose-plugin.sh
+source "$here/../compose-plugin.sh"
 
 log() { printf '== %s\n' "$*"; }
 
@@ -34,35 +34,13 @@ case "${1:-}" in
   *) usage ;;
 esac
 
-# build_compose_plugin builds Docker Compose from its module in the Go module
-# cache. `go install module@version` refuses it (its go.mod has exclude
-# directives), so the module is built from a writable copy.
-build_compose_plugin() {
-  if [[ -x $plugin ]] && [[ "$("$plugin" version --short 2>/dev/null)" == "${compose_version#v}" ]]; then
-    log "docker compose ${compose_version} already installed at $plugin"
-    return
-  fi
-  log "building docker compose ${compose_version} from its Go module"
-  local src
-  src="$(mktemp -d)"
-  # Outside any module, so that nothing touches a go.mod or go.sum.
-  (cd "$src" && GOFLAGS=-mod=mod go mod download "github.com/docker/compose/v2@${compose_version}")
-  cp -R "$(go env GOMODCACHE)/github.com/docker/compose/v2@${compose_version}/." "$src/compose"
-  chmod -R u+w "$src/compose"
-  mkdir -p "$(dirname "$plugin")"
-  (cd "$src/compose" && CGO_ENABLED=0 go build -trimpath \
-    -ldflags="-s -w -X github.com/docker/compose/v2/internal.Version=${compose_version}" \
-    -o "$plugin" ./cmd)
-  rm -rf "$src"
-}
-
 # compose runs the Compose CLI: through docker when it is there, else the
 # plugin binary alone (it also works as a standalone docker-compose).
 compose() {
   if command -v docker >/dev/null && docker compose version >/dev/null 2>&1; then
     docker compose "$@"
-  elif [[ -x $plugin ]]; then
-    "$plugin" "$@"
+  elif [[ -x $compose_plugin ]]; then
+    "$compose_plugin" "$@"
   else
     return 127
   fi
@@ -75,7 +53,7 @@ log "docker-compose.yml and Dockerfile (compose-go)"
 (cd "$here" && go test -count=1 ./...)
 
 if $build_plugin; then
-  build_compose_plugin
+  install_compose_plugin
 fi
 if compose version >/dev/null 2>&1; then
   log "docker compose config ($(compose version --short))"

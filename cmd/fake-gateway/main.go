@@ -70,7 +70,7 @@ func serve(ctx context.Context, cfg config.FakeGateway, stdout, stderr io.Writer
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	faults := fakegateway.Faults{ErrorRate: cfg.ErrorRate, LostResponseRate: cfg.LostResponseRate, Latency: cfg.Latency}
+	faults := fakegateway.Faults{ErrorRate: cfg.ErrorRate, LostResponseRate: cfg.LostResponseRate, Latency: cfg.Latency, KeyTTL: cfg.KeyTTL}
 	srv, err := fakegateway.NewServerWithStore(store, reg, log, faults, fakegateway.Options{
 		InFlightTakeover: cfg.InFlightTakeover,
 		FaultsEnabled:    cfg.FaultsEnabled,

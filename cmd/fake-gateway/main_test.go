@@ -56,7 +56,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("run did not return after cancel")
 	}
-	for _, want := range []string{`"msg":"starting"`, `"IN_FLIGHT_TAKEOVER":"30s"`, `"msg":"listening"`, `"msg":"stopped"`, `"order_id":"order-1"`} {
+	for _, want := range []string{`"msg":"starting"`, `"IN_FLIGHT_TAKEOVER":"30s"`, `"KEY_TTL":"0s"`, `"msg":"listening"`, `"msg":"stopped"`, `"order_id":"order-1"`} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("logs lack %s:\n%s", want, logs.String())
 		}

@@ -186,7 +186,7 @@ func inboxExport(ctx context.Context, opts service.Options, args []string, stdou
 		return errors.New("inbox export: give exactly one of --id, --key or --all\n" + usage)
 	}
 	return withStore(ctx, opts, func(cfg service.Config, s *buffered.Store) error {
-		return withQueue(opts, func(q *deadletter.Queue) error {
+		return withQueue(opts, func(q *deadletter.Queue, _ ageLimit) error {
 			rep, err := q.Export(ctx, s, sel, *dryRun)
 			verb := "exported"
 			if *dryRun {

@@ -34,7 +34,7 @@ func dlq(ctx context.Context, opts service.Options, args []string, stdin io.Read
 
 // withQueue connects to the broker of the service's configuration and runs f
 // on its dead-letter queue.
-func withQueue(opts service.Options, f func(q *deadletter.Queue) error) error {
+func withQueue(opts service.Options, f func(q *deadletter.Queue, limit ageLimit) error) error {
 	cfg, err := service.LoadConfig(opts)
 	if err != nil {
 		return err
@@ -44,7 +44,34 @@ func withQueue(opts service.Options, f func(q *deadletter.Queue) error) error {
 		return err
 	}
 	defer conn.Close()
-	return f(deadletter.New(conn, service.Topology(cfg), opts.LogAttrs))
+	return f(deadletter.New(conn, service.Topology(cfg), opts.LogAttrs), newAgeLimit(cfg))
+}
+
+// ageLimit is the oldest a dead letter may be for a replay: the services it
+// calls remember its idempotency keys for keyTTL, and the replay's own
+// retries may take retries of that.
+type ageLimit struct {
+	max, keyTTL, retries time.Duration
+}
+
+func newAgeLimit(cfg service.Config) ageLimit {
+	return ageLimit{max: cfg.ReplayMaxAge(), keyTTL: cfg.IdempotencyKeyTTL, retries: cfg.LongestRetrySpan()}
+}
+
+func (l ageLimit) String() string {
+	return fmt.Sprintf("%s (IDEMPOTENCY_KEY_TTL %s less %s that a replay's retries may take)", l.max, l.keyTTL, l.retries)
+}
+
+// ageText says how old m is and what its age counts from.
+func ageText(m deadletter.Message, now time.Time) string {
+	switch {
+	case m.Published():
+		return "first published " + age(m.Age(now)) + " ago"
+	case m.AgeFrom != "":
+		return "dead-lettered " + age(m.Age(now)) + " ago (no publish time on the message: neither " +
+			deadletter.AgeFromPublishMillis + " nor a timestamp; it was first tried earlier still)"
+	}
+	return "of unknown age (no publish time, no dead-lettering time)"
 }
 
 func dlqList(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
@@ -57,44 +84,65 @@ func dlqList(ctx context.Context, opts service.Options, args []string, stdout io
 	if *limit < 1 {
 		return fmt.Errorf("dlq list: --limit must be at least 1, got %d", *limit)
 	}
-	return withQueue(opts, func(q *deadletter.Queue) error {
+	return withQueue(opts, func(q *deadletter.Queue, maxAge ageLimit) error {
 		l, err := q.List(ctx, *limit)
 		if err != nil {
 			return fmt.Errorf("dlq list: %w", err)
 		}
 		if *asJSON {
-			return printListingJSON(stdout, q.Name(), l, time.Now())
+			return printListingJSON(stdout, q.Name(), l, maxAge, time.Now())
 		}
-		return printListing(stdout, q.Name(), l, time.Now())
+		return printListing(stdout, q.Name(), l, maxAge, time.Now())
 	})
 }
 
-func printListing(w io.Writer, queue string, l deadletter.Listing, now time.Time) error {
+func printListing(w io.Writer, queue string, l deadletter.Listing, maxAge ageLimit, now time.Time) error {
 	fmt.Fprintf(w, "%s: %d messages, showing %d\n", queue, l.Depth, len(l.Messages))
 	if len(l.Messages) == 0 {
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "MESSAGE ID\tATTRIBUTES\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
+	var tooOld, undated bool
 	for _, m := range l.Messages {
+		cell := age(m.Age(now))
+		if m.AgeFrom != "" && !m.Published() {
+			cell += "*"
+			undated = true
+		}
+		if m.OlderThan(maxAge.max, now) {
+			cell += " too old"
+			tooOld = true
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason),
-			m.Attempts, m.Replays, age(m.Age(now)), orDash(oneLine(m.FirstError, 80)))
+			m.Attempts, m.Replays, cell, orDash(oneLine(m.FirstError, 80)))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if undated {
+		fmt.Fprintln(w, "*: no publish time on the message; its age counts from its dead-lettering, and it is older than that")
+	}
+	if tooOld {
+		fmt.Fprintf(w, "too old: older than %s, or of unknown age: dlq replay refuses it without --force\n", maxAge)
+	}
+	return nil
 }
 
-func printListingJSON(w io.Writer, queue string, l deadletter.Listing, now time.Time) error {
+func printListingJSON(w io.Writer, queue string, l deadletter.Listing, maxAge ageLimit, now time.Time) error {
 	type message struct {
 		deadletter.Message
 		AgeSeconds int64 `json:"age_seconds"`
+		TooOld     bool  `json:"too_old"` // dlq replay refuses it without --force
 	}
 	out := struct {
-		Queue    string    `json:"queue"`
-		Depth    int       `json:"depth"`
-		Messages []message `json:"messages"`
-	}{Queue: queue, Depth: l.Depth, Messages: []message{}}
+		Queue            string    `json:"queue"`
+		Depth            int       `json:"depth"`
+		ReplayMaxAgeSecs int64     `json:"replay_max_age_seconds"`
+		Messages         []message `json:"messages"`
+	}{Queue: queue, Depth: l.Depth, ReplayMaxAgeSecs: int64(maxAge.max.Seconds()), Messages: []message{}}
 	for _, m := range l.Messages {
-		out.Messages = append(out.Messages, message{m, int64(m.Age(now).Seconds())})
+		out.Messages = append(out.Messages, message{m, int64(m.Age(now).Seconds()), m.OlderThan(maxAge.max, now)})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -110,6 +158,7 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 	opts := deadletter.ReplayOptions{}
 	fs.BoolVar(&opts.DryRun, "dry-run", false, "show what would be replayed; change nothing")
 	fs.IntVar(&opts.MaxReplays, "max-replays", deadletter.DefaultMaxReplays, "refuse a message replayed this often already")
+	fs.BoolVar(&opts.Force, "force", false, "replay messages older than the idempotency keys live too (the side effects may repeat)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -119,9 +168,10 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 	if opts.MaxReplays < 1 {
 		return fmt.Errorf("dlq replay: --max-replays must be at least 1, got %d", opts.MaxReplays)
 	}
-	return withQueue(svc, func(q *deadletter.Queue) error {
+	return withQueue(svc, func(q *deadletter.Queue, maxAge ageLimit) error {
+		opts.MaxAge = maxAge.max
 		rep, err := q.Replay(ctx, sel, opts)
-		printReplay(stdout, rep, opts)
+		printReplay(stdout, rep, opts, maxAge, time.Now())
 		if err != nil {
 			return fmt.Errorf("dlq replay: %w", err)
 		}
@@ -129,7 +179,7 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 	})
 }
 
-func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.ReplayOptions) {
+func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.ReplayOptions, maxAge ageLimit, now time.Time) {
 	verb := "replayed"
 	if opts.DryRun {
 		verb = "would replay"
@@ -138,12 +188,21 @@ func printReplay(w io.Writer, rep deadletter.ReplayReport, opts deadletter.Repla
 		fmt.Fprintf(w, "%s %s (%s, reason %s) as replay %d of %d\n",
 			verb, orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason), m.Replays, opts.MaxReplays)
 	}
+	for _, m := range rep.Forced {
+		fmt.Fprintf(w, "forced %s (%s): %s, older than %s: the services it calls may have forgotten its idempotency keys "+
+			"and repeat its side effects\n", orDash(m.ID), orDash(m.AttrsText()), ageText(m, now), maxAge)
+	}
 	for _, m := range rep.Refused {
 		fmt.Fprintf(w, "refused %s (%s, reason %s): replayed %d times already (--max-replays %d); left in the dead-letter queue\n",
 			orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason), m.Replays, opts.MaxReplays)
 	}
-	fmt.Fprintf(w, "%d %s, %d refused, %d not selected (visited %d of %d)\n",
-		len(rep.Replayed), verb, len(rep.Refused), rep.Skipped, rep.Visited, rep.Depth)
+	for _, m := range rep.TooOld {
+		fmt.Fprintf(w, "refused %s (%s, reason %s): %s, older than %s: the services it calls may have forgotten its idempotency keys, "+
+			"and a replay could repeat its side effects (a card charged twice, say); left in the dead-letter queue (--force replays it)\n",
+			orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason), ageText(m, now), maxAge)
+	}
+	fmt.Fprintf(w, "%d %s, %d refused at the replay cap, %d refused as too old, %d not selected (visited %d of %d)\n",
+		len(rep.Replayed), verb, len(rep.Refused), len(rep.TooOld), rep.Skipped, rep.Visited, rep.Depth)
 	if opts.DryRun {
 		fmt.Fprintln(w, "dry run: nothing changed")
 	}
@@ -155,7 +214,7 @@ func dlqPurge(opts service.Options, args []string, stdin io.Reader, stdout io.Wr
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	return withQueue(opts, func(q *deadletter.Queue) error {
+	return withQueue(opts, func(q *deadletter.Queue, _ ageLimit) error {
 		if !*yes {
 			if err := confirmPurge(q, stdin, stdout); err != nil {
 				return err

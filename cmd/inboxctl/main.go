@@ -8,7 +8,7 @@
 //	inboxctl [--service NAME] <command>
 //	inboxctl migrate [gateway]
 //	inboxctl dlq list [--limit N] [--json]
-//	inboxctl dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N]
+//	inboxctl dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N] [--force]
 //	inboxctl dlq purge [--yes]
 //	inboxctl inbox prune [--older-than D] [--batch N] [--dry-run]
 //	inboxctl inbox status [--json]
@@ -55,10 +55,16 @@ commands:
   dlq list [--limit N] [--json]
                                show the first N (default 100) dead letters and
                                leave them in the dead-letter queue
-  dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N]
+  dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N] [--force]
                                move the chosen dead letters back to the work
                                queue with a fresh retry budget; a message
-                               replayed N (default 3) times already is refused
+                               replayed N (default 3) times already is refused,
+                               and so is one first published longer ago than
+                               IDEMPOTENCY_KEY_TTL less its retries: the
+                               services it calls may have forgotten its keys
+                               and repeat its side effects. --force replays
+                               those too: only when you know the side effect
+                               did not happen
   dlq purge [--yes]            delete every dead letter; asks to type the
                                queue name unless --yes
   inbox prune [--older-than D] [--batch N] [--dry-run]
@@ -84,7 +90,8 @@ commands:
                                queues drained; exit 1 if one is broken
 
 Every command reads the service's configuration: dlq its broker and queues
-(AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …), inbox prune its database and
+(AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …) and the replay age limit
+(IDEMPOTENCY_KEY_TTL, RETRY_DELAYS, MAX_ATTEMPTS, HANDLER_TIMEOUT), inbox prune its database and
 retention (DATABASE_URL, CONSUMER_NAME, INBOX_RETENTION, INBOX_PRUNE_BATCH,
 RETRY_DELAYS, MAX_ATTEMPTS), the buffered inbox's commands its database and
 CONSUMER_NAME (export also its broker); verify, for the payment service only,

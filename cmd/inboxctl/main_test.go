@@ -107,14 +107,29 @@ func newDLQEnv(t *testing.T) *dlqEnv {
 	return e
 }
 
+// deadLetter puts a dead letter published a minute ago.
 func (e *dlqEnv) deadLetter(id, reason string) {
 	e.t.Helper()
-	err := rabbit.PublishConfirmed(context.Background(), e.ch, e.topo.DeadLetterExchange, e.topo.DeadLetterKey(), amqp.Publishing{
+	e.deadLetterPublished(id, reason, time.Now().Add(-time.Minute))
+}
+
+// deadLetterPublished puts a dead letter published at the time given, in the
+// header timestamp_in_ms as the bench's producer sets it.
+func (e *dlqEnv) deadLetterPublished(id, reason string, at time.Time) {
+	e.t.Helper()
+	e.put(amqp.Publishing{
 		MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
-		Body:    fmt.Appendf(nil, `{"order_id":"order-of-%s"}`, id),
-		Headers: amqp.Table{consumer.HeaderDeadLetterReason: reason, consumer.HeaderAttempt: int32(5)},
+		Body: fmt.Appendf(nil, `{"order_id":"order-of-%s"}`, id),
+		Headers: amqp.Table{
+			consumer.HeaderDeadLetterReason: reason, consumer.HeaderAttempt: int32(5),
+			consumer.HeaderTimestampMillis: at.UnixMilli(),
+		},
 	})
-	if err != nil {
+}
+
+func (e *dlqEnv) put(p amqp.Publishing) {
+	e.t.Helper()
+	if err := rabbit.PublishConfirmed(context.Background(), e.ch, e.topo.DeadLetterExchange, e.topo.DeadLetterKey(), p); err != nil {
 		e.t.Fatal(err)
 	}
 }
@@ -245,7 +260,62 @@ func TestMigrateAnyService(t *testing.T) {
 		})
 	}
 	t.Setenv("GATEWAY_DATABASE_URL", testenv.Postgres(t))
-	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version 1") {
+	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version 2") {
 		t.Fatalf("migrate gateway: err %v, output %q", err, out)
 	}
+}
+
+// A dead letter first published longer ago than the idempotency keys live
+// (IDEMPOTENCY_KEY_TTL, less the retries a replay may take) is refused and left
+// in the queue: its charge may have gone through, and the gateway would no
+// longer recognise the key. --force replays it all the same.
+func TestDLQReplayRefusesDeadLettersOlderThanTheKeys(t *testing.T) {
+	e := newDLQEnv(t)
+	e.deadLetterPublished("old", "retries_exhausted", time.Now().Add(-25*time.Hour))
+	e.deadLetterPublished("young", "retries_exhausted", time.Now().Add(-time.Hour))
+	e.put(amqp.Publishing{ // a producer that sets no publish time: only the runtime's dead-lettering time tells
+		MessageId: "undated", ContentType: "application/json", Body: []byte(`{"order_id":"order-of-undated"}`),
+		Headers: amqp.Table{
+			consumer.HeaderDeadLetterReason: "retries_exhausted",
+			consumer.HeaderDeadLetteredAt:   time.Now().Add(-30 * time.Hour).UTC().Format(time.RFC3339Nano),
+		},
+	})
+	e.waitDepth(e.topo.DeadLetterQueue, 3)
+
+	out, err := inboxctl(t, "", "dlq", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"25h0m too old", "1h0m ", "30h0m* too old", "dlq replay refuses", "no publish time"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("list lacks %q:\n%s", want, out)
+		}
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 3)
+
+	out, err = inboxctl(t, "", "dlq", "replay", "--reason", "retries_exhausted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"replayed young (order_id=order-of-young, reason retries_exhausted) as replay 1 of 3",
+		"refused old (order_id=order-of-old, reason retries_exhausted): first published 25h0m ago",
+		"IDEMPOTENCY_KEY_TTL 24h0m0s",
+		"refused undated (order_id=order-of-undated, reason retries_exhausted): dead-lettered 30h0m ago (no publish time on the message",
+		"1 replayed, 0 refused at the replay cap, 2 refused as too old, 0 not selected",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("replay output lacks %q:\n%s", want, out)
+		}
+	}
+	e.waitDepth(e.topo.Queue, 1)
+	e.waitDepth(e.topo.DeadLetterQueue, 2)
+
+	out, err = inboxctl(t, "", "dlq", "replay", "--id", "old", "--force")
+	if err != nil || !strings.Contains(out, "replayed old (order_id=order-of-old, reason retries_exhausted) as replay 1 of 3") ||
+		!strings.Contains(out, "forced old (order_id=order-of-old): first published 25h0m ago, older than 23h57m39s") {
+		t.Fatalf("replay --force: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.Queue, 2)
+	e.waitDepth(e.topo.DeadLetterQueue, 1)
 }

@@ -17,6 +17,7 @@ type options struct {
 	rate        float64
 	summaryPath string
 	timeout     time.Duration
+	oncePath    string // skip when it exists; created after a complete run
 }
 
 const usage = `Usage: order-publisher [flags]
@@ -45,6 +46,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Float64Var(&o.rate, "rate", 0, "messages per second (0: unlimited)")
 	fs.StringVar(&o.summaryPath, "summary", "", "also write the summary as JSON to this `path`")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this long")
+	fs.StringVar(&o.oncePath, "once", "", "publish only if this `file` does not exist, and create it after a run that published everything (a demo load once per fresh volume)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

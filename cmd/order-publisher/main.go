@@ -44,6 +44,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	log := logging.New(stderr, "info", "order-publisher")
+	if opts.oncePath != "" {
+		if _, err := os.Stat(opts.oncePath); err == nil {
+			log.Info("published already: nothing to do", "once", opts.oncePath)
+			return nil
+		}
+	}
 	log.Info("starting", "config", config.LogValue(&cfg), "run_id", opts.load.RunID, "seed", opts.load.Seed,
 		"count", opts.load.Count, "poison", opts.load.Poison)
 
@@ -59,7 +65,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Load: opts.load,
 		Rate: opts.rate,
 	}, log)
-	return errors.Join(runErr, report(sum, stdout, opts.summaryPath))
+	err = errors.Join(runErr, report(sum, stdout, opts.summaryPath))
+	if err == nil && opts.oncePath != "" {
+		if err := os.WriteFile(opts.oncePath, []byte(sum.RunID+"\n"), 0o644); err != nil {
+			return fmt.Errorf("record the run in -once file: %w", err)
+		}
+	}
+	return err
 }
 
 // report prints the summary and, when asked, writes it as JSON to path.

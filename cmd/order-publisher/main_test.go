@@ -171,3 +171,24 @@ func queueLength(t *testing.T, url string) int {
 func isPoison(d amqp.Delivery) bool {
 	return strings.HasPrefix(d.MessageId, "poison-") || d.MessageId == ""
 }
+
+// -once publishes a load the first time and nothing after, as long as its
+// file exists: the Compose demo load, once per fresh volume.
+func TestRunOnce(t *testing.T) {
+	url := testenv.VHost(t)
+	setBroker(t, url)
+	bindQueue(t, url)
+	once := filepath.Join(t.TempDir(), "published")
+	for range 2 {
+		var stdout, stderr bytes.Buffer
+		if err := run(testContext(t), []string{"-count", "5", "-once", once}, &stdout, &stderr); err != nil {
+			t.Fatalf("run() = %v\nstderr:\n%s", err, stderr.String())
+		}
+	}
+	if n := queueLength(t, url); n != 5 {
+		t.Fatalf("queue holds %d messages after two runs, want the first run's 5", n)
+	}
+	if _, err := os.Stat(once); err != nil {
+		t.Fatalf("-once file: %v", err)
+	}
+}

@@ -22,7 +22,8 @@ type Lease struct {
 type Claimed struct {
 	Lease
 	MessageID   string
-	Attempts    int // handler runs begun, this one included
+	Attempts    int // runs of the retry budget begun, this one included
+	Runs        int // every claim of the message, this one included: an operator's retry resets Attempts, not Runs
 	ContentType string
 	Headers     amqp.Table
 	Body        []byte
@@ -54,10 +55,10 @@ WITH due AS (
 	RETURNING k.ordering_key, k.next_seq
 )
 UPDATE inbox_messages m
-SET status = 'processing', attempts = m.attempts + 1, claimed_at = now()
+SET status = 'processing', attempts = m.attempts + 1, runs = m.runs + 1, claimed_at = now()
 FROM leased
 WHERE m.consumer = $1 AND m.ordering_key = leased.ordering_key AND m.seq = leased.next_seq
-RETURNING m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.content_type, m.headers, m.body, m.published_at, m.received_at`
+RETURNING m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.content_type, m.headers, m.body, m.published_at, m.received_at`
 
 // Claim leases up to n due keys for lease and returns their head messages,
 // marked processing with one more attempt. The statement is its own short
@@ -78,7 +79,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 		c := Claimed{Lease: Lease{Token: token}}
 		var headers []byte
 		var published sql.NullTime
-		if err := rows.Scan(&c.ID, &c.OrderingKey, &c.Seq, &c.MessageID, &c.Attempts, &c.ContentType,
+		if err := rows.Scan(&c.ID, &c.OrderingKey, &c.Seq, &c.MessageID, &c.Attempts, &c.Runs, &c.ContentType,
 			&headers, &c.Body, &published, &c.ReceivedAt); err != nil {
 			return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 		}

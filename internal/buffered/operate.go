@@ -86,6 +86,7 @@ type Parked struct {
 	ContentType string
 	Headers     amqp.Table
 	Body        []byte
+	PublishedAt time.Time // zero: unknown
 }
 
 // Selector chooses parked messages: by message id, by ordering key, or all.
@@ -113,7 +114,7 @@ func (sel Selector) Validate() error {
 // id), $3 (key) or all ($2 and $3 empty).
 const parkedHeads = `
 SELECT m.id, m.ordering_key, m.seq, m.message_id, m.attempts, coalesce(m.park_reason, ''), coalesce(m.last_error, ''),
-	m.received_at, m.parked_at, k.last_seq - k.next_seq, m.content_type, m.headers, m.body
+	m.received_at, m.parked_at, k.last_seq - k.next_seq, m.content_type, m.headers, m.body, m.published_at
 FROM inbox_keys k JOIN inbox_messages m
 	ON m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
 WHERE k.consumer = $1 AND k.blocked AND m.status = 'parked'
@@ -137,10 +138,12 @@ func (s *Store) ListParked(ctx context.Context, sel Selector, limit int) ([]Park
 	for rows.Next() {
 		var p Parked
 		var headers []byte
+		var published sql.NullTime
 		if err := rows.Scan(&p.ID, &p.OrderingKey, &p.Seq, &p.MessageID, &p.Attempts, &p.Reason, &p.LastError,
-			&p.ReceivedAt, &p.ParkedAt, &p.Waiting, &p.ContentType, &headers, &p.Body); err != nil {
+			&p.ReceivedAt, &p.ParkedAt, &p.Waiting, &p.ContentType, &headers, &p.Body, &published); err != nil {
 			return nil, err
 		}
+		p.PublishedAt = published.Time
 		if p.Headers, err = decodeHeaders(headers); err != nil {
 			return nil, fmt.Errorf("message %s: %w", p.MessageID, err)
 		}

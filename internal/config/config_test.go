@@ -18,6 +18,8 @@ func TestLoadNamesTheVariableAtFault(t *testing.T) {
 		{"gateway log level", &FakeGateway{}, map[string]string{"LOG_LEVEL": "trace"}, "LOG_LEVEL"},
 		{"gateway memory store", &FakeGateway{}, map[string]string{"STORE": "memory"}, ""},
 		{"gateway store", &FakeGateway{}, map[string]string{"STORE": "redis"}, "STORE"},
+		{"gateway key lifetime", &FakeGateway{}, map[string]string{"KEY_TTL": "24h"}, ""},
+		{"gateway negative key lifetime", &FakeGateway{}, map[string]string{"KEY_TTL": "-1s"}, "KEY_TTL"},
 		{"gateway database", &FakeGateway{}, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
 		{"memory store reads no database", &FakeGateway{}, map[string]string{"STORE": "memory", "DATABASE_URL": "mysql://x"}, ""},
 		{"publisher defaults", &Publisher{}, nil, ""},

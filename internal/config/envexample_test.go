@@ -79,6 +79,25 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # and FAULTS_ENABLED is true there for the fault demo.
 `
 
+// composeHostPorts are docker-compose.yml's own settings, read by no program:
+// the host port of each published service, defaulting to the container's.
+// .ci/compose-check holds them to the Compose file.
+var composeHostPorts = []struct{ name, def, desc string }{
+	{"RABBITMQ_HOST_PORT", "5672", "host port of RabbitMQ's AMQP listener (container port 5672)"},
+	{"RABBITMQ_UI_HOST_PORT", "15672", "host port of the RabbitMQ management UI (container port 15672)"},
+	{"POSTGRES_HOST_PORT", "5432", "host port of PostgreSQL (container port 5432)"},
+	{"GATEWAY_HOST_PORT", "8081", "host port of the fake gateway (container port 8081)"},
+	{"PROMETHEUS_HOST_PORT", "9090", "host port of Prometheus (container port 9090)"},
+}
+
+const composeSection = `
+# Docker Compose only, marked [compose]: the host ports docker-compose.yml
+# publishes, on 127.0.0.1. Change them to run the stack beside a local
+# PostgreSQL or RabbitMQ; 0 lets Docker pick a free port (` + "`docker compose port`" + `
+# shows it). The payment-service replicas always get free ports.
+
+`
+
 // generateEnvExample writes every variable once, in the order the programs
 // read them: a comment with its readers and purpose (and the other programs'
 // defaults where they differ), then NAME=default.
@@ -129,6 +148,13 @@ func generateEnvExample(t *testing.T, progs []program) string {
 			}
 		}
 		fmt.Fprintf(&b, "# [%s] %s\n%s=%s\n", strings.Join(e.readers, ", "), comment, name, value)
+	}
+	b.WriteString(composeSection)
+	for _, v := range composeHostPorts {
+		if e, ok := entries[v.name]; ok {
+			t.Errorf("%s is a Compose host port, but %s reads it", v.name, strings.Join(e.readers, ", "))
+		}
+		fmt.Fprintf(&b, "# [compose] %s\n%s=%s\n", v.desc, v.name, v.def)
 	}
 	return b.String()
 }

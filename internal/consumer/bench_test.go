@@ -20,10 +20,9 @@ func BenchmarkDrain(b *testing.B) {
 		max             int
 		wait            time.Duration
 	}{
-		{"per-message/committers=8", 8, 8, 1, 0},
-		{"group=16/committers=2", 32, 2, 16, time.Millisecond},
-		{"group=32/committers=2", 64, 2, 32, 2 * time.Millisecond},
+		{"per-message/committers=8", 64, 8, 1, 0},
 		{"group=32/committers=4", 64, 4, 32, 2 * time.Millisecond},
+		{"group=32/committers=4/wait=0", 64, 4, 32, 0},
 		{"group=64/committers=2", 128, 2, 64, 2 * time.Millisecond},
 	}
 	for _, c := range configs {

@@ -407,3 +407,23 @@ func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 		t.Errorf("the replica that does not ingest processed %d of 40: NOTIFY did not wake it", other.count(OutcomeProcessed))
 	}
 }
+
+// A stored message that ran before (it may have called out) and is older
+// than the key lifetime of the services it calls is parked instead of run
+// again: a call with a forgotten key could repeat its side effect.
+func TestBufferedKeyExpiredIsParkedNotRunAgain(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	var runs atomic.Int32
+	rt := e.start(orderedHandler(func(Message, event) error {
+		runs.Add(1)
+		return errTransient
+	}), func(c *Config) {
+		bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.RetryDelays = []time.Duration{time.Second} })(c)
+		c.KeyTTL = 500 * time.Millisecond
+	})
+	e.publishEvents([]string{"k"}, 1)
+	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
+	if got := counterValue(rt.metrics.parked.WithLabelValues("test", ReasonKeyExpired)); got != 1 || runs.Load() != 1 {
+		t.Errorf("parked %d for an expired key after %d runs: want 1 after 1", got, runs.Load())
+	}
+}

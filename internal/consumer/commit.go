@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -20,14 +19,18 @@ import (
 // COMMIT (one WAL flush) for many messages. With GroupCommitMax 1 every
 // message has its own transaction.
 type committer struct {
+	*batcher[*commitJob]
 	inbox   *inbox.Inbox
-	max     int
-	wait    time.Duration
 	timeout time.Duration // bounds one batch's transaction
-	jobs    chan *commitJob
 	stage   func(Stage)
 	metrics *Metrics
 	name    string
+}
+
+func newCommitter(ib *inbox.Inbox, max int, wait, timeout time.Duration, stage func(Stage), m *Metrics, name string) *committer {
+	c := &committer{inbox: ib, timeout: timeout, stage: stage, metrics: m, name: name}
+	c.batcher = newBatcher(max, wait, c.commitBatch)
+	return c
 }
 
 // commitJob is one message waiting for its commit, and then its result.
@@ -45,64 +48,10 @@ type commitJob struct {
 // unacked: its writes may still commit, and its redelivery is then a duplicate.
 func (c *committer) commit(ctx context.Context, msg Message, w Writes) (out Outcome, fresh bool, err error) {
 	j := &commitJob{msg: msg, writes: w, done: make(chan struct{})}
-	select {
-	case c.jobs <- j:
-	case <-ctx.Done():
-		return "", false, ctx.Err()
+	if err := c.submit(ctx, j, j.done); err != nil {
+		return "", false, err
 	}
-	select {
-	case <-j.done:
-		return j.out, j.fresh, j.err
-	case <-ctx.Done():
-		return "", false, ctx.Err()
-	}
-}
-
-// run starts n committers; they stop when ctx ends. The caller waits on wg.
-func (c *committer) run(ctx context.Context, n int, wg *sync.WaitGroup) {
-	for range n {
-		wg.Go(func() {
-			for {
-				select {
-				case j := <-c.jobs:
-					c.commitBatch(ctx, c.gather(ctx, j))
-				case <-ctx.Done():
-					return
-				}
-			}
-		})
-	}
-}
-
-// gather collects a batch: first, what is already waiting, then what arrives
-// within the wait, up to the maximum.
-func (c *committer) gather(ctx context.Context, first *commitJob) []*commitJob {
-	batch := []*commitJob{first}
-	for len(batch) < c.max { // what is waiting already
-		select {
-		case j := <-c.jobs:
-			batch = append(batch, j)
-			continue
-		default:
-		}
-		break
-	}
-	if len(batch) == c.max || c.wait == 0 {
-		return batch
-	}
-	timer := time.NewTimer(c.wait)
-	defer timer.Stop()
-	for len(batch) < c.max {
-		select {
-		case j := <-c.jobs:
-			batch = append(batch, j)
-		case <-timer.C:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
+	return j.out, j.fresh, j.err
 }
 
 // commitBatch runs one transaction for the batch and hands each job its result.
@@ -115,7 +64,9 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 		items[i] = inbox.Item{MessageID: j.msg.ID, Body: j.msg.Body, Apply: c.apply(ctx, j)}
 	}
 	c.metrics.batchSize.WithLabelValues(c.name).Observe(float64(len(batch)))
+	start := time.Now()
 	results, err := c.inbox.Commit(ctx, items)
+	c.metrics.commitSeconds.WithLabelValues(c.name).Observe(time.Since(start).Seconds())
 	for i, j := range batch {
 		switch {
 		case err != nil:

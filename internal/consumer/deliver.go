@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"mime"
 	"strconv"
@@ -28,6 +29,7 @@ const (
 	HeaderLastError        = "x-last-error"
 	HeaderOriginalExchange = "x-original-exchange"
 	HeaderOriginalKey      = "x-original-routing-key"
+	HeaderHeld             = "x-held" // times put back without spending an attempt
 )
 
 const maxIDLen = 255
@@ -41,7 +43,11 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
 	}
 	reason, admitErr := r.admit(d, &msg)
-	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	if reason == "" && r.keyExpired(d, msg) {
+		reason, admitErr = ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
+			"its idempotency key may be forgotten (the key lifetime is %s)", time.Since(msg.PublishedAt).Round(time.Second), r.cfg.KeyTTL)
+	}
+	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
@@ -54,14 +60,14 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	case ctx.Err() != nil:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
 		// unacked so the broker redelivers it.
-		log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
 	case errors.Is(err, inbox.ErrPayloadMismatch):
 		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
 	case errors.Is(err, ErrPermanent):
 		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
 	default:
 		if cause := r.infrastructure(ctx, err); cause != "" {
-			log.Warn("not the message's fault: putting it back without spending an attempt and pausing",
+			log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
 				"cause", cause, "attempt", msg.Attempt, "err", err)
 			r.hold(ctx, s, d, msg, err, log)
 			s.requestPause(cause)
@@ -98,6 +104,17 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	return r.cfg.DatabaseCheck(ctx)
+}
+
+// keyExpired reports a message that may have called out before (a retry, a
+// redelivery, or one put back) and is older than the key lifetime: calling
+// again could do twice what the first call did.
+func (r *Runtime) keyExpired(d amqp.Delivery, msg Message) bool {
+	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
+		return false
+	}
+	_, held := d.Headers[HeaderHeld]
+	return msg.Attempt > 1 || d.Redelivered || held
 }
 
 // fromRetryQueue reports whether the broker brought the delivery back from
@@ -219,10 +236,10 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	return out, nil
 }
 
-func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logger) {
+func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
 	if err := d.Ack(false); err != nil {
 		// The effects are committed; the redelivery will be suppressed by the inbox.
-		log.Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
+		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return
 	}
 	r.stage(StageAcked)
@@ -231,13 +248,33 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *slog.Logge
 
 // counted counts a settled message and logs it: at debug level when it went
 // as it should.
-func (r *Runtime) counted(msg Message, out Outcome, log *slog.Logger) {
+func (r *Runtime) counted(msg Message, out Outcome, log *messageLog) {
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(out)).Inc()
 	level := slog.LevelInfo
 	if out == OutcomeProcessed || out == OutcomeStored {
 		level = slog.LevelDebug
 	}
-	log.Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	if r.log.Enabled(context.Background(), level) {
+		log.get().Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	}
+}
+
+// messageLog builds a message's logger on first use: most messages are never
+// logged about, and the handler's attributes cost a parse of the body.
+type messageLog struct {
+	r           *Runtime
+	msg         *Message // read at first use: admit may resolve the id from the body
+	tag         uint64
+	redelivered bool
+	attrs       []any // more attributes (the buffered mode's ordering key)
+	l           *slog.Logger
+}
+
+func (m *messageLog) get() *slog.Logger {
+	if m.l == nil {
+		m.l = m.r.messageLogger(*m.msg, m.tag, m.redelivered).With(m.attrs...)
+	}
+	return m.l
 }
 
 // messageLogger puts the message's id (the resolved dedupe key) and the

@@ -43,8 +43,9 @@ const (
 	ReasonUnsupportedContent = "unsupported_content_type"
 	ReasonPayloadMismatch    = "payload_mismatch"
 	ReasonRetriesExhausted   = "retries_exhausted"
-	ReasonPermanent          = "permanent_error"      // a PermanentError without a reason
-	ReasonInvalidOrderingKey = "invalid_ordering_key" // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character
+	ReasonKeyExpired         = "idempotency_key_expired" // may have called out before, longer ago than the key lifetime
+	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
+	ReasonInvalidOrderingKey = "invalid_ordering_key"    // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character
 )
 
 // errPanic marks a recovered handler panic; it is retried like any transient failure.

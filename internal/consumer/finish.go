@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -16,13 +15,17 @@ import (
 // fixed number of goroutines (Config.Committers) each commit a batch of up to
 // GroupCommitMax messages in one transaction.
 type finisher struct {
+	*batcher[*finishJob]
 	store   *buffered.Store
-	max     int
-	wait    time.Duration
-	timeout time.Duration
-	jobs    chan *finishJob
+	timeout time.Duration // bounds one batch's transaction
 	metrics *Metrics
 	name    string
+}
+
+func newFinisher(store *buffered.Store, max int, wait, timeout time.Duration, m *Metrics, name string) *finisher {
+	f := &finisher{store: store, timeout: timeout, metrics: m, name: name}
+	f.batcher = newBatcher(max, wait, f.commitBatch)
+	return f
 }
 
 type finishJob struct {
@@ -37,62 +40,10 @@ type finishJob struct {
 // writes may still commit, or its lease expires and it runs again.
 func (f *finisher) complete(ctx context.Context, l buffered.Lease, w Writes) (buffered.Completed, error) {
 	j := &finishJob{lease: l, writes: w, done: make(chan struct{})}
-	select {
-	case f.jobs <- j:
-	case <-ctx.Done():
-		return buffered.Completed{}, ctx.Err()
+	if err := f.submit(ctx, j, j.done); err != nil {
+		return buffered.Completed{}, err
 	}
-	select {
-	case <-j.done:
-		return j.res, nil
-	case <-ctx.Done():
-		return buffered.Completed{}, ctx.Err()
-	}
-}
-
-// run starts n finishers; they stop when ctx ends. The caller waits on wg.
-func (f *finisher) run(ctx context.Context, n int, wg *sync.WaitGroup) {
-	for range n {
-		wg.Go(func() {
-			for {
-				select {
-				case j := <-f.jobs:
-					f.commitBatch(ctx, f.gather(ctx, j))
-				case <-ctx.Done():
-					return
-				}
-			}
-		})
-	}
-}
-
-func (f *finisher) gather(ctx context.Context, first *finishJob) []*finishJob {
-	batch := []*finishJob{first}
-	for len(batch) < f.max {
-		select {
-		case j := <-f.jobs:
-			batch = append(batch, j)
-			continue
-		default:
-		}
-		break
-	}
-	if len(batch) == f.max || f.wait == 0 {
-		return batch
-	}
-	timer := time.NewTimer(f.wait)
-	defer timer.Stop()
-	for len(batch) < f.max {
-		select {
-		case j := <-f.jobs:
-			batch = append(batch, j)
-		case <-timer.C:
-			return batch
-		case <-ctx.Done():
-			return batch
-		}
-	}
-	return batch
+	return j.res, nil
 }
 
 func (f *finisher) commitBatch(ctx context.Context, batch []*finishJob) {
@@ -104,7 +55,9 @@ func (f *finisher) commitBatch(ctx context.Context, batch []*finishJob) {
 		items[i] = buffered.Completion{Lease: j.lease, Apply: applyWrites(ctx, j.writes)}
 	}
 	f.metrics.batchSize.WithLabelValues(f.name).Observe(float64(len(batch)))
+	start := time.Now()
 	results, err := f.store.Complete(ctx, items, nil)
+	f.metrics.commitSeconds.WithLabelValues(f.name).Observe(time.Since(start).Seconds())
 	for i, j := range batch {
 		if err != nil {
 			j.res = buffered.Completed{Err: fmt.Errorf("commit: %w", err)}

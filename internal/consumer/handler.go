@@ -70,6 +70,11 @@ type Handler interface {
 // Writes commits the inbox row alone.
 type Writes func(ctx context.Context, tx *gorm.DB) (Outcome, error)
 
+// Duplicate is the writes of a message whose effect is already there under
+// another message id (the handler found it): the inbox row commits alone, and
+// the message counts as a duplicate.
+var Duplicate Writes = func(context.Context, *gorm.DB) (Outcome, error) { return OutcomeDuplicate, nil }
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, msg Message) (Writes, error)
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -27,7 +26,7 @@ import (
 type ingested struct {
 	d   amqp.Delivery
 	msg Message
-	log *slog.Logger
+	log *messageLog
 	in  buffered.Incoming
 }
 
@@ -151,7 +150,7 @@ func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Deliver
 		msg.Attempt = 1
 	}
 	reason, err := r.admit(d, &msg)
-	log := r.messageLogger(msg, d.DeliveryTag, d.Redelivered)
+	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, err, log)
 		return it, false
@@ -210,7 +209,7 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 	switch {
 	case ctx.Err() != nil:
 		for _, it := range items {
-			it.log.Warn("abandoned at shutdown; will be redelivered", "err", err)
+			it.log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
 		}
 		return
 	case len(items) > 1 && pauseCause(err) == "":
@@ -221,7 +220,7 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 	}
 	if cause := r.infrastructure(ctx, err); cause != "" {
 		for _, it := range items {
-			it.log.Warn("not the message's fault: putting it back without spending an attempt and pausing",
+			it.log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
 				"cause", cause, "attempt", it.msg.Attempt, "err", err)
 			r.hold(ctx, s, it.d, it.msg, err, it.log)
 		}

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"sync"
 
 	"github.com/inbox-template/payment-service/internal/inbox"
 )
@@ -10,13 +9,19 @@ import (
 // lookupBatch bounds the ids read by one inbox look-up.
 const lookupBatch = 128
 
-// lookups runs the inbox look-ups of the workers: each of a few goroutines
-// takes the look-ups waiting at that moment (without waiting for more) and
-// reads them with one statement. Under load one read serves dozens of
-// messages; alone, a look-up goes at once.
+// lookups runs the inbox look-ups of the workers: each of a few readers takes
+// the look-ups waiting at that moment (without waiting for more) and reads
+// them with one statement. Under load one read serves dozens of messages;
+// alone, a look-up goes at once.
 type lookups struct {
+	*batcher[*lookupJob]
 	inbox *inbox.Inbox
-	jobs  chan *lookupJob
+}
+
+func newLookups(ib *inbox.Inbox) *lookups {
+	l := &lookups{inbox: ib}
+	l.batcher = newBatcher(lookupBatch, 0, l.read)
+	return l
 }
 
 type lookupJob struct {
@@ -29,49 +34,13 @@ type lookupJob struct {
 // seen looks one message up; it fails only if the read fails or ctx ends.
 func (l *lookups) seen(ctx context.Context, id string, body []byte) (bool, error) {
 	j := &lookupJob{key: inbox.Key{MessageID: id, Body: body}, done: make(chan struct{})}
-	select {
-	case l.jobs <- j:
-	case <-ctx.Done():
-		return false, ctx.Err()
+	if err := l.submit(ctx, j, j.done); err != nil {
+		return false, err
 	}
-	select {
-	case <-j.done:
-		if j.err != nil {
-			return false, j.err
-		}
-		return j.seen.Applied, j.seen.Err
-	case <-ctx.Done():
-		return false, ctx.Err()
+	if j.err != nil {
+		return false, j.err
 	}
-}
-
-// run starts n readers; they stop when ctx ends. The caller waits on wg.
-func (l *lookups) run(ctx context.Context, n int, wg *sync.WaitGroup) {
-	for range n {
-		wg.Go(func() {
-			for {
-				select {
-				case j := <-l.jobs:
-					l.read(ctx, l.gather(j))
-				case <-ctx.Done():
-					return
-				}
-			}
-		})
-	}
-}
-
-func (l *lookups) gather(first *lookupJob) []*lookupJob {
-	batch := []*lookupJob{first}
-	for len(batch) < lookupBatch {
-		select {
-		case j := <-l.jobs:
-			batch = append(batch, j)
-		default:
-			return batch
-		}
-	}
-	return batch
+	return j.seen.Applied, j.seen.Err
 }
 
 func (l *lookups) read(ctx context.Context, batch []*lookupJob) {

@@ -19,6 +19,7 @@ type Metrics struct {
 	ready          *prometheus.GaugeVec
 	batchSize      *prometheus.HistogramVec
 	blocked        *prometheus.GaugeVec
+	commitSeconds  *prometheus.HistogramVec
 	// The buffered mode's.
 	buffered        *prometheus.GaugeVec
 	oldest          *prometheus.GaugeVec
@@ -76,7 +77,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "consumer_publishing_blocked",
 		Help: "1 while the broker blocks the publishing connection (a memory or disk alarm).",
 	}, []string{"consumer"})
-	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked)
+	m.commitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "consumer_commit_duration_seconds",
+		Help:    "Time of one inbox transaction: the claims, the handlers' writes and the COMMIT.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	}, []string{"consumer"})
+	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked, m.commitSeconds)
 	m.registerBuffered(reg)
 	return m
 }

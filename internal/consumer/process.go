@@ -41,10 +41,7 @@ const gaugeInterval = 10 * time.Second
 func newProcessor(r *Runtime, cfg BufferedConfig) *processor {
 	return &processor{
 		rt: r, cfg: cfg,
-		finish: &finisher{
-			store: cfg.Store, max: r.cfg.GroupCommitMax, wait: r.cfg.GroupCommitWait, timeout: applyMargin,
-			jobs: make(chan *finishJob), metrics: r.metrics, name: r.cfg.Name,
-		},
+		finish: newFinisher(cfg.Store, r.cfg.GroupCommitMax, r.cfg.GroupCommitWait, applyMargin, r.metrics, r.cfg.Name),
 		wake:   make(chan struct{}, 1),
 		notify: make(chan struct{}, 1),
 		log:    r.log.With("component", "processor"),
@@ -246,11 +243,16 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	defer done()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt}
-	log := r.messageLogger(msg, 0, false).With("ordering_key", c.OrderingKey, "seq", c.Seq)
+	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
 		// or outlived its lease every time (a crash loop).
 		p.park(c, ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts), log)
+		return
+	}
+	if age, expired := p.keyExpired(c); expired {
+		p.park(c, ReasonKeyExpired, fmt.Errorf("stored %s ago and run before: its idempotency key may be forgotten (the key lifetime is %s)",
+			age.Round(time.Second), r.cfg.KeyTTL), log)
 		return
 	}
 	r.stage(StageLeased)
@@ -264,15 +266,32 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		r.counted(msg, out, log)
 		p.signalNext()
 	case errors.Is(err, errLeaseLost):
-		log.Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
+		log.get().Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
 	case ctx.Err() != nil:
-		log.Warn("abandoned at shutdown; released for another replica", "err", err)
+		log.get().Warn("abandoned at shutdown; released for another replica", "err", err)
 		p.release(c, err, log)
 	case errors.Is(err, ErrPermanent):
 		p.park(c, permanentReason(err), err, log)
 	default:
 		p.failed(ctx, c, err, log)
 	}
+}
+
+// keyExpired reports a message that ran before (it may have called out) and
+// is older than the key lifetime of the services the handler calls: calling
+// again could do twice what the first call did. Its age counts from its
+// publish time, else from its ingest.
+func (p *processor) keyExpired(c buffered.Claimed) (time.Duration, bool) {
+	ttl := p.rt.cfg.KeyTTL
+	if ttl <= 0 || c.Runs <= 1 {
+		return 0, false
+	}
+	since := c.PublishedAt
+	if since.IsZero() {
+		since = c.ReceivedAt
+	}
+	age := time.Since(since)
+	return age, age > ttl
 }
 
 // signalNext wakes the claimer: the key just settled may have more messages.
@@ -304,10 +323,10 @@ func (p *processor) apply(ctx context.Context, msg Message, c buffered.Claimed) 
 // failed records a failed run: released without spending the attempt when
 // the infrastructure is at fault (and processing pauses), else failed with
 // the next retry's time, or parked once the budget is spent.
-func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, log *slog.Logger) {
+func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, log *messageLog) {
 	r := p.rt
 	if cause := r.infrastructure(ctx, err); cause != "" {
-		log.Warn("not the message's fault: releasing it without spending an attempt and pausing",
+		log.get().Warn("not the message's fault: releasing it without spending an attempt and pausing",
 			"cause", cause, "attempt", c.Attempts, "err", err)
 		p.release(c, err, log)
 		p.requestPause(cause)
@@ -324,43 +343,43 @@ func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, l
 	ok, ferr := p.cfg.Store.Fail(sctx, c.Lease, delay, err.Error())
 	switch {
 	case ferr != nil:
-		log.Error("could not record the failure; the lease will expire and the message run again", "err", ferr, "cause", err)
+		log.get().Error("could not record the failure; the lease will expire and the message run again", "err", ferr, "cause", err)
 	case !ok:
-		log.Warn("the lease passed to another worker; its failure is not recorded", "err", err)
+		log.get().Warn("the lease passed to another worker; its failure is not recorded", "err", err)
 	default:
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
-		log.Warn("message failed; retry scheduled", "attempt", c.Attempts, "max_attempts", p.cfg.MaxAttempts,
+		log.get().Warn("message failed; retry scheduled", "attempt", c.Attempts, "max_attempts", p.cfg.MaxAttempts,
 			"delay", delay.Round(time.Millisecond).String(), "err", err)
 	}
 }
 
 // park blocks the message's key until an operator retries, skips or exports it.
-func (p *processor) park(c buffered.Claimed, reason string, cause error, log *slog.Logger) {
+func (p *processor) park(c buffered.Claimed, reason string, cause error, log *messageLog) {
 	r := p.rt
 	sctx, cancel := settleContext()
 	defer cancel()
 	ok, err := p.cfg.Store.Park(sctx, c.Lease, reason, cause.Error())
 	switch {
 	case err != nil:
-		log.Error("could not park the message; the lease will expire and it is run again", "err", err, "cause", cause)
+		log.get().Error("could not park the message; the lease will expire and it is run again", "err", err, "cause", cause)
 	case !ok:
-		log.Warn("the lease passed to another worker; the message is not parked", "reason", reason)
+		log.get().Warn("the lease passed to another worker; the message is not parked", "reason", reason)
 	default:
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeParked)).Inc()
 		r.metrics.parked.WithLabelValues(r.cfg.Name, reason).Inc()
-		log.Error("message parked: its key waits for an operator (inboxctl inbox retry, skip or export)",
+		log.get().Error("message parked: its key waits for an operator (inboxctl inbox retry, skip or export)",
 			"reason", reason, "attempt", c.Attempts, "err", cause)
 	}
 }
 
 // release gives the message back without spending its attempt.
-func (p *processor) release(c buffered.Claimed, cause error, log *slog.Logger) {
+func (p *processor) release(c buffered.Claimed, cause error, log *messageLog) {
 	sctx, cancel := settleContext()
 	defer cancel()
 	ok, err := p.cfg.Store.Release(sctx, c.Lease, p.cfg.RetryDelays[0], cause.Error())
 	switch {
 	case err != nil:
-		log.Warn("could not release the message; its lease will expire", "err", err)
+		log.get().Warn("could not release the message; its lease will expire", "err", err)
 	case ok:
 		p.rt.metrics.messages.WithLabelValues(p.rt.cfg.Name, string(OutcomeRequeued)).Inc()
 	}

@@ -54,6 +54,12 @@ type Config struct {
 	DatabaseCheck func(ctx context.Context) error
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
+	// KeyTTL is how long the services the handler calls remember an
+	// idempotency key. A message that may have called out before (a retry, a
+	// redelivery, one put back) and was published longer ago than this is
+	// dead-lettered (ReasonKeyExpired) instead of calling again with a key
+	// that may be forgotten. Zero turns the guard off.
+	KeyTTL time.Duration
 	// StallTimeout is how long workers may hold deliveries without finishing
 	// any before readiness fails: longer than any message can legitimately
 	// take. Zero derives it from the handler timeout (see New).
@@ -177,11 +183,8 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
-	r.lookups = &lookups{inbox: ib, jobs: make(chan *lookupJob)}
-	r.commits = &committer{
-		inbox: ib, max: cfg.GroupCommitMax, wait: cfg.GroupCommitWait, timeout: applyMargin,
-		jobs: make(chan *commitJob), stage: r.stage, metrics: m, name: cfg.Name,
-	}
+	r.lookups = newLookups(ib)
+	r.commits = newCommitter(ib, cfg.GroupCommitMax, cfg.GroupCommitWait, applyMargin, r.stage, m, cfg.Name)
 	if r.cfg.StallTimeout == 0 {
 		// The longest one delivery can take: its transaction, then a retry or
 		// dead-letter publish with its confirm and the pause after a failed one.
@@ -209,6 +212,14 @@ const LookupReaders = 2
 // inbox look-up, then waiting for a committer and its transaction (the claim
 // may wait for a concurrent duplicate's). It also bounds one batch.
 const applyMargin = 15 * time.Second
+
+// CommitTimeout bounds one commit transaction (and one inbox look-up):
+// configuration checks relate the database's own timeouts to it.
+const CommitTimeout = applyMargin
+
+// RetryJitter is the largest fraction of a retry delay the jitter cuts off:
+// configuration checks need the shortest time the retries can take.
+const RetryJitter = retryJitter
 
 func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 	r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()

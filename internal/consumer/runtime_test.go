@@ -487,3 +487,26 @@ func TestOversizeBodyArrivesWhole(t *testing.T) {
 		t.Fatalf("reason %v, %d bytes: want body_too_large with all %d bytes, received whole", d.Headers[HeaderDeadLetterReason], len(d.Body), len(big))
 	}
 }
+
+// A message that may have called out before and is older than the key
+// lifetime is dead-lettered for a person to look at, not retried with a key
+// the outside service may have forgotten; a fresh message of the same age is
+// processed (it never called out).
+func TestOldRetryIsNotCalledAgainWithAForgottenKey(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), func(c *Config) { c.KeyTTL = time.Hour })
+	old := time.Now().Add(-2 * time.Hour)
+	e.publish("fresh-but-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
+	e.publish("redelivered-old", `{}`, func(p *amqp.Publishing) {
+		p.Timestamp = old
+		p.Headers = amqp.Table{HeaderHeld: int32(1)} // put back once, after calling out
+	})
+	d := e.deadLetters(1)[0]
+	if d.MessageId != "redelivered-old" || d.Headers[HeaderDeadLetterReason] != ReasonKeyExpired {
+		t.Fatalf("dead letter %s with reason %v, want redelivered-old with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonKeyExpired)
+	}
+	waitFor(t, "the fresh one processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	if e.effects("fresh-but-old") != 1 || e.effects("redelivered-old") != 0 {
+		t.Fatal("wrong message applied")
+	}
+}

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -23,7 +22,7 @@ const retryJitter = 0.2
 // retry republishes the message to the delay queue of its attempt with the
 // attempt counter raised, then acks the original. If the copy is not confirmed
 // the original is requeued instead: a duplicate is possible, a loss is not.
-func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *slog.Logger) {
+func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
 	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1)
@@ -38,7 +37,7 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 		return
 	}
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
-	log.Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
+	log.get().Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
 		"delay", expire.String(), "err", cause)
 }
 
@@ -47,10 +46,12 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 // the first delay queue with its attempt count unchanged, then the original is
 // acked. Unlike a nack with requeue, the copy is a new message to the broker,
 // so the work queue's x-delivery-limit never counts an outage against it.
-func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *slog.Logger) {
+func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
 	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	held, _ := intHeader(d.Headers, HeaderHeld)
+	pub.Headers[HeaderHeld] = int32(held + 1)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
@@ -66,7 +67,9 @@ func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Mes
 func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
 	n := 0
 	for d := range deliveries {
-		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, rabbit.Copy(d), r.log) {
+		msg := Message{ID: d.MessageId, Body: d.Body}
+		log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, rabbit.Copy(d), log) {
 			n++
 		}
 	}
@@ -84,7 +87,7 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // deadLetter publishes the message to the dead-letter exchange with the reason
 // and last error in its headers, then acks the original. A broker-side reject
 // could not add those headers.
-func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *slog.Logger) {
+func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *messageLog) {
 	pub := republish(d, msg)
 	pub.Headers[HeaderDeadLetterReason] = reason
 	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
@@ -100,23 +103,23 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 	}
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
 	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, reason).Inc()
-	log.Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
+	log.get().Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
 }
 
-func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *slog.Logger) bool {
+func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *messageLog) bool {
 	if err := s.waitUnblocked(ctx); err != nil {
 		return false // shutting down: the original stays unacked and is redelivered
 	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
-		log.Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
+		log.get().Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
 		sleep(ctx, time.Second) // the broker will not route it any better right away
 		_ = d.Nack(false, true)
 		return false
 	}
 	if err := d.Ack(false); err != nil {
-		log.Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
+		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
 		return false
 	}
 	return true

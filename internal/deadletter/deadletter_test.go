@@ -73,39 +73,56 @@ type deadLetter struct {
 	attempts, replays   int
 }
 
+// published is the AMQP timestamp put gives every dead letter: two hours ago,
+// in whole seconds as the property carries it.
+var published = time.Now().Add(-2 * time.Hour).Truncate(time.Second)
+
+// keyLifetime is the replay age limit of the tests: a day.
+const keyLifetime = 24 * time.Hour
+
 // put publishes dl to the dead-letter exchange with the headers the runtime's
 // dead-lettering writes (internal/consumer/settle.go).
 func (b *broker) put(dls ...deadLetter) {
+	b.t.Helper()
+	for _, dl := range dls {
+		b.publishDead(b.deadPublishing(dl))
+	}
+}
+
+// publishDead publishes p to the dead-letter exchange with a confirm.
+func (b *broker) publishDead(p amqp.Publishing) {
 	b.t.Helper()
 	ch := b.channel()
 	if err := ch.Confirm(false); err != nil {
 		b.t.Fatal(err)
 	}
-	for _, dl := range dls {
-		h := amqp.Table{
-			consumer.HeaderDeadLetterReason: dl.reason,
-			consumer.HeaderDeadLetterError:  "last: gateway answered 503",
-			consumer.HeaderDeadLetteredAt:   time.Now().Add(-90 * time.Minute).UTC().Format(time.RFC3339Nano),
-			consumer.HeaderDeadLetterBy:     "test",
-			consumer.HeaderAttempt:          int32(dl.attempts),
-			consumer.HeaderFirstError:       "first: gateway timeout",
-			consumer.HeaderLastError:        "last: gateway answered 503",
-			consumer.HeaderOriginalExchange: b.topo.Exchange,
-			consumer.HeaderOriginalKey:      b.topo.RoutingKey,
-			"x-custom":                      "kept",
-		}
-		if dl.replays > 0 {
-			h[HeaderReplayCount] = int32(dl.replays)
-		}
-		p := amqp.Publishing{
-			MessageId: dl.id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
-			CorrelationId: "corr-" + dl.id, Type: "OrderPlaced", AppId: "order-publisher",
-			Timestamp: time.Unix(1_700_000_000, 0), Headers: h,
-			Body: fmt.Appendf(nil, `{"event_id":%q,"order_id":%q}`, dl.id, dl.orderID),
-		}
-		if err := rabbit.PublishConfirmed(context.Background(), ch, b.topo.DeadLetterExchange, b.topo.DeadLetterKey(), p); err != nil {
-			b.t.Fatal(err)
-		}
+	if err := rabbit.PublishConfirmed(context.Background(), ch, b.topo.DeadLetterExchange, b.topo.DeadLetterKey(), p); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// deadPublishing is dl as the runtime dead-letters it.
+func (b *broker) deadPublishing(dl deadLetter) amqp.Publishing {
+	h := amqp.Table{
+		consumer.HeaderDeadLetterReason: dl.reason,
+		consumer.HeaderDeadLetterError:  "last: gateway answered 503",
+		consumer.HeaderDeadLetteredAt:   time.Now().Add(-90 * time.Minute).UTC().Format(time.RFC3339Nano),
+		consumer.HeaderDeadLetterBy:     "test",
+		consumer.HeaderAttempt:          int32(dl.attempts),
+		consumer.HeaderFirstError:       "first: gateway timeout",
+		consumer.HeaderLastError:        "last: gateway answered 503",
+		consumer.HeaderOriginalExchange: b.topo.Exchange,
+		consumer.HeaderOriginalKey:      b.topo.RoutingKey,
+		"x-custom":                      "kept",
+	}
+	if dl.replays > 0 {
+		h[HeaderReplayCount] = int32(dl.replays)
+	}
+	return amqp.Publishing{
+		MessageId: dl.id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
+		CorrelationId: "corr-" + dl.id, Type: "OrderPlaced", AppId: "order-publisher",
+		Timestamp: published, Headers: h,
+		Body: fmt.Appendf(nil, `{"event_id":%q,"order_id":%q}`, dl.id, dl.orderID),
 	}
 }
 
@@ -159,9 +176,13 @@ func TestListShowsMessagesAndLeavesThem(t *testing.T) {
 		t.Fatalf("listing %+v, want 3 of 3", l)
 	}
 	got := l.Messages[0]
-	want := Message{ID: "m-1", Attrs: map[string]string{"order_id": "o-1"}, Reason: "retries_exhausted", Attempts: 5, FirstError: "first: gateway timeout"}
-	if got.DeadLetteredAt.IsZero() || got.Age(time.Now()) < 89*time.Minute {
+	want := Message{ID: "m-1", Attrs: map[string]string{"order_id": "o-1"}, Reason: "retries_exhausted", Attempts: 5,
+		FirstError: "first: gateway timeout", Since: published, AgeFrom: AgeFromTimestamp}
+	if got.DeadLetteredAt.IsZero() || time.Since(got.DeadLetteredAt) < 89*time.Minute {
 		t.Errorf("dead-lettered at %s, want 90 minutes ago", got.DeadLetteredAt)
+	}
+	if age := got.Age(time.Now()); age < 2*time.Hour || age > 3*time.Hour {
+		t.Errorf("age %s, want two hours: since its publish time", age)
 	}
 	got.DeadLetteredAt = time.Time{}
 	if !reflect.DeepEqual(got, want) {
@@ -248,7 +269,7 @@ func TestReplayByIDMovesExactlyThatMessage(t *testing.T) {
 		deadLetter{"m-3", "o-3", "malformed_json", 1, 0})
 	b.waitDepth(b.topo.DeadLetterQueue, 3)
 
-	rep, err := b.queue().Replay(context.Background(), Selector{ID: "m-2"}, ReplayOptions{MaxReplays: 3})
+	rep, err := b.queue().Replay(context.Background(), Selector{ID: "m-2"}, ReplayOptions{MaxReplays: 3, MaxAge: keyLifetime})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +281,7 @@ func TestReplayByIDMovesExactlyThatMessage(t *testing.T) {
 		t.Errorf("replayed %q with body %s, want m-2 as published", d.MessageId, d.Body)
 	}
 	if d.ContentType != "application/json" || d.CorrelationId != "corr-m-2" || d.Type != "OrderPlaced" ||
-		d.AppId != "order-publisher" || !d.Timestamp.Equal(time.Unix(1_700_000_000, 0)) || d.DeliveryMode != amqp.Persistent {
+		d.AppId != "order-publisher" || !d.Timestamp.Equal(published) || d.DeliveryMode != amqp.Persistent {
 		t.Errorf("properties not kept: %+v", d)
 	}
 	if n, ok := d.Headers[HeaderReplayCount].(int32); !ok || n != 1 {
@@ -307,7 +328,7 @@ func TestReplaySelectsAndCaps(t *testing.T) {
 				deadLetter{"poison", "o-3", "malformed_json", 1, 0})
 			b.waitDepth(b.topo.DeadLetterQueue, 3)
 
-			rep, err := b.queue().Replay(context.Background(), tt.sel, ReplayOptions{MaxReplays: 3, DryRun: tt.dryRun})
+			rep, err := b.queue().Replay(context.Background(), tt.sel, ReplayOptions{MaxReplays: 3, MaxAge: keyLifetime, DryRun: tt.dryRun})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -347,7 +368,7 @@ func TestReplayOfAMissingWorkQueueMovesNothing(t *testing.T) {
 	b.put(deadLetter{"m-1", "o-1", "retries_exhausted", 5, 0})
 	topo := b.topo
 	topo.Queue = "no-such-queue"
-	if _, err := New(b.conn, topo, nil).Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3}); err == nil {
+	if _, err := New(b.conn, topo, nil).Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, MaxAge: keyLifetime}); err == nil {
 		t.Fatal("replay to a missing work queue succeeded")
 	}
 	b.waitDepth(b.topo.DeadLetterQueue, 1)
@@ -398,5 +419,86 @@ func TestSelectorValidate(t *testing.T) {
 		if err := tt.sel.Validate(); (err == nil) != tt.valid {
 			t.Errorf("%+v: err = %v, want valid=%v", tt.sel, err, tt.valid)
 		}
+	}
+}
+
+// A dead letter older than the replay's age limit is refused and stays, unless
+// forced: its age counts from the publish time (the timestamp_in_ms header,
+// else the AMQP timestamp), else from the dead-lettering; a message of unknown
+// age is refused too.
+func TestReplayRefusesMessagesOlderThanMaxAge(t *testing.T) {
+	day := time.Now().Add(-25 * time.Hour)
+	tests := []struct {
+		name    string
+		change  func(p *amqp.Publishing)
+		old     bool
+		ageFrom string
+	}{
+		{"young", func(*amqp.Publishing) {}, false, AgeFromTimestamp},
+		{"old by its timestamp", func(p *amqp.Publishing) { p.Timestamp = day }, true, AgeFromTimestamp},
+		{"old by timestamp_in_ms, young by its timestamp", func(p *amqp.Publishing) {
+			p.Headers[consumer.HeaderTimestampMillis] = day.UnixMilli()
+		}, true, AgeFromPublishMillis},
+		{"young by timestamp_in_ms, old by its timestamp", func(p *amqp.Publishing) {
+			p.Timestamp = day
+			p.Headers[consumer.HeaderTimestampMillis] = time.Now().UnixMilli()
+		}, false, AgeFromPublishMillis},
+		{"no publish time, dead-lettered long ago", func(p *amqp.Publishing) {
+			p.Timestamp = time.Time{}
+			p.Headers[consumer.HeaderDeadLetteredAt] = day.UTC().Format(time.RFC3339Nano)
+		}, true, AgeFromDeadLettered},
+		{"no publish time, dead-lettered lately", func(p *amqp.Publishing) { p.Timestamp = time.Time{} }, false, AgeFromDeadLettered},
+		{"no time at all", func(p *amqp.Publishing) {
+			p.Timestamp = time.Time{}
+			delete(p.Headers, consumer.HeaderDeadLetteredAt)
+		}, true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := newBroker(t)
+			p := b.deadPublishing(deadLetter{"m-1", "o-1", "retries_exhausted", 5, 0})
+			tt.change(&p)
+			b.publishDead(p)
+			b.waitDepth(b.topo.DeadLetterQueue, 1)
+
+			opts := ReplayOptions{MaxReplays: 3, MaxAge: keyLifetime}
+			rep, err := b.queue().Replay(context.Background(), Selector{All: true}, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tooOld, replayed := len(rep.TooOld) == 1, len(rep.Replayed) == 1; tooOld != tt.old || replayed == tt.old {
+				t.Fatalf("replayed %v, too old %v; want too old: %v", ids(rep.Replayed), ids(rep.TooOld), tt.old)
+			}
+			m := append(rep.Replayed, rep.TooOld...)[0]
+			if m.AgeFrom != tt.ageFrom {
+				t.Errorf("age from %q, want %q", m.AgeFrom, tt.ageFrom)
+			}
+			if !tt.old {
+				b.take(b.topo.Queue, 1)
+				b.waitDepth(b.topo.DeadLetterQueue, 0)
+				return
+			}
+			b.waitDepth(b.topo.DeadLetterQueue, 1)
+			b.waitDepth(b.topo.Queue, 0)
+
+			opts.Force = true
+			rep, err = b.queue().Replay(context.Background(), Selector{All: true}, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rep.Replayed) != 1 || len(rep.Forced) != 1 || len(rep.TooOld) != 0 {
+				t.Fatalf("forced: replayed %v, forced %v, too old %v; want the message replayed and forced",
+					ids(rep.Replayed), ids(rep.Forced), ids(rep.TooOld))
+			}
+			b.take(b.topo.Queue, 1)
+			b.waitDepth(b.topo.DeadLetterQueue, 0)
+		})
+	}
+}
+
+func TestReplayNeedsAnAgeLimit(t *testing.T) {
+	b := newBroker(t)
+	if _, err := b.queue().Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3}); err == nil {
+		t.Fatal("a replay without an age limit ran")
 	}
 }

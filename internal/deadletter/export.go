@@ -81,7 +81,10 @@ func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 		h[consumer.HeaderFirstError] = p.LastError
 	}
 	delete(h, "x-death")
+	// The publish time, for dlq replay's age limit; timestamp_in_ms, if the
+	// producer set it, is among the stored headers.
 	return amqp.Publishing{
 		MessageId: p.MessageID, ContentType: p.ContentType, DeliveryMode: amqp.Persistent, Headers: h, Body: p.Body,
+		Timestamp: p.PublishedAt,
 	}
 }

@@ -94,7 +94,7 @@ func TestReplayedMessagesAreAppliedOnce(t *testing.T) {
 	b.put(deadLetter{"applied", "o-1", "retries_exhausted", 3, 0}, deadLetter{"never-applied", "o-2", "retries_exhausted", 3, 0})
 	b.waitDepth(b.topo.DeadLetterQueue, 2)
 
-	rep, err := b.queue().Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3})
+	rep, err := b.queue().Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, MaxAge: keyLifetime})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,14 +31,43 @@ type Message struct {
 	FirstError     string            `json:"first_error,omitempty"`
 	DeadLetteredAt time.Time         `json:"dead_lettered_at,omitzero"`
 	Replays        int               `json:"replays"`
+	// Since is when the message's age counts from, AgeFrom where it was read
+	// (one of the AgeFrom constants; "" when nothing tells).
+	Since   time.Time `json:"since,omitzero"`
+	AgeFrom string    `json:"age_from,omitempty"`
 }
 
-// Age is how long the message has been dead, or 0 if unknown.
+// Where a dead letter's age counts from, best first. The publish time bounds
+// the message's first attempt, and so the age of the idempotency keys of its
+// outside calls, from above: a message is not handled before it is published.
+// Without one the dead-lettering time is all there is, and it understates the
+// age by the time the message spent in its retries (and, for a message
+// replayed before, by everything before its last dead-lettering).
+const (
+	AgeFromPublishMillis = consumer.HeaderTimestampMillis // the header our producers and RabbitMQ's timestamp plugin set
+	AgeFromTimestamp     = "timestamp"                    // the AMQP timestamp property, whole seconds
+	AgeFromDeadLettered  = consumer.HeaderDeadLetteredAt  // the runtime's dead-lettering time
+	AgeFromDeath         = "x-death"                      // the broker's, for the messages it dead-lettered itself
+)
+
+// Age is how long ago the message was published (or, failing that,
+// dead-lettered: see AgeFrom), or 0 if unknown.
 func (m Message) Age(now time.Time) time.Duration {
-	if m.DeadLetteredAt.IsZero() {
+	if m.Since.IsZero() {
 		return 0
 	}
-	return now.Sub(m.DeadLetteredAt)
+	return now.Sub(m.Since)
+}
+
+// Published reports whether the age counts from the publish time.
+func (m Message) Published() bool {
+	return m.AgeFrom == AgeFromPublishMillis || m.AgeFrom == AgeFromTimestamp
+}
+
+// OlderThan reports whether the message is older than maxAge, or of unknown
+// age: the services its handler calls may have forgotten its idempotency keys.
+func (m Message) OlderThan(maxAge time.Duration, now time.Time) bool {
+	return m.Since.IsZero() || m.Age(now) > maxAge
 }
 
 // describe reads a dead letter's headers. Messages the runtime dead-lettered
@@ -58,15 +87,21 @@ func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 		m.FirstError = stringHeader(h, consumer.HeaderDeadLetterError)
 	}
 	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, consumer.HeaderDeadLetteredAt)); err == nil {
-		m.DeadLetteredAt = at
+		m.DeadLetteredAt, m.Since, m.AgeFrom = at, at, AgeFromDeadLettered
 	}
 	if death, ok := lastDeath(h); ok {
 		if m.Reason == "" {
 			m.Reason, _ = death["reason"].(string)
 		}
 		if t, ok := death["time"].(time.Time); ok && m.DeadLetteredAt.IsZero() {
-			m.DeadLetteredAt = t
+			m.DeadLetteredAt, m.Since, m.AgeFrom = t, t, AgeFromDeath
 		}
+	}
+	switch ms := intHeader(h, consumer.HeaderTimestampMillis); {
+	case ms > 0:
+		m.Since, m.AgeFrom = time.UnixMilli(int64(ms)), AgeFromPublishMillis
+	case d.Timestamp.Unix() > 0:
+		m.Since, m.AgeFrom = d.Timestamp, AgeFromTimestamp
 	}
 	return m
 }

@@ -53,6 +53,15 @@ func (s Selector) matches(m Message) bool {
 type ReplayOptions struct {
 	// MaxReplays refuses a message replayed this often already.
 	MaxReplays int
+	// MaxAge refuses a message older than this, or of unknown age (see
+	// Message.Age): the services its handler calls remember idempotency keys
+	// for a limited time, and a replay after they forgot the keys repeats
+	// side effects that may have happened already (a card charged twice).
+	MaxAge time.Duration
+	// Force replays messages older than MaxAge all the same (not those at the
+	// replay cap). Only for messages whose side effects are known not to have
+	// happened, or whose keys the services still know.
+	Force bool
 	// DryRun reports what would be replayed and changes nothing.
 	DryRun bool
 }
@@ -62,13 +71,16 @@ type ReplayReport struct {
 	Depth    int       // messages ready when the replay began; at most this many were visited
 	Visited  int       // messages taken from the queue and looked at
 	Replayed []Message // back in the work queue (or, with DryRun, would be); Replays is the new count
+	Forced   []Message // those of Replayed older than MaxAge, replayed because of Force
 	Refused  []Message // selected but at the replay cap: left in the dead-letter queue
+	TooOld   []Message // selected but older than MaxAge, without Force: left in the dead-letter queue
 	Skipped  int       // not selected: left in the dead-letter queue
 }
 
 // Replay moves the selected dead letters back to the work queue with their
 // original message id, body and properties, a fresh retry budget and
-// x-replay-count raised by one.
+// x-replay-count raised by one. A selected message at the replay cap is
+// refused, and so is one older than MaxAge unless Force: both stay.
 //
 // Each copy is published with a confirm and the dead letter is acked only
 // after that: a crash in between leaves both, and the copy replayed twice is a
@@ -86,6 +98,9 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 	}
 	if opts.MaxReplays < 1 {
 		return rep, errors.New("replay: the replay cap must be at least 1")
+	}
+	if opts.MaxAge <= 0 {
+		return rep, errors.New("replay: the age limit must be positive")
 	}
 	get, err := q.conn.Channel()
 	if err != nil {
@@ -126,12 +141,16 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 
 func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *rabbit.Publisher, d amqp.Delivery) error {
 	m := describe(d, q.attrs)
+	tooOld := m.OlderThan(opts.MaxAge, time.Now())
 	switch {
 	case !sel.matches(m):
 		rep.Skipped++
 		return nil
 	case m.Replays >= opts.MaxReplays:
 		rep.Refused = append(rep.Refused, m)
+		return nil
+	case tooOld && !opts.Force:
+		rep.TooOld = append(rep.TooOld, m)
 		return nil
 	}
 	m.Replays++
@@ -141,6 +160,9 @@ func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts
 		}
 	}
 	rep.Replayed = append(rep.Replayed, m)
+	if tooOld {
+		rep.Forced = append(rep.Forced, m)
+	}
 	return nil
 }
 

@@ -34,19 +34,26 @@ func startStack(t *testing.T, gatewayEnv, serviceEnv []string) *stack {
 		amqpURL: testenv.VHost(t), paymentsDB: testenv.Postgres(t), gatewayDB: testenv.Postgres(t),
 		gatewayAddr: testenv.FreeAddr(t), serviceAddr: testenv.FreeAddr(t),
 	}
-	start(t, "fake-gateway", append([]string{"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr}, gatewayEnv...))
+	start(t, "fake-gateway", append([]string{
+		"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow,
+	}, gatewayEnv...))
 	waitHTTP(t, "http://"+s.gatewayAddr+"/healthz")
 	s.serviceExtra = serviceEnv
 	s.startService(t)
 	return s
 }
 
+// The stack's short retries (RETRY_DELAYS=100ms,500ms and 5 attempts: at
+// least 1.28s with the jitter) must outlast the gateway's in-flight window,
+// which the service is told of: 1s, not the fake gateway's default 30s.
+const inFlightWindow = "1s"
+
 // startService starts (or restarts) the payment service.
 func (s *stack) startService(t *testing.T) {
 	t.Helper()
 	env := append([]string{
 		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_URL=http://" + s.gatewayAddr,
-		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "LOG_LEVEL=info",
+		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow, "LOG_LEVEL=info",
 	}, append(testenv.GroupCommitVars(), s.serviceExtra...)...)
 	s.service = start(t, "payment-service", env)
 	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
@@ -191,7 +198,7 @@ func (s *stack) assertVerify(t *testing.T, summaryPath string, wantCode int, wan
 	t.Helper()
 	code, out := run(t, time.Minute, "inboxctl", []string{
 		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_DATABASE_URL=" + s.gatewayDB,
-		"RETRY_DELAYS=100ms,500ms",
+		"RETRY_DELAYS=100ms,500ms", "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow,
 	}, "verify", "--summary", summaryPath)
 	if code != wantCode || !strings.Contains(out, wantVerdict) {
 		t.Fatalf("inboxctl verify: exit %d, want %d with %q:\n%s", code, wantCode, wantVerdict, out)
@@ -225,7 +232,9 @@ func TestBadConfigurationFailsAtStartNamingTheVariable(t *testing.T) {
 		{"WORKERS=64", "WORKERS"}, // more than PREFETCH (32)
 		{"AMQP_URL=http://localhost", "AMQP_URL"},
 		{"RETRY_DELAYS=1s,-1s", "RETRY_DELAYS"},
-		{"HANDLER_TIMEOUT=1s", "HANDLER_TIMEOUT"}, // not above GATEWAY_TIMEOUT
+		{"HANDLER_TIMEOUT=1s", "HANDLER_TIMEOUT"},           // not above GATEWAY_TIMEOUT
+		{"RETRY_DELAYS=100ms", "GATEWAY_IN_FLIGHT_TIMEOUT"}, // the retries end inside the gateway's 30s
+		{"IDEMPOTENCY_KEY_TTL=2m", "IDEMPOTENCY_KEY_TTL"},   // the default retries may take 2m21s
 		{"LOG_LEVEL=loud", "LOG_LEVEL"},
 	}
 	for _, tt := range tests {

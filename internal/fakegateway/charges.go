@@ -88,12 +88,14 @@ func (s *Server) handleCharge(w http.ResponseWriter, r *http.Request) {
 
 // handleTaken answers a request whose key another request inserted first.
 func (s *Server) handleTaken(ctx context.Context, c call, fp []byte) {
-	e, err := s.store.lookup(ctx, c.key, s.opts.InFlightTakeover)
+	e, err := s.store.lookup(ctx, c.key, s.opts.InFlightTakeover, c.faults.KeyTTL)
 	switch {
 	case errors.Is(err, errKeyReleased): // by an abandoned request since our claim: retry soon
 		s.inFlight(c)
 	case err != nil:
 		s.internalError(c, err)
+	case e.expired: // forgotten: whatever the request, it is a new one
+		s.chargeAgain(ctx, c, e, fp)
 	case !bytes.Equal(e.fingerprint, fp):
 		s.record(c.r, resultMismatch, c.key, c.req.OrderID, http.StatusUnprocessableEntity, slog.String("charge_id", e.id))
 		c.answerError(http.StatusUnprocessableEntity, "idempotency key reused with a different request")
@@ -115,6 +117,31 @@ func (s *Server) replay(ctx context.Context, c call, chargeID string) {
 	s.record(c.r, resultReplayed, c.key, c.req.OrderID, code, slog.String("charge_id", chargeID))
 	c.w.Header().Set("Idempotent-Replayed", "true")
 	c.answer(code, body)
+}
+
+// chargeAgain forgets an expired key and claims it for this request: the
+// card is charged again, as at a real gateway that forgot the key.
+func (s *Server) chargeAgain(ctx context.Context, c call, e existing, fp []byte) {
+	forgot, err := s.store.forget(ctx, e)
+	if err != nil {
+		s.internalError(c, err)
+		return
+	}
+	if forgot {
+		s.metrics.forgotten.Inc()
+		s.log.WarnContext(ctx, "idempotency key expired and forgotten: the next request with it charges again",
+			slog.String("idempotency_key", c.key), slog.String("order_id", c.req.OrderID),
+			slog.String("charge_id", e.id), slog.String("key_ttl", c.faults.KeyTTL.String()))
+	}
+	cl, claimed, err := s.store.claim(ctx, newChargeID(), c.key, fp, c.req)
+	switch {
+	case err != nil:
+		s.internalError(c, err)
+	case !claimed:
+		s.inFlight(c) // a concurrent request claimed the key first and charges now
+	default:
+		s.execute(c, cl, false)
+	}
 }
 
 func (s *Server) takeOver(ctx context.Context, c call, e existing) {

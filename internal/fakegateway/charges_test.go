@@ -231,7 +231,7 @@ func TestTakeOverOnlyOneWins(t *testing.T) {
 		}
 		var seen [2]existing
 		for i := range seen {
-			got, err := e.srv.store.lookup(ctx, "key-1", time.Nanosecond)
+			got, err := e.srv.store.lookup(ctx, "key-1", time.Nanosecond, 0)
 			if err != nil || !got.stale {
 				t.Fatalf("lookup = %+v, %v; want a stale row", got, err)
 			}
@@ -494,4 +494,64 @@ func assertOneCharge(t *testing.T, e *env, replies []reply, key string) {
 		t.Fatalf("row = %+v, want the completed charge %v", r, ids)
 	}
 	t.Logf("codes %v", codes)
+}
+
+// A real gateway forgets an idempotency key some time after its charge
+// completed (Stripe after 24 hours). With KeyTTL the fake gateway does too: the
+// same key and request after that is a new charge, the card charged twice. A
+// retry or a dead-letter replay that late is not protected by the key.
+func TestChargeExpiredKeyChargesAgain(t *testing.T) {
+	eachStore(t, Options{}, func(t *testing.T, e *env) {
+		e.setFaults(t, Faults{KeyTTL: time.Second})
+		body := chargeJSON("ord-ttl", 1000)
+		first := e.post(t, "key-ttl", body)
+		if first.code != http.StatusCreated {
+			t.Fatalf("first charge: %d %s", first.code, first.body)
+		}
+		if got := e.post(t, "key-ttl", body); got.replayed != "true" || !bytes.Equal(got.body, first.body) {
+			t.Fatalf("within the TTL: %d %s (replayed %q), want the stored answer", got.code, got.body, got.replayed)
+		}
+		// A key in flight is not forgotten, however old: only completed ones are.
+		req := chargeRequest{OrderID: "ord-flying", CustomerID: "cust-1", AmountCents: 1000, Currency: "EUR"}
+		if _, ok, err := e.srv.store.claim(context.Background(), "ch_flying", "key-flying", req.fingerprint(), req); err != nil || !ok {
+			t.Fatalf("claim = %v, %v", ok, err)
+		}
+		time.Sleep(1200 * time.Millisecond)
+
+		// Concurrent requests after the expiry: exactly one charges again.
+		replies := postConcurrently(t, e, 10, "key-ttl", body)
+		ids := map[string]bool{}
+		for _, r := range replies {
+			var ch chargeResponse
+			if r.code == http.StatusCreated && json.Unmarshal(r.body, &ch) == nil {
+				ids[ch.ID] = true
+			} else if r.code != http.StatusConflict {
+				t.Fatalf("after the expiry: %d %s, want 201 or 409", r.code, r.body)
+			}
+		}
+		var old chargeResponse
+		if err := json.Unmarshal(first.body, &old); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != 1 || ids[old.ID] {
+			t.Fatalf("charges answered after the expiry %v, want one new one (the first was %s)", ids, old.ID)
+		}
+		if n := e.count(t); n != 3 { // the first charge, the second, the one in flight
+			t.Fatalf("%d charges stored, want 3", n)
+		}
+		if got := e.counter(t, "gateway_charges_total", "status", statusSucceeded); got != 2 {
+			t.Fatalf("charges executed = %v, want 2: the key's charge twice", got)
+		}
+		if got := e.counter(t, "gateway_keys_forgotten_total", "", ""); got != 1 {
+			t.Fatalf("keys forgotten = %v, want 1", got)
+		}
+		if got := e.post(t, "key-flying", chargeJSON("ord-flying", 1000)); got.code != http.StatusConflict {
+			t.Fatalf("an old in-flight key: %d %s, want 409", got.code, got.body)
+		}
+		// Forgotten means forgotten: another request on the key is not a 422.
+		time.Sleep(1200 * time.Millisecond)
+		if got := e.post(t, "key-ttl", chargeJSON("ord-other", 2500)); got.code != http.StatusCreated || got.replayed != "" {
+			t.Fatalf("another request on an expired key: %d %s, want a new charge", got.code, got.body)
+		}
+	})
 }

@@ -20,10 +20,16 @@
 //     the in-flight row is older than the takeover age: the gateway is presumed to
 //     have crashed mid-request, and exactly one later request takes it over and
 //     executes it.
+//   - With a key lifetime (Faults.KeyTTL, 0 by default: forever), a key whose
+//     charge completed longer ago than that is forgotten, as a real gateway
+//     forgets keys (Stripe after 24 hours): the next request with it, whatever
+//     its body, is a new charge. The old charge stays stored, so a card charged
+//     twice that way shows as two charges of one order.
 //
 // GET /healthz answers 200 while the store answers. GET /metrics serves the
-// Prometheus registry. GET and POST /faults read and set the fault knobs, and
-// exist only when the Server is built with FaultsEnabled.
+// Prometheus registry. GET and POST /faults read and set the fault knobs (and
+// the key lifetime), and exist only when the Server is built with
+// FaultsEnabled.
 //
 // # Decline rule
 //

@@ -24,6 +24,10 @@ type Faults struct {
 	// Latency is the network time of every charge request; a request that
 	// executes a charge spends it in flight (see the package documentation).
 	Latency time.Duration
+	// KeyTTL is how long a completed idempotency key is remembered; 0 is
+	// forever. A request with a key older than that is a new charge, as at a
+	// real gateway (Stripe forgets keys after 24 hours).
+	KeyTTL time.Duration
 }
 
 // Validate reports a knob out of range.
@@ -35,6 +39,8 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("lost response rate must be between 0 and 1, got %v", f.LostResponseRate)
 	case f.Latency < 0 || f.Latency > maxLatency:
 		return fmt.Errorf("latency must be between 0 and %s, got %s", maxLatency, f.Latency)
+	case f.KeyTTL < 0:
+		return fmt.Errorf("key lifetime must be 0 (forever) or positive, got %s", f.KeyTTL)
 	}
 	return nil
 }
@@ -65,12 +71,13 @@ type faultsJSON struct {
 	ErrorRate        *float64 `json:"error_rate,omitempty"`
 	LostResponseRate *float64 `json:"lost_response_rate,omitempty"`
 	Latency          *string  `json:"latency,omitempty"`
+	KeyTTL           *string  `json:"key_ttl,omitempty"`
 }
 
 func (s *Server) handleGetFaults(w http.ResponseWriter, _ *http.Request) {
 	f := s.Faults()
-	latency := f.Latency.String()
-	writeJSON(w, http.StatusOK, faultsJSON{ErrorRate: &f.ErrorRate, LostResponseRate: &f.LostResponseRate, Latency: &latency})
+	latency, keyTTL := f.Latency.String(), f.KeyTTL.String()
+	writeJSON(w, http.StatusOK, faultsJSON{ErrorRate: &f.ErrorRate, LostResponseRate: &f.LostResponseRate, Latency: &latency, KeyTTL: &keyTTL})
 }
 
 // handleSetFaults changes the knobs present in the body and keeps the others.
@@ -106,6 +113,13 @@ func (in faultsJSON) apply(f Faults) (Faults, error) {
 			return f, fmt.Errorf("latency must be a Go duration like 200ms: %w", err)
 		}
 		f.Latency = d
+	}
+	if in.KeyTTL != nil {
+		d, err := time.ParseDuration(*in.KeyTTL)
+		if err != nil {
+			return f, fmt.Errorf("key_ttl must be a Go duration like 24h: %w", err)
+		}
+		f.KeyTTL = d
 	}
 	return f, f.Validate()
 }

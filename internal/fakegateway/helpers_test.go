@@ -186,7 +186,7 @@ func (p postgresProbe) row(t *testing.T, key string) row {
 	t.Helper()
 	var r row
 	err := p.db.Raw(`SELECT id, state, status, decline_reason, response_code, response_body, replays, completed_at
-		FROM charges WHERE idempotency_key = ?`, key).Row().
+		FROM charges WHERE idempotency_key = ? AND forgotten_at IS NULL`, key).Row().
 		Scan(&r.ID, &r.State, &r.Status, &r.DeclineReason, &r.ResponseCode, &r.ResponseBody, &r.Replays, &r.CompletedAt)
 	if err != nil {
 		t.Fatalf("row of key %s: %v", key, err)
@@ -205,7 +205,7 @@ func (p postgresProbe) count(t *testing.T) int {
 
 func (p postgresProbe) age(t *testing.T, key string, d time.Duration) {
 	t.Helper()
-	err := p.db.Exec(`UPDATE charges SET created_at = now() - make_interval(secs => ?) WHERE idempotency_key = ?`,
+	err := p.db.Exec(`UPDATE charges SET created_at = now() - make_interval(secs => ?) WHERE idempotency_key = ? AND forgotten_at IS NULL`,
 		d.Seconds(), key).Error
 	if err != nil {
 		t.Fatal(err)
@@ -236,7 +236,7 @@ func (p memoryProbe) row(t *testing.T, key string) row {
 func (p memoryProbe) count(*testing.T) int {
 	p.s.mu.Lock()
 	defer p.s.mu.Unlock()
-	return len(p.s.byKey)
+	return len(p.s.byID)
 }
 
 func (p memoryProbe) age(t *testing.T, key string, d time.Duration) {

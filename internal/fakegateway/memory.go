@@ -8,13 +8,13 @@ import (
 )
 
 // MemoryStore keeps charges in memory, for benchmarks: a charge costs no
-// database commit, nothing survives a restart, every key stays until then, and
-// inboxctl verify cannot see the charges. Its semantics are PostgresStore's; the
-// same contract tests run against both.
+// database commit, nothing survives a restart, and inboxctl verify cannot see
+// the charges. Its semantics are PostgresStore's; the same contract tests run
+// against both.
 type MemoryStore struct {
 	mu    sync.Mutex
-	byKey map[string]*memoryCharge
-	byID  map[string]*memoryCharge
+	byKey map[string]*memoryCharge // the charge holding each key
+	byID  map[string]*memoryCharge // every charge, forgotten keys' included
 }
 
 // memoryCharge is one key's charge, as a row of the table charges would hold it.
@@ -48,20 +48,33 @@ func (s *MemoryStore) claim(_ context.Context, id, key string, fp []byte, _ char
 	return claim{id: id, at: ch.createdAt}, true, nil
 }
 
-func (s *MemoryStore) lookup(_ context.Context, key string, takeover time.Duration) (existing, error) {
+func (s *MemoryStore) lookup(_ context.Context, key string, takeover, keyTTL time.Duration) (existing, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ch, ok := s.byKey[key]
 	if !ok {
 		return existing{}, errKeyReleased
 	}
+	now := time.Now()
 	return existing{
 		id:          ch.id,
 		fingerprint: ch.fingerprint,
 		state:       ch.state,
 		createdAt:   ch.createdAt,
-		stale:       ch.state == stateInFlight && ch.createdAt.Before(time.Now().Add(-takeover)),
+		stale:       ch.state == stateInFlight && ch.createdAt.Before(now.Add(-takeover)),
+		expired:     ch.state == stateCompleted && keyTTL > 0 && ch.completedAt.Before(now.Add(-keyTTL)),
 	}, nil
+}
+
+func (s *MemoryStore) forget(_ context.Context, e existing) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch, ok := s.byID[e.id]
+	if !ok || s.byKey[ch.key] != ch {
+		return false, nil
+	}
+	delete(s.byKey, ch.key)
+	return true, nil
 }
 
 func (s *MemoryStore) takeOver(_ context.Context, e existing) (claim, bool, error) {

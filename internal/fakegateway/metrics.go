@@ -20,6 +20,7 @@ type metrics struct {
 	requests  *prometheus.CounterVec
 	charges   *prometheus.CounterVec
 	takeovers prometheus.Counter
+	forgotten prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -36,8 +37,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "gateway_in_flight_takeovers_total",
 			Help: "In-flight keys presumed abandoned and executed by a later request.",
 		}),
+		forgotten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "gateway_keys_forgotten_total",
+			Help: "Completed keys older than the key lifetime (KEY_TTL) forgotten when a request used them again: each such request charged again.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.charges, m.takeovers} {
+	for _, c := range []prometheus.Collector{m.requests, m.charges, m.takeovers, m.forgotten} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -32,7 +32,7 @@ func (s *PostgresStore) claim(ctx context.Context, id, key string, fp []byte, re
 	err := s.db.WithContext(ctx).Raw(`
 		INSERT INTO charges (id, idempotency_key, request_sha256, order_id, customer_id, amount_cents, currency, state)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (idempotency_key) DO NOTHING
+		ON CONFLICT (idempotency_key) WHERE forgotten_at IS NULL DO NOTHING
 		RETURNING created_at`,
 		id, key, fp, req.OrderID, req.CustomerID, req.AmountCents, req.Currency, stateInFlight).Row().Scan(&c.at)
 	switch {
@@ -45,13 +45,15 @@ func (s *PostgresStore) claim(ctx context.Context, id, key string, fp []byte, re
 }
 
 // lookup reads a taken key, by the database clock.
-func (s *PostgresStore) lookup(ctx context.Context, key string, takeover time.Duration) (existing, error) {
+func (s *PostgresStore) lookup(ctx context.Context, key string, takeover, keyTTL time.Duration) (existing, error) {
 	var e existing
 	err := s.db.WithContext(ctx).Raw(`
 		SELECT id, request_sha256, state, created_at,
-		       state = 'in_flight' AND created_at < now() - make_interval(secs => ?)
-		FROM charges WHERE idempotency_key = ?`,
-		takeover.Seconds(), key).Row().Scan(&e.id, &e.fingerprint, &e.state, &e.createdAt, &e.stale)
+		       state = 'in_flight' AND created_at < now() - make_interval(secs => ?),
+		       state = 'completed' AND ? > 0 AND completed_at < now() - make_interval(secs => ?)
+		FROM charges WHERE idempotency_key = ? AND forgotten_at IS NULL`,
+		takeover.Seconds(), keyTTL.Seconds(), keyTTL.Seconds(), key).Row().
+		Scan(&e.id, &e.fingerprint, &e.state, &e.createdAt, &e.stale, &e.expired)
 	switch {
 	case isNoRows(err):
 		return e, errKeyReleased
@@ -59,6 +61,16 @@ func (s *PostgresStore) lookup(ctx context.Context, key string, takeover time.Du
 		return e, fmt.Errorf("look up key: %w", err)
 	}
 	return e, nil
+}
+
+// forget releases the key of an expired charge; the row stays, since the
+// charge happened.
+func (s *PostgresStore) forget(ctx context.Context, e existing) (bool, error) {
+	res := s.db.WithContext(ctx).Exec(`UPDATE charges SET forgotten_at = now() WHERE id = ? AND forgotten_at IS NULL`, e.id)
+	if res.Error != nil {
+		return false, fmt.Errorf("forget charge %s: %w", e.id, res.Error)
+	}
+	return res.RowsAffected == 1, nil
 }
 
 // takeOver claims an abandoned in-flight row. The guard on the created_at that
@@ -103,7 +115,7 @@ func (s *PostgresStore) replay(ctx context.Context, key string) (int, []byte, er
 	var body []byte
 	err := s.db.WithContext(ctx).Raw(`
 		UPDATE charges SET replays = replays + 1
-		WHERE idempotency_key = ? AND state = ?
+		WHERE idempotency_key = ? AND state = ? AND forgotten_at IS NULL
 		RETURNING response_code, response_body`,
 		key, stateCompleted).Row().Scan(&code, &body)
 	if err != nil {

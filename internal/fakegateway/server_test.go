@@ -25,7 +25,7 @@ func TestFaultEndpointsAre404WhenDisabled(t *testing.T) {
 func TestFaultEndpoints(t *testing.T) {
 	e := newEnv(t, Options{FaultsEnabled: true})
 	if got := e.do(t, http.MethodGet, "/faults", "", ""); got.code != http.StatusOK ||
-		string(got.body) != `{"error_rate":0,"lost_response_rate":0,"latency":"0s"}` {
+		string(got.body) != `{"error_rate":0,"lost_response_rate":0,"latency":"0s","key_ttl":"0s"}` {
 		t.Fatalf("GET /faults = %d %s", got.code, got.body)
 	}
 	tests := []struct {
@@ -38,7 +38,10 @@ func TestFaultEndpoints(t *testing.T) {
 			Faults{ErrorRate: 0.2, LostResponseRate: 0.1, Latency: 200 * time.Millisecond}},
 		{"one knob keeps the others", `{"error_rate":0.5}`, 204,
 			Faults{ErrorRate: 0.5, LostResponseRate: 0.1, Latency: 200 * time.Millisecond}},
-		{"zeros are values", `{"error_rate":0,"lost_response_rate":0,"latency":"0s"}`, 204, Faults{}},
+		{"key lifetime", `{"key_ttl":"24h"}`, 204,
+			Faults{ErrorRate: 0.5, LostResponseRate: 0.1, Latency: 200 * time.Millisecond, KeyTTL: 24 * time.Hour}},
+		{"zeros are values", `{"error_rate":0,"lost_response_rate":0,"latency":"0s","key_ttl":"0s"}`, 204, Faults{}},
+		{"negative key lifetime", `{"key_ttl":"-1s"}`, 400, Faults{}},
 		{"rate above 1", `{"error_rate":1.5}`, 400, Faults{}},
 		{"negative rate", `{"lost_response_rate":-0.1}`, 400, Faults{}},
 		{"latency above 1m", `{"latency":"2m"}`, 400, Faults{}},
@@ -59,7 +62,7 @@ func TestFaultEndpoints(t *testing.T) {
 		})
 	}
 	e.do(t, http.MethodPost, "/faults", "", `{"error_rate":1,"latency":"1.5s"}`)
-	if got := e.do(t, http.MethodGet, "/faults", "", ""); string(got.body) != `{"error_rate":1,"lost_response_rate":0,"latency":"1.5s"}` {
+	if got := e.do(t, http.MethodGet, "/faults", "", ""); string(got.body) != `{"error_rate":1,"lost_response_rate":0,"latency":"1.5s","key_ttl":"0s"}` {
 		t.Fatalf("GET /faults = %s", got.body)
 	}
 	if got := e.post(t, "key-1", chargeJSON("ord-1", 1000)); got.code != http.StatusServiceUnavailable {
@@ -80,6 +83,8 @@ func TestFaultsValidate(t *testing.T) {
 		{"lost rate negative", Faults{LostResponseRate: -0.5}, false},
 		{"latency negative", Faults{Latency: -time.Millisecond}, false},
 		{"latency above 1m", Faults{Latency: time.Minute + 1}, false},
+		{"key lifetime", Faults{KeyTTL: 24 * time.Hour}, true},
+		{"key lifetime negative", Faults{KeyTTL: -time.Second}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

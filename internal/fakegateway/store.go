@@ -24,7 +24,12 @@ type Store interface {
 	// claim stores the key in flight and reports whether this request owns it.
 	claim(ctx context.Context, id, key string, fp []byte, req chargeRequest) (claim, bool, error)
 	// lookup reads a taken key; errKeyReleased if it was released since.
-	lookup(ctx context.Context, key string, takeover time.Duration) (existing, error)
+	// A completed key older than keyTTL (0: never) is expired.
+	lookup(ctx context.Context, key string, takeover, keyTTL time.Duration) (existing, error)
+	// forget releases the key of an expired charge, which stays stored: the
+	// next claim of the key is a new charge. It reports whether this call
+	// released it: of concurrent forgetters exactly one does.
+	forget(ctx context.Context, e existing) (bool, error)
 	// takeOver claims an abandoned in-flight charge; exactly one of several
 	// takers holding the same snapshot wins, and the winner's claim is young again.
 	takeOver(ctx context.Context, e existing) (claim, bool, error)
@@ -56,4 +61,5 @@ type existing struct {
 	state       string
 	createdAt   time.Time
 	stale       bool // in flight for longer than the takeover age, by the store's clock
+	expired     bool // completed longer ago than the key's lifetime, by the store's clock
 }

@@ -6,6 +6,7 @@ package payment
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,11 +61,13 @@ type Charger interface {
 // Handler charges each order once and records the payment.
 type Handler struct {
 	gateway Charger
+	db      *gorm.DB // for the read of a recorded payment; writes go through the runtime's tx
 }
 
-// NewHandler returns a handler that charges through gw.
-func NewHandler(gw Charger) *Handler {
-	return &Handler{gateway: gw}
+// NewHandler returns a handler that charges through gw and reads the payments
+// already recorded in db.
+func NewHandler(gw Charger, db *gorm.DB) *Handler {
+	return &Handler{gateway: gw, db: db}
 }
 
 // IdempotencyKey is derived from the order, never from the message or the
@@ -83,9 +86,24 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 		}
 		return nil, consumer.Permanent("invalid_event", err)
 	}
-	// The same order under a new message id (a producer retry) asks for the
-	// same charge: the gateway replays it, and the unique order_id below makes
-	// the message a duplicate.
+	// The same order under a new message id (a producer retry) is found here
+	// once paid, without asking the gateway: a gateway forgets its keys (Stripe
+	// after 24 hours) and would charge the card again. A plain read, no lock:
+	// one still in flight is caught by the gateway's key and the unique
+	// order_id below.
+	var paid Payment
+	err = h.db.WithContext(ctx).Raw(`SELECT amount_cents, currency, customer_id FROM payments WHERE order_id = ?`, ev.OrderID).
+		Row().Scan(&paid.AmountCents, &paid.Currency, &paid.CustomerID)
+	switch {
+	case err == nil:
+		paid.OrderID = ev.OrderID
+		if err := conflict(paid, ev); err != nil {
+			return nil, err
+		}
+		return consumer.Duplicate, nil
+	case !errors.Is(err, sql.ErrNoRows):
+		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
+	}
 	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
 		IdempotencyKey: IdempotencyKey(ev.OrderID),
 		OrderID:        ev.OrderID,
@@ -145,12 +163,21 @@ func sameOrder(ctx context.Context, tx *gorm.DB, ev orders.OrderPlaced) (consume
 	if err := tx.WithContext(ctx).Where("order_id = ?", ev.OrderID).Take(&paid).Error; err != nil {
 		return "", fmt.Errorf("read payment of order %s: %w", ev.OrderID, err)
 	}
-	if paid.AmountCents != ev.AmountCents || paid.Currency != ev.Currency || paid.CustomerID != ev.CustomerID {
-		return "", consumer.Permanent(ReasonOrderConflict, fmt.Errorf(
-			"order %s was paid as %d %s for customer %s, now published as %d %s for customer %s",
-			ev.OrderID, paid.AmountCents, paid.Currency, paid.CustomerID, ev.AmountCents, ev.Currency, ev.CustomerID))
+	if err := conflict(paid, ev); err != nil {
+		return "", err
 	}
 	return consumer.OutcomeDuplicate, nil
+}
+
+// conflict dead-letters an event for an order paid with another amount,
+// currency or customer.
+func conflict(paid Payment, ev orders.OrderPlaced) error {
+	if paid.AmountCents == ev.AmountCents && paid.Currency == ev.Currency && paid.CustomerID == ev.CustomerID {
+		return nil
+	}
+	return consumer.Permanent(ReasonOrderConflict, fmt.Errorf(
+		"order %s was paid as %d %s for customer %s, now published as %d %s for customer %s",
+		ev.OrderID, paid.AmountCents, paid.Currency, paid.CustomerID, ev.AmountCents, ev.Currency, ev.CustomerID))
 }
 
 // EventID finds the event_id of a body, for producers that set no AMQP

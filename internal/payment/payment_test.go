@@ -42,11 +42,17 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
+	return newStackWithTakeover(t, 30*time.Second)
+}
+
+// newStackWithTakeover is newStack with the gateway's in-flight takeover age.
+func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
+	t.Helper()
 	s := &stack{t: t, amqpURL: testenv.VHost(t)}
 	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
 	s.gatewayDB, _ = testenv.MigratedDB(t, migrations.Gateway)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
-		fakegateway.Options{InFlightTakeover: 30 * time.Second})
+		fakegateway.Options{InFlightTakeover: takeover})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +89,7 @@ func (s *stack) service() *consumer.Metrics {
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8))
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db)
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
@@ -425,5 +431,108 @@ func TestGatewayMisconfiguredPausesInsteadOfDeadLettering(t *testing.T) {
 	}
 	for i := range n {
 		s.assertPaidOnce(fmt.Sprintf("o-401-%d", i))
+	}
+}
+
+// A charge stuck in flight at the gateway answers every retry with 409 until
+// the gateway's in-flight window ends and a retry takes it over. Retries all
+// spent inside that window dead-letter the message while its charge goes
+// through: a card charged, no payment, a dead letter (the start-up check of
+// GATEWAY_IN_FLIGHT_TIMEOUT refuses such settings, see
+// TestServiceChecksTimeoutRelations). Retries that outlast the window pay the
+// order once. The stuck charge is a request to a second, slow gateway process
+// over the same charges table: in flight for 6s, longer than every window here.
+func TestRetriesMustOutlastTheGatewaysInFlightWindow(t *testing.T) {
+	tests := []struct {
+		name     string
+		takeover time.Duration
+		delays   []time.Duration // 5 retries: the last delay repeats
+		want     string
+	}{
+		{"retries spent inside the window", 30 * time.Second, []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}, "dead_lettered"},
+		// At least 0.8 × (300ms + 4 × 400ms) = 1.52s of retries, above the 1s window.
+		{"retries outlast the window", time.Second, []time.Duration{300 * time.Millisecond, 400 * time.Millisecond}, "processed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newStackWithTakeover(t, tt.takeover)
+			s.topo.RetryDelays = tt.delays
+			if err := s.topo.Declare(s.pub); err != nil {
+				t.Fatal(err)
+			}
+			m := s.service()
+			o := order("o-stuck", 4200)
+			stuck := s.chargeStuckInFlight(o, 6*time.Second)
+			s.publishOrder("msg-stuck", o)
+			waitOutcome(t, m, tt.want, 1)
+			inFlight := count(t, s.gatewayDB, "charges", "order_id = ? AND state = 'in_flight'", o.OrderID)
+			if err := <-stuck; err != nil {
+				t.Fatalf("the stuck charge: %v", err)
+			}
+			if n := count(t, s.gatewayDB, "charges", "order_id = ? AND state = 'completed'", o.OrderID); n != 1 {
+				t.Fatalf("%d completed charges of the order, want 1", n)
+			}
+			payments := count(t, s.db, "payments", "order_id = ?", o.OrderID)
+			switch tt.want {
+			case "dead_lettered":
+				if reasons := s.drainDLQ(1); reasons["msg-stuck"] != consumer.ReasonRetriesExhausted || payments != 0 || inFlight != 1 {
+					t.Fatalf("dead letters %v, %d payments, charge in flight %d: want msg-stuck retries_exhausted while its charge was in flight, and no payment",
+						reasons, payments, inFlight)
+				}
+				if outcomes(m, "retried") != 5 {
+					t.Errorf("retried %d times, want 5", outcomes(m, "retried"))
+				}
+			case "processed":
+				s.assertPaidOnce(o.OrderID)
+				if outcomes(m, "dead_lettered") != 0 {
+					t.Errorf("dead-lettered %d", outcomes(m, "dead_lettered"))
+				}
+			}
+		})
+	}
+}
+
+// chargeStuckInFlight charges o through a second gateway process over the same
+// database whose every request spends latency in flight, and returns once its
+// claim is stored; the channel yields the request's error when it ends.
+func (s *stack) chargeStuckInFlight(o orders.OrderPlaced, latency time.Duration) <-chan error {
+	s.t.Helper()
+	slow, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(s.t),
+		fakegateway.Faults{Latency: latency}, fakegateway.Options{InFlightTakeover: time.Hour})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	srv := httptest.NewServer(slow.Handler())
+	s.t.Cleanup(srv.Close)
+	done := make(chan error, 1)
+	go func() {
+		_, err := gateway.NewClient(srv.URL, latency+10*time.Second, 1).Charge(context.Background(), gateway.ChargeRequest{
+			IdempotencyKey: payment.IdempotencyKey(o.OrderID), OrderID: o.OrderID, CustomerID: o.CustomerID,
+			AmountCents: o.AmountCents, Currency: o.Currency,
+		})
+		done <- err
+	}()
+	testenv.Eventually(s.t, 10*time.Second, "the stuck charge's claim", func() (bool, error) {
+		return count(s.t, s.gatewayDB, "charges", "order_id = ? AND state = 'in_flight'", o.OrderID) == 1, nil
+	})
+	return done
+}
+
+// The same order republished under a new message id after the gateway forgot
+// its key: the recorded payment is found first, and the card is not charged
+// again (the gateway would take the forgotten key for a new charge).
+func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
+	s := newStack(t)
+	if err := s.gateway.SetFaults(fakegateway.Faults{KeyTTL: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	m := s.service()
+	s.publishOrder("msg-first", order("o-forgotten", 4200))
+	waitOutcome(t, m, "processed", 1)
+	time.Sleep(1500 * time.Millisecond) // the gateway forgets the key
+	s.publishOrder("msg-later", order("o-forgotten", 4200))
+	waitOutcome(t, m, "duplicate", 1)
+	if n := count(t, s.gatewayDB, "charges", "order_id = ?", "o-forgotten"); n != 1 {
+		t.Fatalf("%d charges for one order, want 1", n)
 	}
 }

@@ -15,6 +15,10 @@ import (
 type Settings struct {
 	GatewayURL     string        `envconfig:"GATEWAY_URL" default:"http://localhost:8081" desc:"base URL of the payment gateway"`
 	GatewayTimeout time.Duration `envconfig:"GATEWAY_TIMEOUT" default:"5s" desc:"timeout of one gateway call; below HANDLER_TIMEOUT"`
+	// GatewayInFlightTimeout is the gateway's, not ours: how long it answers
+	// 409 for a key whose first request it lost in flight before it lets a
+	// retry execute the charge (the fake gateway's IN_FLIGHT_TAKEOVER).
+	GatewayInFlightTimeout time.Duration `envconfig:"GATEWAY_IN_FLIGHT_TIMEOUT" default:"30s" desc:"how long the gateway keeps a key in flight (409) after losing its request (the fake gateway's IN_FLIGHT_TAKEOVER); the retries must outlast it"`
 }
 
 // AfterGatewayCharge is the payment service's own crash point: the card is
@@ -34,21 +38,34 @@ func Service() service.Options {
 		DeadLetterExchange: "payments.dlx",
 		Database:           "payments",
 		Settings:           &s,
-		Check: func(cfg *service.Config, v *service.Checks) {
-			v.URL("GATEWAY_URL", s.GatewayURL, "http", "https")
-			v.Require(s.GatewayTimeout > 0 && s.GatewayTimeout < cfg.HandlerTimeout, "GATEWAY_TIMEOUT",
-				"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.GatewayTimeout)
-		},
-		Migrations: []migrations.Set{Migrations},
+		Check:              s.check,
+		Migrations:         []migrations.Set{Migrations},
 		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
 			// One keep-alive connection per worker: each may be in a gateway call.
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge))), nil
+			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB), nil
 		},
 		KeyFromBody: EventID,
 		LogAttrs:    LogAttrs,
 		OrderingKey: OrderID,
 	}
+}
+
+// check validates the settings against each other and the kit's.
+func (s *Settings) check(cfg *service.Config, v *service.Checks) {
+	v.URL("GATEWAY_URL", s.GatewayURL, "http", "https")
+	v.Require(s.GatewayTimeout > 0 && s.GatewayTimeout < cfg.HandlerTimeout, "GATEWAY_TIMEOUT",
+		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.GatewayTimeout)
+	// A charge lost in flight answers 409 until the gateway's window ends:
+	// retries all spent inside it dead-letter the message while the charge
+	// may still go through, a card charged with no payment recorded.
+	shortest := cfg.ShortestRetrySpan()
+	v.Require(s.GatewayInFlightTimeout > 0 && s.GatewayInFlightTimeout < shortest, "GATEWAY_IN_FLIGHT_TIMEOUT",
+		"is %s, but the retries of %s may all be spent within %s "+
+			"(each delay shortened by up to %.0f%% of jitter): a charge stuck in flight at the gateway would be "+
+			"dead-lettered before the gateway lets a retry take it over; lengthen the retries, or set "+
+			"GATEWAY_IN_FLIGHT_TIMEOUT to your gateway's (positive)",
+		s.GatewayInFlightTimeout, cfg.RetrySettings(), shortest, 100*consumer.RetryJitter)
 }
 
 // chargeFunc adapts a function to Charger.

@@ -45,11 +45,19 @@ var ErrWindowTooShort = errors.New("retention window shorter than the redelivery
 // in handler runs up to their timeout; the one-day floor covers a message that
 // sits unconsumed while the service is down, which no delay sum bounds.
 func MinWindow(retryDelays []time.Duration, maxAttempts int) time.Duration {
+	return max(horizonFloor, 2*RetryHorizon(retryDelays, maxAttempts))
+}
+
+// RetryHorizon is the time a message spends in the delay queues over
+// maxAttempts attempts: maxAttempts-1 trips, trip n waiting retryDelays[n-1],
+// the last delay repeating (the runtime's rule). The runtime's jitter only
+// shortens a trip.
+func RetryHorizon(retryDelays []time.Duration, maxAttempts int) time.Duration {
 	var trips time.Duration
 	for n := 1; n < maxAttempts && len(retryDelays) > 0; n++ {
 		trips += retryDelays[min(n-1, len(retryDelays)-1)]
 	}
-	return max(horizonFloor, 2*trips)
+	return trips
 }
 
 // Config tunes a Pruner.

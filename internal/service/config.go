@@ -1,6 +1,7 @@
 package service
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
@@ -34,6 +35,10 @@ type Config struct {
 	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS"`
 	InboxPruneInterval time.Duration `envconfig:"INBOX_PRUNE_INTERVAL" default:"1h" desc:"how often the service prunes the inbox; 0 disables the pruner"`
 	InboxPruneBatch    int           `envconfig:"INBOX_PRUNE_BATCH" default:"1000" desc:"inbox rows deleted per transaction when pruning"`
+	// IdempotencyKeyTTL is a fact about the services the handler calls, not a
+	// setting of theirs: the retries must end within it, and dlq replay
+	// refuses dead letters older than it (less the retries of the replay).
+	IdempotencyKeyTTL time.Duration `envconfig:"IDEMPOTENCY_KEY_TTL" default:"24h" desc:"how long the services you call remember an idempotency key (Stripe: 24h); the retries must end within it and dlq replay refuses older dead letters"`
 	Buffered
 }
 
@@ -107,6 +112,7 @@ func (c *Config) validate(v *Checks) {
 	// than consumer_timeout (30 minutes by default); stay far below it.
 	v.Require(c.HandlerTimeout <= 10*time.Minute, "HANDLER_TIMEOUT", "must be at most 10m (RabbitMQ's consumer_timeout is 30m), got %s", c.HandlerTimeout)
 	ValidateRetries(v, c.RetryDelays, c.MaxAttempts)
+	c.validateTimeouts(v)
 	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
 	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
 		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
@@ -131,6 +137,78 @@ func (d *Database) validate(v *Checks) {
 	v.URL("DATABASE_URL", d.URL, "postgres", "postgresql")
 	v.Require(d.MaxConns >= 2, "DB_MAX_CONNS", "must be at least 2, got %d", d.MaxConns)
 	v.Require(d.StatementTimeout >= 100*time.Millisecond, "DB_STATEMENT_TIMEOUT", "must be at least 100ms, got %s", d.StatementTimeout)
+}
+
+// validateTimeouts checks the timeouts that bound one another.
+func (c *Config) validateTimeouts(v *Checks) {
+	// A retry that calls out after the callee forgot the key repeats the side
+	// effect: a card charged twice.
+	span := c.LongestRetrySpan()
+	v.Require(c.IdempotencyKeyTTL > span, "IDEMPOTENCY_KEY_TTL",
+		"is %s, but the retries of %s and HANDLER_TIMEOUT=%s may take %s "+
+			"(every delay in full and every run up to HANDLER_TIMEOUT): a retry after the key expired would repeat "+
+			"its side effect; shorten the retries or set IDEMPOTENCY_KEY_TTL to what the services you call promise",
+		c.IdempotencyKeyTTL, c.RetrySettings(), c.HandlerTimeout, span)
+	// A commit transaction may wait on a lock held by a duplicate on another
+	// replica: a batch once for its combined claim and once more for that
+	// message's own claim in its savepoint pass. lock_timeout must end those
+	// waits before the commit's own deadline does, or the whole batch fails
+	// instead of the one message.
+	waits := time.Duration(1)
+	if c.GroupCommitMax > 1 {
+		waits = 2
+	}
+	v.Require(waits*c.StatementTimeout < consumer.CommitTimeout, "DB_STATEMENT_TIMEOUT",
+		"must be below %s with GROUP_COMMIT_MAX=%d (a commit gets %s and may wait %d lock timeouts), got %s",
+		consumer.CommitTimeout/waits, c.GroupCommitMax, consumer.CommitTimeout, waits, c.StatementTimeout)
+}
+
+// LongestRetrySpan is the longest time from the start of a message's first
+// handler run to the end of its last: every retry delay in full and every run
+// up to HANDLER_TIMEOUT. Time a message waits in the work queue behind a
+// backlog or through an outage (a message put back for the database or a
+// paused dependency spends no attempt) comes on top: no setting bounds it.
+//
+// In the buffered mode the handler's runs are the processing's, retried from
+// the table with BUFFER_RETRY_DELAYS and BUFFER_MAX_ATTEMPTS (the ingest's
+// retries call nothing out).
+func (c Config) LongestRetrySpan() time.Duration {
+	delays, attempts := c.handlerRetries()
+	return retention.RetryHorizon(delays, attempts) + time.Duration(attempts)*c.HandlerTimeout
+}
+
+// handlerRetries are the retry delays and attempts of the handler's runs.
+func (c Config) handlerRetries() ([]time.Duration, int) {
+	if c.InboxMode == ModeBuffered {
+		return c.BufferRetryDelays, c.BufferMaxAttempts
+	}
+	return c.RetryDelays, c.MaxAttempts
+}
+
+// RetrySettings names the variables of the handler's retries and their
+// values, for messages: RETRY_DELAYS and MAX_ATTEMPTS, or in the buffered
+// mode BUFFER_RETRY_DELAYS and BUFFER_MAX_ATTEMPTS.
+func (c Config) RetrySettings() string {
+	delays, attempts := c.handlerRetries()
+	if c.InboxMode == ModeBuffered {
+		return fmt.Sprintf("BUFFER_RETRY_DELAYS=%s and BUFFER_MAX_ATTEMPTS=%d", render(delays), attempts)
+	}
+	return fmt.Sprintf("RETRY_DELAYS=%s and MAX_ATTEMPTS=%d", render(delays), attempts)
+}
+
+// ShortestRetrySpan is the shortest time from a message's first handler run
+// to its last: every retry delay cut by the full jitter, every run failing at
+// once.
+func (c Config) ShortestRetrySpan() time.Duration {
+	horizon := retention.RetryHorizon(c.handlerRetries())
+	return time.Duration(float64(horizon) * (1 - consumer.RetryJitter))
+}
+
+// ReplayMaxAge is the oldest a dead letter may be for dlq replay to move it
+// back without --force: the replay's own retries must end while the services
+// it calls still remember its idempotency keys.
+func (c Config) ReplayMaxAge() time.Duration {
+	return c.IdempotencyKeyTTL - c.LongestRetrySpan()
 }
 
 // ValidateRetries checks the retry schedule.

@@ -30,23 +30,17 @@ func Load(cfg Validator) error {
 // LogValue renders configuration structs as variable → value pairs for the
 // start-up log, masking passwords in URLs and every field tagged
 // `secret:"true"`.
-func LogValue(cfgs ...any) map[string]string {
-	out := map[string]string{}
-	for _, cfg := range cfgs {
-		if cfg != nil {
-			collect(reflect.ValueOf(cfg), out, true)
-		}
-	}
-	return out
-}
+func LogValue(cfgs ...any) map[string]string { return values(cfgs, true) }
 
 // Values renders configuration structs as variable → value pairs, secrets
 // included.
-func Values(cfgs ...any) map[string]string {
+func Values(cfgs ...any) map[string]string { return values(cfgs, false) }
+
+func values(cfgs []any, mask bool) map[string]string {
 	out := map[string]string{}
 	for _, cfg := range cfgs {
 		if cfg != nil {
-			collect(reflect.ValueOf(cfg), out, false)
+			collect(reflect.ValueOf(cfg), out, mask)
 		}
 	}
 	return out

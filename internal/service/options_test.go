@@ -103,10 +103,37 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"INBOX_RETENTION": "23h"}, "INBOX_RETENTION"},
 		// 2 × (24h + 24h) of retry trips is above the 72h window.
 		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "72h"}, "INBOX_RETENTION"},
-		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, ""},
+		// ... and they outlive the default 24h idempotency key.
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h"}, "IDEMPOTENCY_KEY_TTL"},
+		{map[string]string{"RETRY_DELAYS": "24h", "MAX_ATTEMPTS": "3", "INBOX_RETENTION": "96h", "IDEMPOTENCY_KEY_TTL": "49h"}, ""},
+		{map[string]string{"IDEMPOTENCY_KEY_TTL": "0s"}, "IDEMPOTENCY_KEY_TTL"},
+		// 23 hourly retries and 24 handler runs of 15s fit in a day; 24 retries do not.
+		{map[string]string{"RETRY_DELAYS": "1h", "MAX_ATTEMPTS": "24"}, ""},
+		{map[string]string{"RETRY_DELAYS": "1h", "MAX_ATTEMPTS": "25"}, "IDEMPOTENCY_KEY_TTL"},
+		// The handler runs count too: 99 × 10m of delays fit in a day, with
+		// 100 runs of up to 10m each they do not.
+		{map[string]string{"RETRY_DELAYS": "10m", "MAX_ATTEMPTS": "100"}, ""},
+		{map[string]string{"RETRY_DELAYS": "10m", "MAX_ATTEMPTS": "100", "HANDLER_TIMEOUT": "10m"}, "IDEMPOTENCY_KEY_TTL"},
+		// A batch may wait one statement timeout on its combined claim and one
+		// more on a message's own claim in its savepoint pass: both within the
+		// 15s a commit gets. A transaction per message waits once.
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "7s"}, ""},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "8s"}, "DB_STATEMENT_TIMEOUT"},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "14s", "GROUP_COMMIT_MAX": "1"}, ""},
+		{map[string]string{"DB_STATEMENT_TIMEOUT": "15s", "GROUP_COMMIT_MAX": "1"}, "DB_STATEMENT_TIMEOUT"},
 		{map[string]string{"INBOX_PRUNE_INTERVAL": "0"}, ""},
 		{map[string]string{"INBOX_PRUNE_INTERVAL": "10ms"}, "INBOX_PRUNE_INTERVAL"},
 		{map[string]string{"INBOX_PRUNE_BATCH": "0"}, "INBOX_PRUNE_BATCH"},
+		{map[string]string{"INBOX_MODE": "later"}, "INBOX_MODE"},
+		{map[string]string{"INBOX_MODE": "buffered"}, ""},
+		{map[string]string{"BUFFER_RETRY_DELAYS": "1s,1ms"}, "BUFFER_RETRY_DELAYS"},
+		{map[string]string{"BUFFER_MAX_ATTEMPTS": "0"}, "BUFFER_MAX_ATTEMPTS"},
+		{map[string]string{"BUFFER_POLL_INTERVAL": "2m"}, "BUFFER_POLL_INTERVAL"},
+		{map[string]string{"SINGLE_ACTIVE_CONSUMER": "sometimes"}, "SINGLE_ACTIVE_CONSUMER"},
+		// In the buffered mode the handler's retries are the processing's: 300
+		// runs, most five minutes apart, outlive the default 24h key; only there.
+		{map[string]string{"BUFFER_MAX_ATTEMPTS": "300"}, ""},
+		{map[string]string{"BUFFER_MAX_ATTEMPTS": "300", "INBOX_MODE": "buffered"}, "IDEMPOTENCY_KEY_TTL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.variable, func(t *testing.T) {

@@ -142,6 +142,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		LogAttrs:         opts.LogAttrs,
 		MaxAttempts:      cfg.MaxAttempts,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
+		KeyTTL:           cfg.IdempotencyKeyTTL,
 		ReconnectMaxWait: cfg.ReconnectMaxWait,
 		DatabaseCheck:    check,
 		OnStage:          onStage,

@@ -23,6 +23,10 @@ const (
 	PostgresEnv = "TEST_DATABASE_URL" // an admin URL; default postgres://postgres@127.0.0.1:5432/postgres
 	AMQPEnv     = "TEST_AMQP_URL"     // default amqp://guest:guest@127.0.0.1:5672/
 	CtlEnv      = "TEST_RABBITMQCTL"  // command used to add vhosts; default rabbitmqctl
+	// RunEnv names one run of the suite (CI sets it): every database and vhost
+	// the run creates starts with t_<run>_, so that a run cleans up its own
+	// leftovers and never another's on a shared server.
+	RunEnv = "TEST_RUN_ID"
 )
 
 func getenv(name, def string) string {
@@ -32,10 +36,14 @@ func getenv(name, def string) string {
 	return def
 }
 
-// Name returns a short unique lowercase name with the given prefix.
+// Name returns a short unique lowercase name with the given prefix and, when
+// TEST_RUN_ID is set, the run's id: <prefix>_<run>_<random>.
 func Name(prefix string) string {
 	b := make([]byte, 5)
 	_, _ = rand.Read(b)
+	if run := os.Getenv(RunEnv); run != "" {
+		prefix += "_" + run
+	}
 	return prefix + "_" + hex.EncodeToString(b)
 }
 

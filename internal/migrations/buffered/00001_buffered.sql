@@ -45,7 +45,8 @@ CREATE TABLE inbox_messages (
     seq           bigint      NOT NULL CHECK (seq >= 1),
     status        text        NOT NULL DEFAULT 'pending' CHECK (status IN
                       ('pending', 'processing', 'processed', 'failed', 'parked', 'skipped', 'dead_lettered')),
-    attempts      integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+    attempts      integer     NOT NULL DEFAULT 0 CHECK (attempts >= 0), -- runs of the retry budget
+    runs          integer     NOT NULL DEFAULT 0 CHECK (runs >= 0),     -- every claim, never reset
     available_at  timestamptz NOT NULL DEFAULT now(),
     received_at   timestamptz NOT NULL DEFAULT now(),
     claimed_at    timestamptz,

@@ -1,0 +1,57 @@
+package e2e_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The README's first command for your own copy: scripts/new-project.sh under a
+// new module path. In the copy the module builds, vets and passes its unit
+// tests, no file names the template's module path, and the scripts keep their
+// exec bits.
+func TestNewProjectScript(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "shipping-service")
+	const module = "example.com/acme/shipping-service"
+	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir)
+	mustRun(t, dir, "go", "build", "./...")
+	mustRun(t, dir, "go", "vet", "./...")
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/orders", "./internal/service", "./internal/faults", "./internal/gateway", "./internal/config")
+	if out, err := exec.Command("grep", "-rIl", "--exclude-dir=.git", "github.com/inbox-template/payment-service", dir).Output(); err == nil {
+		t.Errorf("files still name the template's module path:\n%s", out)
+	}
+	goMod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil || !strings.HasPrefix(string(goMod), "module "+module+"\n") {
+		t.Errorf("go.mod starts %q (%v)", firstLine(string(goMod)), err)
+	}
+	for _, f := range []string{"scripts/chaos.sh", "scripts/faults/crash-after-commit.sh", ".ci/run"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		if err != nil || st.Mode()&0o111 == 0 {
+			t.Errorf("%s: mode %v (%v), want executable", f, st.Mode(), err)
+		}
+	}
+	compose, err := os.ReadFile(filepath.Join(dir, "docker-compose.yml"))
+	if err != nil || !strings.Contains(string(compose), "\nname: shipping-service\n") || strings.Contains(string(compose), "inbox-template/") {
+		t.Errorf("docker-compose.yml keeps the template's project or image names (%v)", err)
+	}
+}
+
+func mustRun(t *testing.T, dir, name string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out)
+	}
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# new-project.sh: your own copy of this template, under your module path.
+#
+#   scripts/new-project.sh MODULE_PATH DIR
+#   scripts/new-project.sh example.com/acme/shipping-service ../shipping-service
+#
+# Copies the repository's files (those git tracks, or the whole tree of a copy
+# that is not a git checkout, without bin/) into DIR, keeping their modes (the
+# scripts stay executable), and renames what names the template:
+#   - the Go module path, in every go.mod, Go file and document;
+#   - the images (inbox-template/<program>:dev becomes <name>/<program>:dev)
+#     and the Compose project (name: <name>), where <name> is the last element
+#     of MODULE_PATH;
+# then checks that nothing names the old module path any more. DIR must not
+# exist or be empty. It changes nothing here. Next steps are printed at the end.
+set -euo pipefail
+
+old_module=$(awk '$1 == "module" { print $2; exit }' "$(dirname "$0")/../go.mod")
+old_name=inbox-template
+
+usage() {
+  echo "usage: $0 MODULE_PATH DIR   (e.g. $0 example.com/acme/shipping-service ../shipping-service)" >&2
+  exit 2
+}
+[[ $# -eq 2 ]] || usage
+module=$1
+dir=$2
+[[ $module =~ ^[a-z0-9][a-z0-9.-]*(/[A-Za-z0-9._~-]+)+$ ]] ||
+  { echo "$0: $module is not a module path like example.com/acme/shipping-service" >&2; exit 2; }
+name=${module##*/}
+name=$(tr '[:upper:]' '[:lower:]' <<<"$name")
+[[ $name =~ ^[a-z0-9][a-z0-9_-]*$ ]] || { echo "$0: $name cannot name images and a Compose project" >&2; exit 2; }
+if [[ -e $dir ]] && [[ -n $(ls -A "$dir") ]]; then
+  echo "$0: $dir exists and is not empty" >&2
+  exit 2
+fi
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$dir"
+dst=$(cd "$dir" && pwd)
+[[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
+
+# tar keeps the modes: the scripts stay executable.
+if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  git -C "$src" ls-files -z --cached --others --exclude-standard |
+    tar -C "$src" --null -T - -cf - | tar -C "$dst" -xf -
+else
+  tar -C "$src" --exclude=./bin --exclude=./.git -cf - . | tar -C "$dst" -xf -
+fi
+
+# Rename in every text file; binary files are left alone.
+while IFS= read -r -d '' f; do
+  if grep -Iq . "$f" && grep -qE "$old_module|$old_name/|^name: payments$" "$f"; then
+    sed -i -e "s#$old_module#$module#g" -e "s#$old_name/#$name/#g" "$f"
+  fi
+done < <(find "$dst" -type f -not -path '*/.git/*' -print0)
+sed -i -e "s#^name: payments\$#name: $name#" "$dst/docker-compose.yml"
+
+left=$(grep -rIl --exclude-dir=.git -e "$old_module" "$dst" || true)
+if [[ -n $left ]]; then
+  printf '%s: these files still name %s:\n%s\n' "$0" "$old_module" "$left" >&2
+  exit 1
+fi
+
+cat <<EOF2
+$dst is your copy, module $module.
+Next:
+  cd $dir
+  git init && git add -A && git commit -m "From the RabbitMQ inbox consumer template"
+  go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
+Then write your handler: README, "Make it yours" (examples/shipping is one).
+EOF2
