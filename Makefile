@@ -59,7 +59,7 @@ chaos-buffered: build
 # Benchmarks: bench/ is a Go module of its own, so that this go.mod never
 # carries Watermill. `make bench` builds every program and runs the whole
 # comparison on the local RabbitMQ and PostgreSQL (needs pgbench and
-# rabbitmqctl; 3-4 minutes on 2 cores); BENCH_FLAGS passes flags, e.g.
+# rabbitmqctl; 4-5 minutes on 2 cores); BENCH_FLAGS passes flags, e.g.
 # make bench BENCH_FLAGS="-messages 5000 -configs amqp091,service-gc".
 # bench-smoke proves the harness in about a minute; bench-check is its gofmt
 # and vet.

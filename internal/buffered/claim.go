@@ -61,15 +61,40 @@ WHERE m.consumer = $1 AND m.ordering_key = leased.ordering_key AND m.seq = lease
 RETURNING m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.content_type, m.headers, m.body, m.published_at, m.received_at`
 
 // Claim leases up to n due keys for lease and returns their head messages,
-// marked processing with one more attempt. The statement is its own short
-// transaction: nothing stays open while the handler runs.
+// marked processing with one more attempt. Its transaction is short: nothing
+// stays open while the handler runs.
+//
+// The claim must read the due index in order and stop after n keys. Before
+// autovacuum has analyzed the tables (a fresh table taking a burst), the
+// planner estimates a handful of due keys and would collect all of them and
+// sort them instead: 80 ms a claim with 200,000 due keys, against 0.1 ms in
+// index order. enable_sort off, for this transaction only, rules that out.
 func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claimed, error) {
 	db, err := s.db.DB()
 	if err != nil {
 		return nil, err
 	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit, a no-op
+	if _, err := tx.ExecContext(ctx, `SET LOCAL enable_sort = off`); err != nil {
+		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+	}
+	out, err := s.claimIn(ctx, tx, n, lease)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("claim messages of %s: commit: %w", s.consumer, err)
+	}
+	return out, nil
+}
+
+func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Claimed, error) {
 	token := newToken()
-	rows, err := db.QueryContext(ctx, claim, s.consumer, n, lease.Seconds(), token)
+	rows, err := tx.QueryContext(ctx, claim, s.consumer, n, lease.Seconds(), token)
 	if err != nil {
 		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 	}
