@@ -16,7 +16,17 @@ import (
 // The broker application is stopped and started again while the publisher and
 // the service are both busy: every confirmed order is paid exactly once.
 func TestDisruptiveBrokerRestartUnderLoad(t *testing.T) {
-	s := startStack(t, []string{"FAULT_LATENCY=5ms"}, []string{"RECONNECT_MAX_WAIT=3s"})
+	brokerRestartUnderLoad(t, nil)
+}
+
+// The same with the buffered inbox: its ingest reconnects, and its
+// processing goes on from the table while the broker is away.
+func TestDisruptiveBrokerRestartUnderLoadBuffered(t *testing.T) {
+	brokerRestartUnderLoad(t, bufferedEnv())
+}
+
+func brokerRestartUnderLoad(t *testing.T, serviceEnv []string) {
+	s := startStack(t, []string{"FAULT_LATENCY=5ms"}, append([]string{"RECONNECT_MAX_WAIT=3s"}, serviceEnv...))
 	pub := start(t, "order-publisher", []string{"AMQP_URL=" + s.amqpURL},
 		"-count", "1500", "-rate", "300", "-duplicate-rate", "0.1")
 	testenv.Eventually(t, time.Minute, "payments under way", func() (bool, error) { return s.payments(t) >= 200, nil })
