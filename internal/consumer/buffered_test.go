@@ -176,6 +176,7 @@ func TestBufferedStoresThenProcessesOnce(t *testing.T) {
 	keys := keyNames(10)
 	e.publishEvents(keys, 20)
 	e.publishEvents(keys[:3], 20) // the same ids again
+	waitFor(t, "every delivery stored or suppressed", func() bool { return rt.count(OutcomeStored)+rt.count(OutcomeDuplicate) == 260 })
 	waitFor(t, "200 events applied", func() bool { return e.appliedTotal() >= 200 })
 	waitFor(t, "every stored message processed", func() bool { return e.statusCount(buffered.StatusProcessed) == 200 })
 	e.assertInOrder(keys, 20)
@@ -359,6 +360,7 @@ func TestBufferedGauges(t *testing.T) {
 		return nil
 	}), bufferedMode(e.db, e.dbURL, nil))
 	e.publishEvents(keyNames(2), 3)
+	waitFor(t, "all stored", func() bool { return rt.count(OutcomeStored) == 6 })
 	waitFor(t, "two parked heads", func() bool { return e.statusCount(buffered.StatusParked) == 2 })
 	st, err := buffered.New(e.db, "test").Stats(context.Background(), false)
 	if err != nil {
