@@ -2,8 +2,9 @@
 // SIGKILL (no deferred cleanup, no ack, no rollback of ours), so that the fault
 // scripts can show what the inbox and the idempotency keys do about it. The
 // points are armed over HTTP only when FAULTS_ENABLED=true; otherwise no
-// Crasher exists and each point costs one nil check. The runtime has three
-// points; a service declares its own around its side effects (After).
+// Crasher exists and each point costs one nil check. The runtime has five
+// points (two of them the buffered mode's processing); a service declares its
+// own around its side effects (After).
 package faults
 
 import (
