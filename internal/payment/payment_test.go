@@ -85,7 +85,7 @@ func (s *stack) service() *consumer.Metrics {
 	cfg := consumer.Config{
 		Name: "payment-service", AMQPURL: s.amqpURL, Topology: s.topo, Prefetch: 16, Workers: 4,
 		MaxAttempts: 6, ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
-		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
+		KeyFromBody: payment.Service().KeyFromBody, LogAttrs: payment.Service().LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
