@@ -275,8 +275,8 @@ func TestPauseCause(t *testing.T) {
 		{"dependency", fmt.Errorf("charge: %w", Pause("gateway_misconfigured", errors.New("401"))), "gateway_misconfigured"},
 		{"read-only", failedAt(stepCommit, &pgconn.PgError{Code: "25006"}), CauseDatabase},
 		{"disk full", failedAt(stepCommit, &pgconn.PgError{Code: "53100"}), CauseDatabase},
-		{"statement timeout", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), CauseDatabase},
-		{"lock timeout", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), CauseDatabase},
+		{"statement timeout: waited, no pause", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), ""},
+		{"lock timeout: waited, no pause", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), ""},
 		{"admin shutdown", failedAt(stepCommit, &pgconn.PgError{Code: "57P01"}), CauseDatabase},
 		{"schema missing", failedAt(stepCommit, &pgconn.PgError{Code: "42P01"}), CauseDatabase},
 		{"handler's own database", failedAt(stepHandler, &pgconn.PgError{Code: "08006"}), CauseDatabase},
@@ -291,6 +291,14 @@ func TestPauseCause(t *testing.T) {
 		if got := pauseCause(tt.err); got != tt.want {
 			t.Errorf("%s: cause %q, want %q", tt.name, got, tt.want)
 		}
+	}
+	for _, code := range []string{"55P03", "57014", "40001", "40P01"} {
+		if !waited(failedAt(stepCommit, &pgconn.PgError{Code: code})) {
+			t.Errorf("%s: not taken for waiting", code)
+		}
+	}
+	if waited(failedAt(stepCommit, &pgconn.PgError{Code: "23505"})) {
+		t.Error("a unique violation taken for waiting")
 	}
 }
 
