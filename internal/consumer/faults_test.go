@@ -1,12 +1,12 @@
 package consumer
 
 import (
-	"sync/atomic"
 	"context"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
