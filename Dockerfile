@@ -69,6 +69,16 @@ USER nonroot:nonroot
 # No EXPOSE: the publisher only connects to RabbitMQ and listens on no port.
 ENTRYPOINT ["/usr/local/bin/order-publisher"]
 
+# Any other program of cmd/ (a consumer of your own, say) as an image of its
+# own, with no line to add here:
+#   docker build --target program --build-arg PROGRAM=shipping-service -t shipping-service:dev .
+FROM gcr.io/distroless/static-debian12:nonroot AS program
+ARG PROGRAM
+LABEL org.opencontainers.image.description="One program of the RabbitMQ inbox consumer template, chosen with --build-arg PROGRAM"
+COPY --from=build /out/${PROGRAM} /usr/local/bin/program
+USER nonroot:nonroot
+ENTRYPOINT ["/usr/local/bin/program"]
+
 # The last stage, so that a plain `docker build .` gives the service image.
 FROM gcr.io/distroless/static-debian12:nonroot AS payment-service
 LABEL org.opencontainers.image.title="payment-service" \

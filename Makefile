@@ -16,19 +16,20 @@ build:
 
 # check: formatting and vet, then the whole suite with the race detector (group
 # commit, the default), the packages that commit messages again with a
-# transaction per message, then the tests that restart the broker itself,
-# alone so that they disturb no other.
+# transaction per message, then the tests that disturb the whole broker (a
+# restart, a memory alarm, a message size cap), one package at a time (-p 1)
+# so that they disturb no other.
 COMMIT_PACKAGES = ./internal/inbox ./internal/consumer ./internal/payment ./internal/deadletter ./internal/e2e ./examples/...
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1)"
 	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m $(COMMIT_PACKAGES)
-	$(GO) test -race -count=1 -timeout 15m -tags disruptive -run Disruptive ./internal/consumer ./internal/e2e
+	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/consumer ./internal/e2e
 
 check: fmt vet
 
 fmt:
-	@out=$$(gofmt -l cmd internal); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
 	$(GO) vet ./...

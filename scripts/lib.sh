@@ -17,7 +17,7 @@
 #   compose  (--compose or STACK=compose): drives the Compose stack of the repository
 #            (docker-compose.yml, plus docker-compose.override.yml if there is one, or
 #            the files of COMPOSE_FILE, relative to the repository) under its own
-#            project name (COMPOSE_PROJECT, default inbox-faults) on fresh volumes, with
+#            project name (COMPOSE_PROJECT, default inbox-faults-<pid>) on fresh volumes, with
 #            every *_HOST_PORT on a port Docker picks unless set in the environment,
 #            so that it runs beside local servers and another stack. Addresses come
 #            from `docker compose port`. The EXIT trap appends the containers' logs to
@@ -26,7 +26,7 @@
 # Every wait is bounded: a timeout fails the script. Settings (environment):
 #   KEEP=1                  keep the vhost and databases (local) or the containers (compose)
 #   STACK=local|compose     the mode (default local)
-#   COMPOSE_PROJECT         compose project name (default inbox-faults)
+#   COMPOSE_PROJECT         compose project name (default inbox-faults-<pid>: runs never collide)
 #   FAULTS_DIR              parent of the run directories (default ${TMPDIR:-/tmp}/inbox-faults)
 #   BIN_DIR                 where the programs are (default bin/ of the repository)
 #   PGHOST PGPORT PGUSER    local PostgreSQL (default 127.0.0.1 5432 postgres; trust auth)
@@ -53,7 +53,7 @@ KIT_INBOX_MODE=${INBOX_MODE:-inline}
 KIT_BUFFER_RETRY_DELAYS=${BUFFER_RETRY_DELAYS:-200ms,1s,2s}
 KIT_BUFFER_MAX_ATTEMPTS=${BUFFER_MAX_ATTEMPTS:-30}
 KIT_IN_FLIGHT=${GATEWAY_IN_FLIGHT_TIMEOUT:-5s}
-COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults}
+COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults-$$}
 DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
 
 # State of one run.

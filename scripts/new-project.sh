@@ -6,17 +6,22 @@
 #
 # Copies the repository's files (those git tracks, or the whole tree of a copy
 # that is not a git checkout, without bin/) into DIR, keeping their modes (the
-# scripts stay executable), and renames what names the template:
+# scripts stay executable), and renames what names this copy:
 #   - the Go module path, in every go.mod, Go file and document;
-#   - the images (inbox-template/<program>:dev becomes <name>/<program>:dev)
+#   - the images (inbox-template/<image>:<tag> becomes <name>/<image>:<tag>)
 #     and the Compose project (name: <name>), where <name> is the last element
-#     of MODULE_PATH;
+#     of MODULE_PATH; a copy of a copy renames its own names the same way;
 # then checks that nothing names the old module path any more. DIR must not
 # exist or be empty. It changes nothing here. Next steps are printed at the end.
 set -euo pipefail
 
-old_module=$(awk '$1 == "module" { print $2; exit }' "$(dirname "$0")/../go.mod")
-old_name=inbox-template
+here=$(cd "$(dirname "$0")/.." && pwd)
+old_module=$(awk '$1 == "module" { print $2; exit }' "$here/go.mod")
+# The names of this copy as they are now: a copy of a copy renames its own.
+old_project=$(awk '$1 == "name:" { print $2; exit }' "$here/docker-compose.yml")
+old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/docker-compose.yml" | sed -E 's#^ +image: ([^/]+)/.*#\1#')
+[[ -n $old_module && -n $old_project && -n $old_prefix ]] ||
+  { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
   echo "usage: $0 MODULE_PATH DIR   (e.g. $0 example.com/acme/shipping-service ../shipping-service)" >&2
@@ -35,7 +40,7 @@ if [[ -e $dir ]] && [[ -n $(ls -A "$dir") ]]; then
   exit 2
 fi
 
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=$here
 mkdir -p "$dir"
 dst=$(cd "$dir" && pwd)
 [[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
@@ -48,13 +53,16 @@ else
   tar -C "$src" --exclude=./bin --exclude=./.git -cf - . | tar -C "$dst" -xf -
 fi
 
-# Rename in every text file; binary files are left alone.
+# Rename in every text file; binary files are left alone. An image name is the
+# prefix before /<image>:<tag> (never a module path, which has no tag), after a
+# space, a quote, = or : (a YAML key), as in `image: inbox-template/x:dev`.
+image_re="(^|[[:space:]\"'=:])$old_prefix/([a-z0-9._-]+):"
 while IFS= read -r -d '' f; do
-  if grep -Iq . "$f" && grep -qE "$old_module|$old_name/|^name: payments$" "$f"; then
-    sed -i -e "s#$old_module#$module#g" -e "s#$old_name/#$name/#g" "$f"
+  if grep -Iq . "$f" && grep -qE -e "$old_module" -e "$image_re" "$f"; then
+    sed -i -E -e "s#$old_module#$module#g" -e "s#$image_re#\1$name/\2:#g" "$f"
   fi
 done < <(find "$dst" -type f -not -path '*/.git/*' -print0)
-sed -i -e "s#^name: payments\$#name: $name#" "$dst/docker-compose.yml"
+sed -i -e "s#^name: $old_project\$#name: $name#" "$dst/docker-compose.yml"
 
 left=$(grep -rIl --exclude-dir=.git -e "$old_module" "$dst" || true)
 if [[ -n $left ]]; then

@@ -119,6 +119,10 @@ func dockerfileTargets(t *testing.T) (targets []target, problems []string) {
 		if s.name == buildStage {
 			continue
 		}
+		if s.name == genericTarget {
+			checkGenericTarget(s, report)
+			continue
+		}
 		tg := target{name: s.name}
 		if s.base != runtimeBase || s.name == "" {
 			report("Dockerfile: %q: every image stage must be `FROM %s AS <target>`", s.from, runtimeBase)
@@ -158,6 +162,33 @@ func dockerfileTargets(t *testing.T) (targets []target, problems []string) {
 		targets = append(targets, tg)
 	}
 	return targets, problems
+}
+
+// genericTarget is the image of any program of cmd/, chosen with a build
+// argument: a new program needs no line in the Dockerfile.
+const genericTarget = "program"
+
+// checkGenericTarget holds the generic image to the rules of the others: the
+// runtime base, nonroot, one binary from /out/ and nothing else.
+func checkGenericTarget(s stage, report func(format string, args ...any)) {
+	if s.base != runtimeBase {
+		report("Dockerfile: target %s: %q, want FROM %s", genericTarget, s.from, runtimeBase)
+	}
+	want := []string{
+		"ARG PROGRAM",
+		"COPY --from=" + buildStage + " /out/${PROGRAM} " + binDir + "program",
+		"USER nonroot:nonroot",
+		`ENTRYPOINT ["` + binDir + `program"]`,
+	}
+	var got []string
+	for _, l := range s.lines {
+		if !strings.HasPrefix(l, "LABEL ") {
+			got = append(got, l)
+		}
+	}
+	if !slices.Equal(got, want) {
+		report("Dockerfile: target %s is %q, want %q", genericTarget, got, want)
+	}
 }
 
 // targetNamed returns the image called name among targets.
@@ -239,7 +270,8 @@ func TestDockerfileBuildsOnceInOneStage(t *testing.T) {
 
 // TestDockerfileTargets: each image is a distroless static stage, run as
 // nonroot, holding its binaries only, with its own entrypoint and ports; the
-// last stage is payment-service, and every program ships in an image.
+// last stage is payment-service. A program with no target of its own ships
+// through the generic one (--target program --build-arg PROGRAM=…).
 func TestDockerfileTargets(t *testing.T) {
 	targets, problems := dockerfileTargets(t)
 	for _, p := range problems {
@@ -289,9 +321,11 @@ func TestDockerfileTargets(t *testing.T) {
 	if last := names[len(names)-1]; last != "payment-service" {
 		t.Errorf("Dockerfile: the last stage is %q; `docker build .` must give payment-service", last)
 	}
-	for _, p := range programs(t) {
-		if _, ok := shipped[p]; !ok {
-			t.Errorf("Dockerfile: no image ships cmd/%s", p)
+	if !slices.ContainsFunc(dockerfileStages(t), func(s stage) bool { return s.name == genericTarget }) {
+		for _, p := range programs(t) {
+			if _, ok := shipped[p]; !ok {
+				t.Errorf("Dockerfile: no image ships cmd/%s, and there is no generic target %q", p, genericTarget)
+			}
 		}
 	}
 }

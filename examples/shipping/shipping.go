@@ -8,7 +8,6 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
-	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
@@ -96,12 +95,6 @@ func Service() service.Options {
 			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
 			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
 		},
-		LogAttrs: func(body []byte) []slog.Attr {
-			var ev OrderPaid
-			if json.Unmarshal(body, &ev) != nil || ev.OrderID == "" {
-				return nil
-			}
-			return []slog.Attr{slog.String("order_id", ev.OrderID)}
-		},
+		LogAttrs: service.JSONAttrs("order_id"),
 	}
 }

@@ -58,22 +58,38 @@ var errFallBack = errors.New("an item failed: run the batch with savepoints")
 // a whole: nothing of any item was committed.
 //
 // The batch first runs optimistically: every item's writes, then one statement
-// settling them all. If a write fails or a lease was lost, that transaction
-// rolls back and the batch runs again with a savepoint per item, so that the
-// failure stays with its item.
+// settling them all. If anything fails (a write, a lost lease, the COMMIT),
+// that transaction rolls back and the batch runs again with a savepoint per
+// item, so that the failure stays with its item; if that transaction fails as
+// a whole too, each item runs in a transaction of its own.
 func (s *Store) Complete(ctx context.Context, items []Completion, beforeCommit func()) ([]Completed, error) {
 	order := make([]int, len(items))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortFunc(order, func(a, b int) int { return strings.Compare(items[a].Lease.OrderingKey, items[b].Lease.OrderingKey) })
-	if len(items) > 1 {
-		results, err := s.completeAll(ctx, items, order, beforeCommit)
-		if !errors.Is(err, errFallBack) {
-			return results, err
-		}
+	if len(items) == 1 {
+		return s.completeEach(ctx, items, order, beforeCommit)
 	}
-	return s.completeEach(ctx, items, order, beforeCommit)
+	if results, err := s.completeAll(ctx, items, order, beforeCommit); err == nil {
+		return results, nil
+	}
+	results, err := s.completeEach(ctx, items, order, beforeCommit)
+	if err == nil || ctx.Err() != nil {
+		return results, err
+	}
+	// The transaction failed as a whole, at COMMIT say (a deferred constraint
+	// one item broke): a transaction per item finds the one at fault, and the
+	// others commit.
+	for _, i := range order {
+		one, err := s.completeEach(ctx, items[i:i+1], []int{0}, beforeCommit)
+		if err != nil {
+			results[i] = Completed{Err: err}
+			continue
+		}
+		results[i] = one[0]
+	}
+	return results, nil
 }
 
 func (s *Store) completeAll(ctx context.Context, items []Completion, order []int, beforeCommit func()) ([]Completed, error) {

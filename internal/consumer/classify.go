@@ -71,6 +71,8 @@ func failedAt(s step, err error) error {
 // Pause causes the runtime reports.
 const (
 	CauseDatabase = "database"
+	// CauseFailing: the handler failed PauseAfterFailures times in a row.
+	CauseFailing = "handler_failing"
 )
 
 // pauseCause says whether a failure is the infrastructure's rather than the
@@ -98,6 +100,9 @@ func pauseCause(err error) string {
 // or of its configuration rather than of the data: every message would fail
 // alike, so none should spend an attempt on it.
 func infrastructureState(code string) bool {
+	if code == "57014" { // query_canceled: one statement waited too long (see waited)
+		return false
+	}
 	switch code[:2] {
 	case "08", // connection exception
 		"53", // insufficient resources: disk full, out of memory, too many connections
@@ -109,12 +114,26 @@ func infrastructureState(code string) bool {
 	}
 	switch code {
 	case "25006", // read_only_sql_transaction: a standby after a failover
-		"55P03", // lock_not_available: lock_timeout
-		"40001", // serialization_failure
-		"40P01", // deadlock_detected
 		"42501", // insufficient_privilege: a revoked grant
 		"42P01", // undefined_table: the schema is not migrated
 		"42703": // undefined_column: likewise
+		return true
+	}
+	return false
+}
+
+// waited reports a statement that failed by waiting: on a lock another
+// transaction holds (lock_timeout, statement_timeout: a concurrent duplicate,
+// an operator's long transaction), or on a serialization conflict or
+// deadlock. Not the message's fault, and not a reason to stop the replica
+// either: the message goes back without spending an attempt.
+func waited(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch pg.Code {
+	case "55P03", "57014", "40001", "40P01":
 		return true
 	}
 	return false

@@ -43,10 +43,6 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
 	}
 	reason, admitErr := r.admit(d, &msg)
-	if reason == "" && r.keyExpired(d, msg) {
-		reason, admitErr = ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
-			"its idempotency key may be forgotten (the key lifetime is %s)", time.Since(msg.PublishedAt).Round(time.Second), r.cfg.KeyTTL)
-	}
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
@@ -71,6 +67,19 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 				"cause", cause, "attempt", msg.Attempt, "err", err)
 			r.hold(ctx, s, d, msg, err, log)
 			s.requestPause(cause)
+			return
+		}
+		if r.failingInARow(err) {
+			log.get().Warn("the handler fails every message: putting it back without spending an attempt and pausing",
+				"failures_in_a_row", r.failures.Load(), "attempt", msg.Attempt, "err", err)
+			r.hold(ctx, s, d, msg, err, log)
+			s.requestPause(CauseFailing)
+			return
+		}
+		if waited(err) {
+			log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
+				"attempt", msg.Attempt, "err", err)
+			r.hold(ctx, s, d, msg, err, log)
 			return
 		}
 		if msg.Attempt >= r.cfg.MaxAttempts {
@@ -106,15 +115,30 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 	return r.cfg.DatabaseCheck(ctx)
 }
 
-// keyExpired reports a message that may have called out before (a retry, a
-// redelivery, or one put back) and is older than the key lifetime: calling
-// again could do twice what the first call did.
-func (r *Runtime) keyExpired(d amqp.Delivery, msg Message) bool {
-	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
+// failingInARow counts a retried failure of the handler's outside-call step
+// and reports whether the handler has now failed PauseAfterFailures messages
+// in a row: a dependency down for every message, not this message's fault.
+func (r *Runtime) failingInARow(err error) bool {
+	var se *stepError
+	if r.cfg.PauseAfterFailures < 0 || !errors.As(err, &se) || se.step != stepHandler {
 		return false
 	}
-	_, held := d.Headers[HeaderHeld]
-	return msg.Attempt > 1 || d.Redelivered || held
+	return r.failures.Add(1) >= int64(r.cfg.PauseAfterFailures)
+}
+
+// keyExpired refuses a message that may have called out before (a retry, a
+// redelivery, or one put back) and is older than the key lifetime: calling
+// again could do twice what the first call did. It runs after the inbox
+// look-up, so a message applied already is a duplicate, not refused.
+func (r *Runtime) keyExpired(msg Message) error {
+	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
+		return nil
+	}
+	if _, held := msg.Headers[HeaderHeld]; msg.Attempt == 1 && !msg.Redelivered && !held {
+		return nil
+	}
+	return Permanent(ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
+		"its idempotency key may be forgotten (the key lifetime is %s)", time.Since(msg.PublishedAt).Round(time.Second), r.cfg.KeyTTL))
 }
 
 // fromRetryQueue reports whether the broker brought the delivery back from
@@ -145,6 +169,7 @@ func message(d amqp.Delivery) Message {
 		ContentType: d.ContentType,
 		Headers:     d.Headers,
 		Attempt:     attempt,
+		Redelivered: d.Redelivered,
 		PublishedAt: publishedAt(d),
 	}
 }
@@ -217,10 +242,14 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	case seen:
 		return OutcomeDuplicate, nil
 	}
+	if err := r.keyExpired(msg); err != nil {
+		return "", err
+	}
 	writes, err := r.handler.Handle(ctx, msg)
 	if err != nil {
 		return "", failedAt(stepHandler, err)
 	}
+	r.failures.Store(0) // the outside calls work
 	out, fresh, err := r.commits.commit(ctx, msg, writes)
 	switch {
 	case err != nil:
@@ -281,12 +310,27 @@ func (m *messageLog) get() *slog.Logger {
 // handler's attributes (an order id) on every line about it.
 func (r *Runtime) messageLogger(msg Message, tag uint64, redelivered bool) *slog.Logger {
 	log := r.log.With("message_id", msg.ID, "delivery_tag", tag, "redelivered", redelivered)
-	if r.cfg.LogAttrs != nil && len(msg.Body) <= r.cfg.MaxBodyBytes {
-		for _, a := range r.cfg.LogAttrs(msg.Body) {
-			log = log.With(a)
-		}
+	for _, a := range r.logAttrs(msg.Body) {
+		log = log.With(a)
 	}
 	return log
+}
+
+// logAttrs runs the service's LogAttrs, which must not fail: a panic in it
+// costs the attributes and a log line, never the message (it may be settled
+// already when a line about it is logged).
+func (r *Runtime) logAttrs(body []byte) (attrs []slog.Attr) {
+	if r.cfg.LogAttrs == nil || len(body) > r.cfg.MaxBodyBytes {
+		return nil
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Error("LogAttrs panicked; logging the message without its attributes", "panic", fmt.Sprint(v))
+			attrs = nil
+		}
+	}()
+	return r.cfg.LogAttrs(body)
 }
 
 func permanentReason(err error) string {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,17 +254,24 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 		if _, err := admin.Exec(ctx, "ALTER DATABASE "+dbName+" SET default_transaction_read_only = "+on); err != nil {
 			t.Fatal(err)
 		}
-		// The pool's sessions keep the setting they started with: end them.
-		if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim'`); err != nil {
-			t.Fatal(err)
+		if on == "on" {
+			// The pool's sessions keep the setting they started with: end
+			// them, so that the new ones are read-only, as after a failover.
+			// Turning it off again ends none: the runtime must renew the
+			// read-only sessions by itself.
+			if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim'`); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	const n = 200
 	e.publishMany(n, "ro")
+	var resets atomic.Int32
 	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) {
 		c.MaxAttempts = 2
 		c.ReconnectMaxWait = 500 * time.Millisecond
 		c.DatabaseCheck = checker.Check
+		c.ResetDatabase = func() { resets.Add(1); database.Recycle(db) }
 	})
 	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 30 })
 	setReadOnly("on")
@@ -277,6 +285,9 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 	if rt.count(OutcomeDeadLettered) != 0 || rt.count(OutcomeRetried) != 0 {
 		t.Errorf("dead-lettered %d, retried %d: a read-only database is not the messages' fault",
 			rt.count(OutcomeDeadLettered), rt.count(OutcomeRetried))
+	}
+	if resets.Load() == 0 {
+		t.Error("the pool's read-only sessions were not renewed when the pause ended")
 	}
 	t.Logf("pauses %d, requeued %d", rt.pauses(), rt.count(OutcomeRequeued))
 }

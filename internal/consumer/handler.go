@@ -21,6 +21,7 @@ type Message struct {
 	ContentType string
 	Headers     map[string]any
 	Attempt     int       // 1 on first delivery, counted in our own header across retries
+	Redelivered bool      // the broker delivered it before (a crash, a lost connection)
 	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
 }
 
@@ -67,7 +68,10 @@ type Handler interface {
 // against a concurrent message for the same entity (a unique key with
 // ON CONFLICT DO NOTHING, say), returning OutcomeDuplicate when the effect is
 // already there under another message id: the inbox row still commits. A nil
-// Writes commits the inbox row alone.
+// Writes commits the inbox row alone. Writes may run more than once: when a
+// message committed with them fails, the batch runs again (with a savepoint
+// per message, then a transaction per message); only the last run commits, so
+// they must do nothing but write through tx.
 type Writes func(ctx context.Context, tx *gorm.DB) (Outcome, error)
 
 // Duplicate is the writes of a message whose effect is already there under

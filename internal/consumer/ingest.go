@@ -228,6 +228,12 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 		return
 	}
 	it := items[0]
+	if waited(err) {
+		it.log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
+			"attempt", it.msg.Attempt, "err", err)
+		r.hold(ctx, s, it.d, it.msg, err, it.log)
+		return
+	}
 	if it.msg.Attempt >= r.cfg.MaxAttempts {
 		r.deadLetter(ctx, s, it.d, it.msg, ReasonRetriesExhausted, err, it.log)
 		return

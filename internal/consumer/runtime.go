@@ -52,6 +52,16 @@ type Config struct {
 	// asks it before each session, while paused, and after a database step
 	// failed with an error that says nothing by itself.
 	DatabaseCheck func(ctx context.Context) error
+	// PauseAfterFailures pauses consumption after this many handler failures
+	// in a row (retried errors of the outside-call step, with no success in
+	// between): a dependency that fails every message alike (a gateway down)
+	// would otherwise spend every message's retry budget and dead-letter the
+	// stream. 0 means 20; -1 never pauses.
+	PauseAfterFailures int
+	// ResetDatabase, if set, is called when a database pause ends, before
+	// consuming again: the pool's sessions from the outage may keep its state
+	// (read-only), and the runtime's checker saw only a fresh one.
+	ResetDatabase func()
 	// OnStage, if set, is called as each message passes each Stage.
 	OnStage func(Stage)
 	// KeyTTL is how long the services the handler calls remember an
@@ -94,6 +104,9 @@ func (c *Config) setDefaults() {
 	}
 	if len(c.Topology.RetryDelays) == 0 {
 		c.Topology.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
+	}
+	if c.PauseAfterFailures == 0 {
+		c.PauseAfterFailures = 20
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
@@ -156,6 +169,8 @@ type Runtime struct {
 	progress atomic.Int64
 	// pausedFor names the cause of a pause in progress, nil when not paused.
 	pausedFor atomic.Pointer[string]
+	// failures counts the handler failures in a row (PauseAfterFailures).
+	failures atomic.Int64
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
@@ -335,6 +350,9 @@ func (r *Runtime) waitToResume(ctx context.Context, cause string, wait time.Dura
 	}
 	for cause == CauseDatabase {
 		if r.pingDatabase(ctx) == nil {
+			if r.cfg.ResetDatabase != nil {
+				r.cfg.ResetDatabase()
+			}
 			return nil
 		}
 		if !sleep(ctx, b.next()) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -275,8 +276,8 @@ func TestPauseCause(t *testing.T) {
 		{"dependency", fmt.Errorf("charge: %w", Pause("gateway_misconfigured", errors.New("401"))), "gateway_misconfigured"},
 		{"read-only", failedAt(stepCommit, &pgconn.PgError{Code: "25006"}), CauseDatabase},
 		{"disk full", failedAt(stepCommit, &pgconn.PgError{Code: "53100"}), CauseDatabase},
-		{"statement timeout", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), CauseDatabase},
-		{"lock timeout", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), CauseDatabase},
+		{"statement timeout: waited, no pause", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), ""},
+		{"lock timeout: waited, no pause", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), ""},
 		{"admin shutdown", failedAt(stepCommit, &pgconn.PgError{Code: "57P01"}), CauseDatabase},
 		{"schema missing", failedAt(stepCommit, &pgconn.PgError{Code: "42P01"}), CauseDatabase},
 		{"handler's own database", failedAt(stepHandler, &pgconn.PgError{Code: "08006"}), CauseDatabase},
@@ -291,6 +292,14 @@ func TestPauseCause(t *testing.T) {
 		if got := pauseCause(tt.err); got != tt.want {
 			t.Errorf("%s: cause %q, want %q", tt.name, got, tt.want)
 		}
+	}
+	for _, code := range []string{"55P03", "57014", "40001", "40P01"} {
+		if !waited(failedAt(stepCommit, &pgconn.PgError{Code: code})) {
+			t.Errorf("%s: not taken for waiting", code)
+		}
+	}
+	if waited(failedAt(stepCommit, &pgconn.PgError{Code: "23505"})) {
+		t.Error("a unique violation taken for waiting")
 	}
 }
 
@@ -326,28 +335,70 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 }
 
 // The dead-letter queue is gone (deleted by hand): the broker would confirm
-// the copy and drop it, so the runtime publishes it mandatory and keeps the
-// original until the queue exists again.
+// the copy and drop it, so the runtime publishes it mandatory, keeps the
+// original, and ends its session: the next one declares the queue again, and
+// the message is dead-lettered there.
 func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
 	e := newEnv(t)
-	if _, err := e.channel().QueueDelete(e.topo.DeadLetterQueue, false, false, false); err != nil {
-		t.Fatal(err)
-	}
 	rt := e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 16 })
-	// The runtime declared its topology again at start; delete the queue after that.
+	// The runtime declared its topology at start; delete the queue after that.
 	if _, err := e.channel().QueueDelete(e.topo.DeadLetterQueue, false, false, false); err != nil {
 		t.Fatal(err)
 	}
 	e.publish("too-big", `{"pad":"xxxxxxxxxxxxxxxx"}`)
 	waitFor(t, "a refused move", func() bool { return strings.Contains(rt.logs.String(), "could not move the message") })
-	rt.shutdown(t)
-	if rt.count(OutcomeDeadLettered) != 0 {
-		t.Fatal("counted as dead-lettered although no queue took the copy")
-	}
-	e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 16 }) // redeclares the queue
+	waitFor(t, "the queue declared again, without a restart", func() bool {
+		ch, err := e.conn.Channel()
+		if err != nil {
+			return false
+		}
+		defer ch.Close()
+		_, err = ch.QueueDeclarePassive(e.topo.DeadLetterQueue, true, false, false, false, nil)
+		return err == nil
+	})
 	d := e.deadLetters(1)[0]
 	if d.MessageId != "too-big" || d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge {
 		t.Fatalf("dead letter %q with reason %v", d.MessageId, d.Headers[HeaderDeadLetterReason])
+	}
+	if rt.reconnects() < 1 {
+		t.Error("no new session after the returned copy")
+	}
+}
+
+// A panicking LogAttrs costs the log attributes only: the message is settled
+// once (a second settlement would close the channel: unknown delivery tag).
+func TestLogAttrsPanicCostsOnlyTheAttributes(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), func(c *Config) {
+		c.LogAttrs = func([]byte) []slog.Attr { panic("bad attrs") }
+	})
+	for i := range 5 {
+		e.publish(fmt.Sprintf("p-%d", i), `{}`)
+	}
+	e.publish("p-0", `{}`) // a duplicate: logged at info, so LogAttrs runs
+	waitFor(t, "processed and the duplicate", func() bool {
+		return rt.count(OutcomeProcessed) == 5 && rt.count(OutcomeDuplicate) == 1
+	})
+	if rt.reconnects() != 0 || strings.Contains(rt.logs.String(), "unknown delivery tag") {
+		t.Fatalf("%d reconnects: a delivery was settled twice", rt.reconnects())
+	}
+}
+
+// The key-expiry guard comes after the inbox look-up: an old redelivery of a
+// message applied already is a duplicate, not a dead letter.
+func TestOldRedeliveryOfAnAppliedMessageIsADuplicate(t *testing.T) {
+	e := newEnv(t)
+	rt := e.start(recordHandler(nil), func(c *Config) { c.KeyTTL = time.Hour })
+	old := time.Now().Add(-2 * time.Hour)
+	e.publish("applied-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
+	waitFor(t, "processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
+	e.publish("applied-old", `{}`, func(p *amqp.Publishing) {
+		p.Timestamp = old
+		p.Headers = amqp.Table{HeaderHeld: int32(1)}
+	})
+	waitFor(t, "the duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
+	if rt.count(OutcomeDeadLettered) != 0 {
+		t.Fatal("an applied message was dead-lettered as key-expired")
 	}
 }
 

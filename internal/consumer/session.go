@@ -33,6 +33,10 @@ type session struct {
 	pause     chan struct{}
 	pauseOnce sync.Once
 	cause     string
+	// redeclare is closed once a copy comes back unrouted: a queue of the
+	// topology was deleted, and the next session declares it again.
+	redeclare     chan struct{}
+	redeclareOnce sync.Once
 	// unblocked is closed when the broker unblocks the publishing connection;
 	// nil while it is not blocked.
 	blockMu   sync.Mutex
@@ -71,6 +75,11 @@ func (s *session) waitUnblocked(ctx context.Context) error {
 	}
 }
 
+// errRedeclare ends a session whose topology lost a queue.
+var errRedeclare = errors.New("a copy was returned unrouted (a queue of the topology is missing): reconnecting to declare it again")
+
+func (s *session) requestRedeclare() { s.redeclareOnce.Do(func() { close(s.redeclare) }) }
+
 func (s *session) requestPause(cause string) {
 	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
 }
@@ -95,7 +104,7 @@ func (r *Runtime) openSession() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{})}
+	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), redeclare: make(chan struct{})}
 	if err := r.openChannels(s); err != nil {
 		s.close()
 		return nil, err
@@ -183,21 +192,28 @@ func (r *Runtime) session(ctx context.Context) error {
 		reason = errors.New("consumer cancelled by the broker (queue deleted?)")
 	case <-s.pause:
 		reason = errPausedSession{cause: s.cause}
+	case <-s.redeclare:
+		reason = errRedeclare
 	}
 	r.setReady(false)
 	close(stop)
 	stopped := false
-	if reason == nil || errors.As(reason, new(errPausedSession)) {
+	if reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession)) {
 		// Tell the broker to stop sending; the deliveries it sent before the
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
 	}
 	r.drain(&wg, cancelWork)
-	switch {
-	case stopped && r.buffer != nil && !s.pauseRequested():
-		r.ingestRest(work, s, deliveries)
-	case stopped:
-		r.returnUnstarted(work, s, deliveries)
+	if stopped {
+		// Bounded like the drain: under a broker alarm the copies cannot be
+		// published, and the channel's close returns the rest instead.
+		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+		if r.buffer != nil && !s.pauseRequested() {
+			r.ingestRest(returning, s, deliveries)
+		} else {
+			r.returnUnstarted(returning, s, deliveries)
+		}
+		cancelReturning()
 	}
 	_ = s.consume.Close()
 	_ = s.publish.Close()

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -114,6 +115,9 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 	defer cancel()
 	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
 		log.get().Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
+		if errors.Is(err, rabbit.ErrReturned) {
+			s.requestRedeclare() // a queue is gone: the next session declares it again
+		}
 		sleep(ctx, time.Second) // the broker will not route it any better right away
 		_ = d.Nack(false, true)
 		return false

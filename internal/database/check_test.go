@@ -74,3 +74,37 @@ func TestCheckerSeesReadOnly(t *testing.T) {
 		t.Fatalf("check of a read-only database = %v, want ErrReadOnly", err)
 	}
 }
+
+// Recycle closes the pool's idle sessions: the next statements run on new ones.
+func TestRecycleRenewsSessions(t *testing.T) {
+	dbURL := testenv.Postgres(t)
+	ctx := context.Background()
+	pool, err := database.Open(ctx, database.Options{URL: dbURL, MaxConns: 4, StatementTimeout: 5 * time.Second, AppName: "recycled"}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(pool) })
+	var pids []int
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range 3 { // three sessions at once
+		wg.Go(func() {
+			var pid int
+			pool.Raw(`SELECT pg_backend_pid() FROM pg_sleep(0.2)`).Row().Scan(&pid)
+			mu.Lock()
+			pids = append(pids, pid)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	database.Recycle(pool)
+	var pid int
+	if err := pool.Raw(`SELECT pg_backend_pid()`).Row().Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	for _, old := range pids {
+		if pid == old {
+			t.Fatalf("a statement after Recycle ran on an old session (pid %d)", pid)
+		}
+	}
+}

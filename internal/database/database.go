@@ -73,6 +73,19 @@ func Close(db *gorm.DB) error {
 	return sqlDB.Close()
 }
 
+// Recycle closes the pool's idle connections, so that the next statements run
+// on new sessions: a session opened while the database was read-only (a
+// failover, a full disk) stays read-only after the database recovers.
+func Recycle(db *gorm.DB) {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return
+	}
+	n := sqlDB.Stats().MaxOpenConnections
+	sqlDB.SetMaxIdleConns(0) // closes every idle connection
+	sqlDB.SetMaxIdleConns(n)
+}
+
 // Ping checks that the database answers.
 func Ping(ctx context.Context, db *gorm.DB) error {
 	sqlDB, err := db.DB()

@@ -3,6 +3,7 @@ package database
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,16 +26,17 @@ func newQuietLogger(log *slog.Logger, slow time.Duration) logger.Interface {
 
 func (l *quietLogger) LogMode(logger.LogLevel) logger.Interface { return l }
 
-func (l *quietLogger) Info(ctx context.Context, msg string, args ...any) {
-	l.log.InfoContext(ctx, msg, "args", args)
+// Info, Warn and Error get a format and its arguments from GORM.
+func (l *quietLogger) Info(ctx context.Context, format string, args ...any) {
+	l.log.InfoContext(ctx, fmt.Sprintf(format, args...))
 }
 
-func (l *quietLogger) Warn(ctx context.Context, msg string, args ...any) {
-	l.log.WarnContext(ctx, msg, "args", args)
+func (l *quietLogger) Warn(ctx context.Context, format string, args ...any) {
+	l.log.WarnContext(ctx, fmt.Sprintf(format, args...))
 }
 
-func (l *quietLogger) Error(ctx context.Context, msg string, args ...any) {
-	l.log.ErrorContext(ctx, msg, "args", args)
+func (l *quietLogger) Error(ctx context.Context, format string, args ...any) {
+	l.log.ErrorContext(ctx, fmt.Sprintf(format, args...))
 }
 
 // Trace logs a failed statement at debug (the caller returns and reports the

@@ -53,9 +53,9 @@ func (e *StatusError) Error() string {
 // are permanent: 400 and 402 (ErrRejected) and 422 (ErrKeyReused). 408, 425
 // and 429 are transient although they are 4xx: the request was not processed
 // and may be sent again. Every other 4xx says nothing about this request and
-// the same about the next one (ErrMisconfigured). Statuses that are neither
-// 2xx nor 4xx (a 3xx from a misconfigured URL) are not a definitive answer
-// either; retrying with the key is safe.
+// the same about the next one (ErrMisconfigured), and so does a redirect (3xx,
+// not followed: an http URL for an https gateway). 5xx is not a definitive
+// answer; retrying with the key is safe.
 func (e *StatusError) Unwrap() error {
 	switch {
 	case e.Code == http.StatusConflict:
@@ -66,7 +66,8 @@ func (e *StatusError) Unwrap() error {
 		return ErrRejected
 	case e.Code == http.StatusRequestTimeout, e.Code == http.StatusTooEarly, e.Code == http.StatusTooManyRequests:
 		return ErrUnavailable
-	case e.Code >= 400 && e.Code < 500:
+	case e.Code >= 300 && e.Code < 500:
+		// A redirect too: an http URL for an https gateway, a moved path.
 		return ErrMisconfigured
 	default:
 		return ErrUnavailable

@@ -111,7 +111,8 @@ func TestChargeClassifiesStatusErrors(t *testing.T) {
 		{http.StatusBadGateway, gateway.ErrUnavailable},
 		{http.StatusServiceUnavailable, gateway.ErrUnavailable},
 		{http.StatusGatewayTimeout, gateway.ErrUnavailable},
-		{http.StatusFound, gateway.ErrUnavailable}, // not followed: a redirected POST would become a GET
+		{http.StatusFound, gateway.ErrMisconfigured},             // not followed: a redirected POST would become a GET
+		{http.StatusPermanentRedirect, gateway.ErrMisconfigured}, // http:// for an https gateway
 	}
 	sentinels := []error{gateway.ErrUnavailable, gateway.ErrInFlight, gateway.ErrRejected, gateway.ErrKeyReused, gateway.ErrMisconfigured}
 	for _, tt := range tests {

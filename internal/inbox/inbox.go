@@ -155,7 +155,9 @@ type Result struct {
 // A batch first runs optimistically: one INSERT claims every id, then each
 // item's writes run, with no savepoint. If anything fails, that transaction
 // is rolled back and the batch runs again with a savepoint per item, so that
-// the failure stays with its item. Items are claimed in message-id order, so
+// the failure stays with its item; if that transaction fails as a whole (at
+// COMMIT: a deferred constraint), each item runs in a transaction of its own.
+// So an item's Apply may run up to three times; only its last run commits. Items are claimed in message-id order, so
 // two batches holding some of the same ids (duplicates on two replicas) take
 // the row locks in one order.
 func (ib *Inbox) Commit(ctx context.Context, items []Item) ([]Result, error) {
@@ -164,12 +166,27 @@ func (ib *Inbox) Commit(ctx context.Context, items []Item) ([]Result, error) {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(items[a].MessageID, items[b].MessageID) })
-	if len(items) > 1 {
-		if results, err := ib.commitFast(ctx, items, order); err == nil {
-			return results, nil
+	if len(items) == 1 {
+		return ib.commitEach(ctx, items, order)
+	}
+	if results, err := ib.commitFast(ctx, items, order); err == nil {
+		return results, nil
+	}
+	results, err := ib.commitEach(ctx, items, order)
+	if err == nil || ctx.Err() != nil {
+		return results, err
+	}
+	// The transaction failed as a whole, at COMMIT say (a deferred constraint
+	// one item broke): one transaction per item finds the one at fault, and
+	// the others commit.
+	for _, i := range order {
+		one, err := ib.commitEach(ctx, items[i:i+1], []int{0})
+		results[i] = one[0]
+		if err != nil {
+			results[i] = Result{Err: err}
 		}
 	}
-	return ib.commitEach(ctx, items, order)
+	return results, nil
 }
 
 // errFallBack rolls back the optimistic transaction of a batch with a failure.

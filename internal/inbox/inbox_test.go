@@ -229,22 +229,56 @@ func TestCommitBatch(t *testing.T) {
 	}
 }
 
-// A COMMIT that fails takes every item of the batch with it.
-func TestCommitBatchFailureTakesAll(t *testing.T) {
+// A COMMIT that fails for one item (a deferred constraint it breaks) costs
+// that item alone: the batch is committed again item by item.
+func TestCommitBatchFailureAtCommitIsIsolated(t *testing.T) {
+	ctx := context.Background()
+	db := setup(t)
+	if err := db.Exec(`CREATE TABLE deferred_unique (k int, CONSTRAINT k_unique2 UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(`INSERT INTO deferred_unique VALUES (1)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	insert := func(k int) func(tx *gorm.DB) error {
+		return func(tx *gorm.DB) error { return tx.Exec(`INSERT INTO deferred_unique VALUES (?)`, k).Error }
+	}
+	res, err := ib(db).Commit(ctx, []inbox.Item{
+		{MessageID: "y1", Body: []byte("a"), Apply: insert(2)},
+		{MessageID: "y2", Body: []byte("a"), Apply: insert(1)}, // breaks the constraint at COMMIT
+		{MessageID: "y3", Body: []byte("a"), Apply: insert(3)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res[0].Fresh || res[1].Err == nil || !res[2].Fresh {
+		t.Fatalf("results %+v: want y1 and y3 committed, y2 failed", res)
+	}
+	for id, want := range map[string]int64{"y1": 1, "y2": 0, "y3": 1} {
+		if got := count(t, db, "inbox", id); got != want {
+			t.Errorf("inbox rows of %s = %d, want %d", id, got, want)
+		}
+	}
+}
+
+func ib(db *gorm.DB) *inbox.Inbox { return inbox.New(db, "payments") }
+
+// Two items that break a deferred constraint only together: the batch fails
+// at COMMIT, and item by item the first commits and the second fails.
+func TestCommitBatchConflictAtCommitKeepsTheFirst(t *testing.T) {
 	ctx := context.Background()
 	db := setup(t)
 	if err := db.Exec(`CREATE TABLE deferred_unique (k int, CONSTRAINT k_unique UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`).Error; err != nil {
 		t.Fatal(err)
 	}
-	ib := inbox.New(db, "payments")
 	insert := func(tx *gorm.DB) error { return tx.Exec(`INSERT INTO deferred_unique VALUES (1)`).Error }
-	_, err := ib.Commit(ctx, []inbox.Item{{MessageID: "x1", Body: []byte("a"), Apply: insert}, {MessageID: "x2", Body: []byte("a"), Apply: insert}})
-	if err == nil {
-		t.Fatal("Commit succeeded; want the deferred constraint's error at COMMIT")
+	res, err := ib(db).Commit(ctx, []inbox.Item{{MessageID: "x1", Body: []byte("a"), Apply: insert}, {MessageID: "x2", Body: []byte("a"), Apply: insert}})
+	if err != nil || !res[0].Fresh || res[1].Err == nil {
+		t.Fatalf("results %+v, %v: want x1 committed and x2 failed", res, err)
 	}
-	for _, id := range []string{"x1", "x2"} {
-		if got := count(t, db, "inbox", id); got != 0 {
-			t.Errorf("inbox rows of %s = %d after a failed commit", id, got)
+	for id, want := range map[string]int64{"x1": 1, "x2": 0} {
+		if got := count(t, db, "inbox", id); got != want {
+			t.Errorf("inbox rows of %s = %d, want %d", id, got, want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"strings"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
@@ -57,8 +58,20 @@ var (
 // Name is the set's name.
 func (s Set) Name() string { return s.name }
 
-// Table is the set's goose version table.
-func (s Set) Table() string { return s.name + "_schema_version" }
+// Table is the set's goose version table: the name with every character that
+// an unquoted SQL identifier cannot hold turned into _ ("notification-service"
+// gives notification_service_schema_version).
+func (s Set) Table() string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '_'
+	}, s.name) + "_schema_version"
+}
 
 func (s Set) lockID() int64 {
 	h := fnv.New64a()

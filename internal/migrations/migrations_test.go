@@ -172,3 +172,18 @@ func TestBufferedSetJoinsAnExistingDatabase(t *testing.T) {
 		t.Fatalf("rows after the upgrade: %d, %v", n, err)
 	}
 }
+
+// A set named like a service ("notification-service") gets a version table
+// whose name PostgreSQL takes unquoted.
+func TestSetNamedLikeAService(t *testing.T) {
+	set := migrations.NewSet("Notification-Service", fstest.MapFS{
+		"00001_notes.sql": {Data: []byte("-- +goose Up\nCREATE TABLE notes (id int);\n-- +goose Down\nDROP TABLE notes;\n")},
+	})
+	if got := set.Table(); got != "notification_service_schema_version" {
+		t.Fatalf("table %q", got)
+	}
+	db := open(t, testenv.Postgres(t))
+	if _, err := migrations.Apply(context.Background(), db, set); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -7,10 +7,8 @@ package payment
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
@@ -178,37 +176,4 @@ func conflict(paid Payment, ev orders.OrderPlaced) error {
 	return consumer.Permanent(ReasonOrderConflict, fmt.Errorf(
 		"order %s was paid as %d %s for customer %s, now published as %d %s for customer %s",
 		ev.OrderID, paid.AmountCents, paid.Currency, paid.CustomerID, ev.AmountCents, ev.Currency, ev.CustomerID))
-}
-
-// EventID finds the event_id of a body, for producers that set no AMQP
-// message_id. It returns "" for anything it cannot read.
-func EventID(body []byte) string {
-	var v struct {
-		EventID string `json:"event_id"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return ""
-	}
-	return v.EventID
-}
-
-// LogAttrs puts the order id on every log line about a message.
-func LogAttrs(body []byte) []slog.Attr {
-	if id := OrderID(body); id != "" {
-		return []slog.Attr{slog.String("order_id", id)}
-	}
-	return nil
-}
-
-// OrderID finds the order_id of a body: the ordering key of the buffered
-// mode, so that the events of one order are applied one at a time, in order.
-// It returns "" for anything it cannot read.
-func OrderID(body []byte) string {
-	var v struct {
-		OrderID string `json:"order_id"`
-	}
-	if json.Unmarshal(body, &v) != nil {
-		return ""
-	}
-	return v.OrderID
 }

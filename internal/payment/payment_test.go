@@ -1,6 +1,7 @@
 package payment_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -38,6 +39,8 @@ type stack struct {
 	gwURL     string
 	topo      rabbit.Topology
 	pub       *amqp.Channel
+	// maxAttempts of the next service(); 0 means 6.
+	maxAttempts int
 }
 
 func newStack(t *testing.T) *stack {
@@ -84,8 +87,8 @@ func (s *stack) service() *consumer.Metrics {
 	m := consumer.NewMetrics(prometheus.NewRegistry())
 	cfg := consumer.Config{
 		Name: "payment-service", AMQPURL: s.amqpURL, Topology: s.topo, Prefetch: 16, Workers: 4,
-		MaxAttempts: 6, ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
-		KeyFromBody: payment.EventID, LogAttrs: payment.LogAttrs,
+		MaxAttempts: cmp.Or(s.maxAttempts, 6), ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
+		KeyFromBody: payment.Service().KeyFromBody, LogAttrs: payment.Service().LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
@@ -534,5 +537,37 @@ func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
 	waitOutcome(t, m, "duplicate", 1)
 	if n := count(t, s.gatewayDB, "charges", "order_id = ?", "o-forgotten"); n != 1 {
 		t.Fatalf("%d charges for one order, want 1", n)
+	}
+}
+
+// The gateway down for every message (connection refused): after a run of
+// failures the consumer pauses instead of spending every message's retry
+// budget, and everything is paid once the gateway is back; nothing is
+// dead-lettered although each message has only two attempts.
+func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
+	s := newStack(t)
+	var down atomic.Bool
+	down.Store(true)
+	gw := s.gateway.Handler()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	s.gwURL = proxy.URL
+	s.maxAttempts = 2
+	m := s.service()
+	const n = 40
+	for i := range n {
+		s.publishOrder(fmt.Sprintf("d-%d", i), order(fmt.Sprintf("o-down-%d", i), 1000+int64(i)*100))
+	}
+	testenv.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	down.Store(false)
+	waitOutcome(t, m, "processed", n)
+	if outcomes(m, "dead_lettered") != 0 {
+		t.Fatalf("dead-lettered %d: a gateway down is not the messages' fault", outcomes(m, "dead_lettered"))
 	}
 }

@@ -45,9 +45,11 @@ func Service() service.Options {
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
 			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB), nil
 		},
-		KeyFromBody: EventID,
-		LogAttrs:    LogAttrs,
-		OrderingKey: OrderID,
+		// A message without a message_id property is deduped by its event_id.
+		KeyFromBody: service.JSONField("event_id"),
+		LogAttrs:    service.JSONAttrs("order_id"),
+		// The buffered mode processes the events of one order one at a time.
+		OrderingKey: service.JSONField("order_id"),
 	}
 }
 

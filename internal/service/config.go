@@ -15,21 +15,22 @@ import (
 type Config struct {
 	Broker
 	Database
-	Consumer        string          `envconfig:"CONSUMER_NAME" desc:"the inbox.consumer column and the metrics' consumer label (default the service name)"`
-	HTTPAddr        string          `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of health, metrics and fault endpoints"`
-	Prefetch        int             `envconfig:"PREFETCH" default:"192" desc:"unacked deliveries held at most (1-1000)"`
-	Workers         int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); they hold no database connection during outside calls"`
-	DBCommitters    int             `envconfig:"DB_COMMITTERS" default:"4" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
-	GroupCommitMax  int             `envconfig:"GROUP_COMMIT_MAX" default:"32" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
-	GroupCommitWait time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms" desc:"how long a commit waits for more messages to join it (0-1s)"`
-	MaxBodyBytes    int             `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"larger bodies are dead-lettered unread"`
-	HandlerTimeout  time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m"`
-	RetryDelays     []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
-	MaxAttempts     int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
-	ShutdownTimeout time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"time in-flight messages get after SIGTERM (keep below Compose's stop_grace_period)"`
-	FaultsEnabled   bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
-	PprofEnabled    bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
-	LogLevel        string          `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	Consumer           string          `envconfig:"CONSUMER_NAME" desc:"the inbox.consumer column and the metrics' consumer label (default the service name)"`
+	HTTPAddr           string          `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of health, metrics and fault endpoints"`
+	Prefetch           int             `envconfig:"PREFETCH" default:"192" desc:"unacked deliveries held at most (1-1000)"`
+	Workers            int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); they hold no database connection during outside calls"`
+	DBCommitters       int             `envconfig:"DB_COMMITTERS" default:"4" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
+	GroupCommitMax     int             `envconfig:"GROUP_COMMIT_MAX" default:"32" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
+	GroupCommitWait    time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms" desc:"how long a commit waits for more messages to join it (0-1s)"`
+	MaxBodyBytes       int             `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"larger bodies are dead-lettered unread"`
+	HandlerTimeout     time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m"`
+	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
+	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
+	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming after this many handler failures in a row (a dependency down for every message) instead of spending their retries; -1 never"`
+	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"time in-flight messages get after SIGTERM (keep below Compose's stop_grace_period)"`
+	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
+	PprofEnabled       bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
+	LogLevel           string          `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	// Inbox rows older than InboxRetention are pruned every InboxPruneInterval
 	// (0 disables the pruner), InboxPruneBatch rows per transaction.
 	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS"`
@@ -70,7 +71,7 @@ func (b *Buffered) validate(v *Checks) {
 // Broker is the RabbitMQ connection and the topology the consumer declares.
 type Broker struct {
 	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL; everything lives in its vhost"`
-	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" default:"10s" desc:"AMQP heartbeat; a dead link is detected in about two"`
+	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" default:"10s" desc:"AMQP heartbeat; a dead link is detected within about three"`
 	Exchange         string        `envconfig:"EXCHANGE" desc:"topic exchange the consumed events are published to (no kit default)"`
 	RoutingKey       string        `envconfig:"ROUTING_KEY" desc:"binding key of the work queue (no kit default)"`
 	Queue            string        `envconfig:"QUEUE" desc:"quorum work queue (default <service>.<event>)"`
@@ -116,6 +117,7 @@ func (c *Config) validate(v *Checks) {
 	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
 	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
 		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
+	v.Require(c.PauseAfterFailures == -1 || c.PauseAfterFailures >= 1, "PAUSE_AFTER_FAILURES", "must be -1 (never) or at least 1, got %d", c.PauseAfterFailures)
 	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	c.Buffered.validate(v)

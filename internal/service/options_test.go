@@ -194,3 +194,13 @@ func TestDescribe(t *testing.T) {
 		t.Errorf("last variable %s, want the handler's", last)
 	}
 }
+
+// A handler's secret, tagged secret:"true", never reaches the start-up log.
+func TestLogValueMasksTaggedSecrets(t *testing.T) {
+	type settings struct {
+		APIKey string `envconfig:"CARRIER_API_KEY" default:"k-123" secret:"true"`
+	}
+	if v := LogValue(&settings{APIKey: "k-123"}); v["CARRIER_API_KEY"] != "***" {
+		t.Fatalf("CARRIER_API_KEY logged as %q", v["CARRIER_API_KEY"])
+	}
+}
