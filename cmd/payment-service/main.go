@@ -1,10 +1,12 @@
 // Command payment-service consumes OrderPlaced events and charges each order
 // exactly once: transactional inbox, idempotent gateway charge, ack after commit,
 // poison messages to the dead-letter exchange. The service is internal/payment;
-// the rest is the kit's (internal/service).
+// the rest is the kit's (internal/service) and its operations commands
+// (internal/ops).
 //
 //	payment-service              consume until SIGINT or SIGTERM
 //	payment-service healthcheck  exit 0 if the local service is ready
+//	payment-service dlq list     and the other operations commands: payment-service help
 package main
 
 import (
@@ -14,13 +16,13 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/inbox-template/payment-service/internal/ops"
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/internal/service"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := service.Run(ctx, payment.Service(), os.Args[1:], os.Stdout)
+	err := ops.Run(ctx, payment.Service(), os.Args[1:], os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payment-service:", err)

@@ -194,6 +194,13 @@ func TestShipsEachOrderOnce(t *testing.T) {
 	if n := s.count(t, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'"); n != 25 {
 		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
 	}
+	// The service's own operations commands, from its own configuration.
+	list := exec.Command(binary, "dlq", "list")
+	list.Env = s.cmd.Env
+	out, err := list.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "shipping-service.order-paid.dlq: 1 messages") || !strings.Contains(string(out), "malformed_json") {
+		t.Errorf("shipping-service dlq list: %v\n%s", err, out)
+	}
 	testenv.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get("shipping-service.order-paid.dlq", true)
 		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {

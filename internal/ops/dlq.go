@@ -1,4 +1,4 @@
-package main
+package ops
 
 import (
 	"bufio"
@@ -39,7 +39,7 @@ func withQueue(opts service.Options, f func(q *deadletter.Queue, limit ageLimit)
 	if err != nil {
 		return err
 	}
-	conn, err := rabbit.Dial(cfg.AMQPURL, cfg.Heartbeat, "inboxctl")
+	conn, err := rabbit.Dial(cfg.AMQPURL, cfg.Heartbeat, opts.Name+" ops")
 	if err != nil {
 		return err
 	}

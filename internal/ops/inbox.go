@@ -1,4 +1,4 @@
-package main
+package ops
 
 import (
 	"context"
@@ -55,8 +55,8 @@ func inboxPrune(ctx context.Context, opts service.Options, args []string, stdout
 	if err != nil {
 		return err
 	}
-	log := logging.New(io.Discard, "error", "inboxctl")
-	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: "inboxctl"}, log)
+	log := logging.New(io.Discard, "error", opts.Name)
+	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " ops"}, log)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package ops
 
 import (
 	"context"
@@ -25,8 +25,8 @@ func withStore(ctx context.Context, opts service.Options, f func(cfg service.Con
 	if err != nil {
 		return err
 	}
-	log := logging.New(io.Discard, "error", "inboxctl")
-	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: "inboxctl"}, log)
+	log := logging.New(io.Discard, "error", opts.Name)
+	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " ops"}, log)
 	if err != nil {
 		return err
 	}
