@@ -55,7 +55,7 @@ chaos: build
 
 # The same with the buffered inbox (every fault script takes INBOX_MODE).
 chaos-buffered: build
-	INBOX_MODE=buffered ./scripts/chaos.sh $(CHAOS_FLAGS)
+	INBOX_MODE=buffered bash scripts/chaos.sh $(CHAOS_FLAGS)
 
 # Benchmarks: bench/ is a Go module of its own, so that this go.mod never
 # carries Watermill. `make bench` builds every program and runs the whole
