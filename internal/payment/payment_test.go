@@ -39,8 +39,9 @@ type stack struct {
 	gwURL     string
 	topo      rabbit.Topology
 	pub       *amqp.Channel
-	// maxAttempts of the next service(); 0 means 6.
-	maxAttempts int
+	// maxAttempts and pauseAfter of the next service(); 0 means 6 and the
+	// runtime's default.
+	maxAttempts, pauseAfter int
 }
 
 func newStack(t *testing.T) *stack {
@@ -87,7 +88,8 @@ func (s *stack) service() *consumer.Metrics {
 	m := consumer.NewMetrics(prometheus.NewRegistry())
 	cfg := consumer.Config{
 		Name: "payment-service", AMQPURL: s.amqpURL, Topology: s.topo, Prefetch: 16, Workers: 4,
-		MaxAttempts: cmp.Or(s.maxAttempts, 6), ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
+		MaxAttempts: cmp.Or(s.maxAttempts, 6), PauseAfterFailures: s.pauseAfter,
+		ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
 		KeyFromBody: payment.Service().KeyFromBody, LogAttrs: payment.Service().LogAttrs,
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
@@ -540,10 +542,11 @@ func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
 	}
 }
 
-// The gateway down for every message (connection refused): after a run of
-// failures the consumer pauses instead of spending every message's retry
-// budget, and everything is paid once the gateway is back; nothing is
-// dead-lettered although each message has only two attempts.
+// The gateway down for every message: after a run of failures the consumer
+// pauses instead of spending every message's retry budget, and everything is
+// paid once the gateway is back. With the run at 3 failures and 3 attempts no
+// message can fail three times before the pause, and after it every failure
+// is put back without spending an attempt: nothing is dead-lettered.
 func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	s := newStack(t)
 	var down atomic.Bool
@@ -558,7 +561,7 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	}))
 	t.Cleanup(proxy.Close)
 	s.gwURL = proxy.URL
-	s.maxAttempts = 2
+	s.maxAttempts, s.pauseAfter = 3, 3
 	m := s.service()
 	const n = 40
 	for i := range n {
