@@ -171,6 +171,51 @@ func TestClaimTakesOneHeadPerKey(t *testing.T) {
 
 // A worker whose lease expired and passed to another commits nothing: its
 // writes roll back, alone in a group commit.
+// A claim whose statement leased a key without seeing its head (an ingest
+// committed between the statement's snapshot and its lock on the key) takes
+// the head in a second statement; a key that still has none is given back at
+// once instead of staying leased, idle, until the lease ends.
+func TestClaimTakesHeadsItsSnapshotMissed(t *testing.T) {
+	s, db := setup(t)
+	ingest(t, s, msg("m1", "late", `{}`))
+	// The first statement's work: both keys leased with its token. "ghost"
+	// says it has a message that no snapshot holds.
+	const token = 4242
+	if err := db.Exec(`UPDATE inbox_keys SET lease_token = ?, available_at = now() + interval '1 minute' WHERE ordering_key = 'late'`, token).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq, lease_token, available_at)
+		VALUES ('test', 'ghost', 1, ?, now() + interval '1 minute')`, token).Error; err != nil {
+		t.Fatal(err)
+	}
+	sqlDB, _ := db.DB()
+	tx, err := sqlDB.BeginTx(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	got, err := s.CompleteClaim(context.Background(), tx, []string{"late", "ghost"}, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].MessageID != "m1" || got[0].Token != token || got[0].Attempts != 1 {
+		t.Fatalf("claimed %+v, want m1 with the claim's token and its first attempt", got)
+	}
+	if st := scalar(t, db, `SELECT count(*) FROM inbox_messages WHERE message_id = 'm1' AND status = 'processing'`); st != 1 {
+		t.Error("m1 is not marked processing")
+	}
+	if n := scalar(t, db, `SELECT count(*) FROM inbox_keys WHERE ordering_key = 'ghost' AND lease_token IS NULL AND available_at <= now()`); n != 1 {
+		t.Error("the key without a head is still leased")
+	}
+	// The lease on the claimed key holds: a claim now finds nothing.
+	if c := claim(t, s, 10, time.Minute); len(c) != 0 {
+		t.Errorf("claimed %v while m1's key is leased", ids(c))
+	}
+}
+
 func TestLostLeaseCommitsNothing(t *testing.T) {
 	s, db := setup(t)
 	ingest(t, s, msg("a1", "a", "1"), msg("b1", "b", "2"))

@@ -40,6 +40,12 @@ type Claimed struct {
 // The lease moves available_at to its end: the key leaves the due set until
 // it is settled or the lease expires. The head is found by its sequence
 // number on the unique index, so a key's backlog is never scanned.
+//
+// Every leased key comes back, with its head or, where the head's columns
+// are NULL, without: an ingest that committed after the statement's snapshot
+// but before the key was locked leaves the key's row newer than the snapshot
+// (FOR UPDATE reads the newest version) and its new head invisible to it.
+// claimHeads takes those heads with a fresh snapshot.
 const claim = `
 WITH due AS (
 	SELECT ordering_key FROM inbox_keys
@@ -53,12 +59,32 @@ WITH due AS (
 	FROM due
 	WHERE k.consumer = $1 AND k.ordering_key = due.ordering_key
 	RETURNING k.ordering_key, k.next_seq
+), heads AS (
+	UPDATE inbox_messages m
+	SET status = 'processing', attempts = m.attempts + 1, runs = m.runs + 1, claimed_at = now()
+	FROM leased
+	WHERE m.consumer = $1 AND m.ordering_key = leased.ordering_key AND m.seq = leased.next_seq
+	RETURNING ` + headColumns + `
 )
+SELECT leased.ordering_key, h.* FROM leased LEFT JOIN heads h ON h.ordering_key = leased.ordering_key`
+
+// headColumns are the columns of a claimed message, in scanHead's order.
+const headColumns = `m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.content_type, m.headers, m.body, m.published_at, m.received_at`
+
+// claimHeads marks processing the heads of keys this claim ($3) leased
+// whose head its first statement could not see.
+const claimHeads = `
 UPDATE inbox_messages m
 SET status = 'processing', attempts = m.attempts + 1, runs = m.runs + 1, claimed_at = now()
-FROM leased
-WHERE m.consumer = $1 AND m.ordering_key = leased.ordering_key AND m.seq = leased.next_seq
-RETURNING m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.content_type, m.headers, m.body, m.published_at, m.received_at`
+FROM inbox_keys k
+WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.lease_token = $3
+	AND m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
+RETURNING k.ordering_key, ` + headColumns
+
+// unlease gives back keys leased without a head: due again at once.
+const unlease = `
+UPDATE inbox_keys SET available_at = now(), lease_token = NULL, updated_at = now()
+WHERE consumer = $1 AND ordering_key = ANY($2) AND lease_token = $3`
 
 // Claim leases up to n due keys for lease and returns their head messages,
 // marked processing with one more attempt. Its transaction is short: nothing
@@ -82,9 +108,13 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	if _, err := tx.ExecContext(ctx, `SET LOCAL enable_sort = off`); err != nil {
 		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 	}
-	out, err := s.claimIn(ctx, tx, n, lease)
+	token := newToken()
+	out, headless, err := s.claimIn(ctx, tx, claim, s.consumer, n, lease.Seconds(), token)
+	if err == nil && len(headless) > 0 {
+		out, err = s.completeClaim(ctx, tx, out, headless, token)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("claim messages of %s: commit: %w", s.consumer, err)
@@ -92,32 +122,70 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	return out, nil
 }
 
-func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, n int, lease time.Duration) ([]Claimed, error) {
-	token := newToken()
-	rows, err := tx.QueryContext(ctx, claim, s.consumer, n, lease.Seconds(), token)
+// completeClaim takes the heads of keys leased without one, each READ
+// COMMITTED statement seeing what committed before it began, and gives back
+// any key that still has none.
+func (s *Store) completeClaim(ctx context.Context, tx *sql.Tx, out []Claimed, headless []string, token int64) ([]Claimed, error) {
+	more, _, err := s.claimIn(ctx, tx, claimHeads, s.consumer, headless, token)
 	if err != nil {
-		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+		return nil, err
+	}
+	out = append(out, more...)
+	taken := make(map[string]bool, len(more))
+	for _, c := range more {
+		taken[c.OrderingKey] = true
+	}
+	var rest []string
+	for _, k := range headless {
+		if !taken[k] {
+			rest = append(rest, k)
+		}
+	}
+	if len(rest) > 0 {
+		if _, err := tx.ExecContext(ctx, unlease, s.consumer, rest, token); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// claimIn runs a claiming query whose rows are a leased key and its head's
+// headColumns, and returns the heads and the keys that came without one.
+func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]Claimed, []string, error) {
+	token := args[len(args)-1].(int64)
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, nil, err
 	}
 	defer rows.Close()
 	var out []Claimed
+	var headless []string
 	for rows.Next() {
-		c := Claimed{Lease: Lease{Token: token}}
-		var headers []byte
-		var published sql.NullTime
-		if err := rows.Scan(&c.ID, &c.OrderingKey, &c.Seq, &c.MessageID, &c.Attempts, &c.Runs, &c.ContentType,
-			&headers, &c.Body, &published, &c.ReceivedAt); err != nil {
-			return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
+		var key string
+		var id, seq sql.NullInt64
+		var messageID, orderingKey, contentType sql.NullString
+		var attempts, runs sql.NullInt32
+		var headers, body []byte
+		var published, received sql.NullTime
+		if err := rows.Scan(&key, &id, &orderingKey, &seq, &messageID, &attempts, &runs, &contentType,
+			&headers, &body, &published, &received); err != nil {
+			return nil, nil, err
+		}
+		if !id.Valid {
+			headless = append(headless, key)
+			continue
+		}
+		c := Claimed{
+			Lease:     Lease{ID: id.Int64, OrderingKey: orderingKey.String, Seq: seq.Int64, Token: token},
+			MessageID: messageID.String, Attempts: int(attempts.Int32), Runs: int(runs.Int32),
+			ContentType: contentType.String, Body: body, PublishedAt: published.Time, ReceivedAt: received.Time,
 		}
 		if c.Headers, err = decodeHeaders(headers); err != nil {
-			return nil, fmt.Errorf("message %s: %w", c.MessageID, err)
+			return nil, nil, fmt.Errorf("message %s: %w", c.MessageID, err)
 		}
-		c.PublishedAt = published.Time
 		out = append(out, c)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
-	}
-	return out, nil
+	return out, headless, rows.Err()
 }
 
 // NextDue is when the next key becomes due (a retry, a lease's end), or ok
