@@ -97,12 +97,15 @@ func pruneConfig(fs *flag.FlagSet, cfg service.Config, olderThan time.Duration, 
 }
 
 func pruneDryRun(ctx context.Context, p *retention.Pruner, rc retention.Config, stdout io.Writer) error {
-	n, cutoff, err := p.Pending(ctx)
+	n, err := p.Pending(ctx)
 	if err != nil {
 		return fmt.Errorf("inbox prune: %w", err)
 	}
 	_, err = fmt.Fprintf(stdout, "would delete %d inbox rows of consumer %s received before %s (older than %s); dry run: nothing deleted\n",
-		n, rc.Consumer, cutoff.UTC().Format(time.RFC3339), rc.Window)
+		n.Rows, rc.Consumer, n.Cutoff.UTC().Format(time.RFC3339), rc.Window)
+	if err == nil && rc.Buffered {
+		_, err = fmt.Fprintf(stdout, "would delete %d finished messages of the buffered inbox (and the ordering keys they leave idle)\n", n.Messages)
+	}
 	return err
 }
 

@@ -14,7 +14,8 @@ import (
 
 // The buffered inbox is pruned with the inbox: finished messages older than
 // the window go, and the keys left without any message; messages still to
-// process or parked stay whatever their age, and so do their keys.
+// process or parked stay whatever their age, and so do their keys and their
+// inbox rows (their dedupe: a redelivery must not be stored again).
 func TestPruneBufferedKeepsUnfinishedMessages(t *testing.T) {
 	gdb, _ := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
 	db, err := gdb.DB()
@@ -45,6 +46,14 @@ func TestPruneBufferedKeepsUnfinishedMessages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Its inbox row, as old as the message ("dead"'s was deleted by its export).
+		if r.status != "dead_lettered" {
+			_, err = db.ExecContext(ctx, `INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)
+				VALUES ($1, 'payments', sha256(convert_to($1, 'UTF8')), now() - make_interval(secs => $2))`, r.key+"-"+r.status, r.age.Seconds())
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	_, err = db.ExecContext(ctx, `INSERT INTO inbox_keys (consumer, ordering_key, last_seq, next_seq, blocked) VALUES
 		('payments', 'done', 2, 3, false), ('payments', 'mixed', 2, 2, false), ('payments', 'parked', 1, 1, true),
@@ -58,9 +67,19 @@ func TestPruneBufferedKeepsUnfinishedMessages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pending, err := p.Pending(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pending.Rows != 3 || pending.Messages != 4 {
+		t.Errorf("dry run counts %d inbox rows and %d messages, want 3 (done ×2, mixed's processed) and 4", pending.Rows, pending.Messages)
+	}
 	res, err := p.Prune(ctx)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.Deleted != 3 {
+		t.Errorf("deleted %d inbox rows, want 3: only the finished messages' rows", res.Deleted)
 	}
 	if res.DeletedMessages != 4 || res.DeletedKeys != 2 {
 		t.Errorf("deleted %d messages and %d keys, want 4 (done ×2, mixed's processed, dead) and 2 (done, dead)", res.DeletedMessages, res.DeletedKeys)
@@ -79,5 +98,12 @@ func TestPruneBufferedKeepsUnfinishedMessages(t *testing.T) {
 	}
 	if got := fmt.Sprint(keys); got != "[busy failed mixed parked recent]" {
 		t.Errorf("keys left %s", got)
+	}
+	var dedupe []string
+	if err := gdb.Raw(`SELECT message_id FROM inbox ORDER BY message_id`).Scan(&dedupe).Error; err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(dedupe); got != want {
+		t.Errorf("inbox rows left %s, want those of the messages left, %s", got, want)
 	}
 }

@@ -30,10 +30,28 @@ type Result struct {
 const deleteBatch = `
 DELETE FROM inbox WHERE ctid = ANY (ARRAY(
 	SELECT ctid FROM inbox
-	WHERE consumer = $1 AND received_at < $2
+	WHERE consumer = $1 AND received_at < $2 %s
 	ORDER BY received_at
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED))`
+
+// keepUnfinished is the condition, in the buffered mode, that keeps the
+// inbox row of a message stored but not finished (pending, failed or parked
+// for longer than the window: a dependency down for weeks, a head waiting
+// for an operator): it is that message's dedupe, and without it a
+// redelivery of the same id would be stored again and applied twice.
+const keepUnfinished = `
+	AND NOT EXISTS (SELECT 1 FROM inbox_messages m
+		WHERE m.consumer = inbox.consumer AND m.message_id = inbox.message_id
+			AND m.status NOT IN ('processed', 'skipped', 'dead_lettered'))`
+
+// prunable is the condition on the inbox's old rows that may go.
+func (p *Pruner) prunable() string {
+	if p.cfg.Buffered {
+		return keepUnfinished
+	}
+	return ""
+}
 
 // Prune deletes the consumer's rows older than the window, batch by batch,
 // until a batch deletes fewer than the batch size. It runs only if it can take
@@ -75,7 +93,7 @@ func (p *Pruner) deleteOld(ctx context.Context, conn *sql.Conn) (Result, error) 
 	}
 	for {
 		began := time.Now()
-		r, err := conn.ExecContext(ctx, deleteBatch, p.cfg.Consumer, res.Cutoff, p.cfg.BatchSize)
+		r, err := conn.ExecContext(ctx, fmt.Sprintf(deleteBatch, p.prunable()), p.cfg.Consumer, res.Cutoff, p.cfg.BatchSize)
 		if err != nil {
 			return res, fmt.Errorf("prune inbox of %s: batch %d: %w", p.cfg.Consumer, res.Batches+1, err)
 		}
@@ -160,24 +178,40 @@ func (p *Pruner) deleteMessages(ctx context.Context, conn *sql.Conn, cutoff time
 	return keys, rows.Err()
 }
 
-// Pending counts the rows a run would delete now, and the cutoff it would use.
-func (p *Pruner) Pending(ctx context.Context) (int64, time.Time, error) {
+// Pending is what a run would delete now: inbox rows, and in the buffered
+// mode finished messages, all from before Cutoff.
+type Pending struct {
+	Cutoff   time.Time
+	Rows     int64 // inbox rows
+	Messages int64 // finished messages of the buffered inbox
+}
+
+// Pending counts what a run would delete now, without deleting anything.
+func (p *Pruner) Pending(ctx context.Context) (Pending, error) {
+	var res Pending
 	conn, err := p.db.Conn(ctx)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("count prunable inbox rows: %w", err)
+		return res, fmt.Errorf("count prunable inbox rows: %w", err)
 	}
 	defer conn.Close()
-	cutoff, err := p.cutoff(ctx, conn)
-	if err != nil {
-		return 0, time.Time{}, err
+	if res.Cutoff, err = p.cutoff(ctx, conn); err != nil {
+		return res, err
 	}
-	var n int64
-	err = conn.QueryRowContext(ctx, `SELECT count(*) FROM inbox WHERE consumer = $1 AND received_at < $2`,
-		p.cfg.Consumer, cutoff).Scan(&n)
+	err = conn.QueryRowContext(ctx, `SELECT count(*) FROM inbox WHERE consumer = $1 AND received_at < $2`+p.prunable(),
+		p.cfg.Consumer, res.Cutoff).Scan(&res.Rows)
 	if err != nil {
-		return 0, time.Time{}, fmt.Errorf("count prunable inbox rows of %s: %w", p.cfg.Consumer, err)
+		return res, fmt.Errorf("count prunable inbox rows of %s: %w", p.cfg.Consumer, err)
 	}
-	return n, cutoff, nil
+	if !p.cfg.Buffered {
+		return res, nil
+	}
+	err = conn.QueryRowContext(ctx, `SELECT count(*) FROM inbox_messages
+		WHERE consumer = $1 AND status IN ('processed', 'skipped', 'dead_lettered') AND finished_at < $2`,
+		p.cfg.Consumer, res.Cutoff).Scan(&res.Messages)
+	if err != nil {
+		return res, fmt.Errorf("count prunable buffered messages of %s: %w", p.cfg.Consumer, err)
+	}
+	return res, nil
 }
 
 func (p *Pruner) cutoff(ctx context.Context, conn *sql.Conn) (time.Time, error) {
