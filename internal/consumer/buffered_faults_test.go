@@ -47,10 +47,11 @@ func TestBufferedConnectionsClosedUnderLoad(t *testing.T) {
 	t.Logf("reconnects %d, redeliveries suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
 }
 
-// PostgreSQL is unreachable for 15 s while messages are stored and
-// processed: the ingest puts deliveries back without spending attempts and
-// pauses; the processing releases what it held and pauses; nothing is
-// dead-lettered or parked, and everything is applied once afterwards.
+// PostgreSQL is unreachable for 15 s while events of 20 keys are stored and
+// processed: the ingest leaves what it could not store unacked for the broker
+// to take back in order, and pauses; the processing releases what it held
+// and pauses; nothing is dead-lettered, parked or sent through a delay queue,
+// and afterwards every key is applied once per event, in the order published.
 func TestBufferedDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 	e := newBufferedEnv(t, nil)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
@@ -62,20 +63,25 @@ func TestBufferedDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = database.Close(db) })
-	const n = 600
-	e.publishMany(n, "outage")
-	rt := e.startWith(slowHandler(5*time.Millisecond), e.url, db, func(c *Config) {
+	keys := keyNames(20)
+	const perKey = 30
+	e.publishEvents(keys, perKey)
+	handler := orderedHandler(func(Message, event) error { time.Sleep(5 * time.Millisecond); return nil })
+	rt := e.startWith(handler, e.url, db, func(c *Config) {
 		bufferedMode(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 })(c)
 		c.MaxAttempts, c.GroupCommitMax, c.GroupCommitWait = 2, 1, 0
 	})
-	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 50 })
+	waitFor(t, "progress", func() bool { return e.appliedTotal() >= 50 })
 	proxy.Stop()
 	waitFor(t, "not ready during the outage", func() bool { return rt.Ready() != nil })
 	time.Sleep(15 * time.Second)
 	if err := proxy.Start(); err != nil {
 		t.Fatal(err)
 	}
-	e.assertAllAppliedOnce(n, 2*time.Minute)
+	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
+		return e.appliedTotal() >= len(keys)*perKey, nil
+	})
+	e.assertInOrder(keys, perKey)
 	if rt.pauses() < 1 || rt.count(OutcomeDeadLettered) != 0 || e.statusCount(buffered.StatusParked) != 0 {
 		t.Errorf("pauses %d, dead letters %d, parked %d: want a pause and nothing dead-lettered or parked",
 			rt.pauses(), rt.count(OutcomeDeadLettered), e.statusCount(buffered.StatusParked))

@@ -53,6 +53,11 @@ func (r *Runtime) ingestLoop(ctx context.Context, s *session, deliveries <-chan 
 		done := r.track()
 		r.ingestBatch(ctx, s, batch)
 		done()
+		if s.ending() {
+			// A batch failed: what follows it stays unacked, and the
+			// channel's close gives it back in order with the failed one.
+			return
+		}
 	}
 }
 
@@ -91,27 +96,9 @@ func (r *Runtime) gatherDeliveries(first amqp.Delivery, deliveries <-chan amqp.D
 	return batch
 }
 
-// ingestRest stores what the broker sent before a cancel took effect, until
-// the channel of deliveries closes, so that a graceful stop leaves nothing
-// prefetched to return: a returned message would lose its place in its key's
-// order. It gives up when ctx ends; the rest is then redelivered.
-func (r *Runtime) ingestRest(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
-	n := 0
-	for d := range deliveries {
-		if ctx.Err() != nil {
-			return
-		}
-		batch := r.gatherDeliveries(d, deliveries)
-		r.ingestBatch(ctx, s, batch)
-		n += len(batch)
-	}
-	if n > 0 {
-		r.log.Info("stored the deliveries that arrived while stopping", "count", n)
-	}
-}
-
 // ingestBatch admits each delivery (dead-lettering those the runtime refuses)
-// and stores the rest.
+// and stores the rest. Nothing is stored once the session is ending: a
+// delivery after one that could not be stored must not be stored before it.
 func (r *Runtime) ingestBatch(ctx context.Context, s *session, batch []amqp.Delivery) {
 	items := make([]ingested, 0, len(batch))
 	for _, d := range batch {
@@ -122,11 +109,7 @@ func (r *Runtime) ingestBatch(ctx context.Context, s *session, batch []amqp.Deli
 	if len(items) == 0 {
 		return
 	}
-	if s.pauseRequested() {
-		// The database failed a batch before this one: keep the rest for later.
-		for _, it := range items {
-			r.hold(ctx, s, it.d, it.msg, errors.New("paused: the database is unavailable"), it.log)
-		}
+	if s.ending() {
 		return
 	}
 	r.store(ctx, s, items)
@@ -174,10 +157,14 @@ func validKey(k string) bool {
 	return len(k) <= maxIDLen && utf8.ValidString(k) && !strings.ContainsFunc(k, unicode.IsControl)
 }
 
-// store commits a batch and acks each delivery after the commit. A failure of
-// the database pauses the session (the batch is held without spending an
-// attempt); any other failure of a batch is retried message by message, so
-// that it stays with the message at fault.
+// store commits a batch and acks each delivery after the commit. A batch
+// that fails is never rerouted: a copy in a delay queue, or one republished to
+// the work queue, would be stored after messages of its key that came later.
+// The database's trouble pauses the session and a wait on a lock ends it;
+// either way the failed deliveries and everything after them stay unacked,
+// and the channel's close gives them back to the queue in its order. Any
+// other failure of a batch is tried again message by message, so that it
+// stays with the message at fault, which is dead-lettered.
 func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
 	in := make([]buffered.Incoming, len(items))
 	for i, it := range items {
@@ -212,31 +199,35 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 			it.log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
 		}
 		return
-	case len(items) > 1 && pauseCause(err) == "":
+	case len(items) > 1 && pauseCause(err) == "" && !waited(err):
 		for _, it := range items {
+			if s.ending() {
+				return // a message before this one is going back to the queue
+			}
 			r.store(ctx, s, []ingested{it})
 		}
 		return
 	}
 	if cause := r.infrastructure(ctx, err); cause != "" {
 		for _, it := range items {
-			it.log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
-				"cause", cause, "attempt", it.msg.Attempt, "err", err)
-			r.hold(ctx, s, it.d, it.msg, err, it.log)
+			it.log.get().Warn("not the message's fault: leaving it unacked for the queue to take back, in order, and pausing",
+				"cause", cause, "err", err)
 		}
 		s.requestPause(cause)
 		return
 	}
-	it := items[0]
 	if waited(err) {
-		it.log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
-			"attempt", it.msg.Attempt, "err", err)
-		r.hold(ctx, s, it.d, it.msg, err, it.log)
+		for _, it := range items {
+			it.log.get().Warn("waited too long on a lock or a conflict: leaving it unacked for the queue to take back, in order",
+				"err", err)
+		}
+		s.requestEnd(fmt.Errorf("ingest waited too long on a lock or a conflict; reconnecting to take the messages again in order: %w", err))
 		return
 	}
-	if it.msg.Attempt >= r.cfg.MaxAttempts {
-		r.deadLetter(ctx, s, it.d, it.msg, ReasonRetriesExhausted, err, it.log)
-		return
-	}
-	r.retry(ctx, s, it.d, it.msg, err, it.log)
+	// The ingest's statements are the runtime's own and the same for every
+	// message: an error that is neither the database's state nor a wait comes
+	// from this message's data (a header PostgreSQL refuses, a trigger of
+	// the cloner's). Trying it again in place would stall the queue behind it.
+	it := items[0]
+	r.deadLetter(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
 }

@@ -33,10 +33,13 @@ type session struct {
 	pause     chan struct{}
 	pauseOnce sync.Once
 	cause     string
-	// redeclare is closed once a copy comes back unrouted: a queue of the
-	// topology was deleted, and the next session declares it again.
-	redeclare     chan struct{}
-	redeclareOnce sync.Once
+	// end is closed once by the first step that ends the session without a
+	// pause; ended says why. A copy that came back unrouted (a queue of the
+	// topology was deleted: the next session declares it again), or a
+	// buffered ingest that must give its deliveries back in the queue's order.
+	end     chan struct{}
+	endOnce sync.Once
+	ended   error
 	// unblocked is closed when the broker unblocks the publishing connection;
 	// nil while it is not blocked.
 	blockMu   sync.Mutex
@@ -78,16 +81,27 @@ func (s *session) waitUnblocked(ctx context.Context) error {
 // errRedeclare ends a session whose topology lost a queue.
 var errRedeclare = errors.New("a copy was returned unrouted (a queue of the topology is missing): reconnecting to declare it again")
 
-func (s *session) requestRedeclare() { s.redeclareOnce.Do(func() { close(s.redeclare) }) }
+func (s *session) requestRedeclare() { s.requestEnd(errRedeclare) }
+
+// requestEnd ends the session with reason (the first reason wins): the
+// runtime reconnects after the usual backoff.
+func (s *session) requestEnd(reason error) {
+	s.endOnce.Do(func() { s.ended = reason; close(s.end) })
+}
 
 func (s *session) requestPause(cause string) {
 	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
 }
 
 // pauseRequested reports whether a worker asked for a pause.
-func (s *session) pauseRequested() bool {
+func (s *session) pauseRequested() bool { return closed(s.pause) }
+
+// ending reports whether the session is about to end, paused or not.
+func (s *session) ending() bool { return closed(s.pause) || closed(s.end) }
+
+func closed(ch <-chan struct{}) bool {
 	select {
-	case <-s.pause:
+	case <-ch:
 		return true
 	default:
 		return false
@@ -104,7 +118,7 @@ func (r *Runtime) openSession() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), redeclare: make(chan struct{})}
+	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), end: make(chan struct{})}
 	if err := r.openChannels(s); err != nil {
 		s.close()
 		return nil, err
@@ -192,13 +206,23 @@ func (r *Runtime) session(ctx context.Context) error {
 		reason = errors.New("consumer cancelled by the broker (queue deleted?)")
 	case <-s.pause:
 		reason = errPausedSession{cause: s.cause}
-	case <-s.redeclare:
-		reason = errRedeclare
+	case <-s.end:
+		reason = s.ended
 	}
 	r.setReady(false)
 	close(stop)
+	// Inline, the consumer is cancelled so that the deliveries the broker
+	// sent before the cancel-ok can be republished (returnUnstarted): a
+	// return by the channel's close would count against the quorum queue's
+	// delivery limit. The buffered ingest never cancels: with a single active
+	// consumer the broker would hand the queue to the next consumer at the
+	// cancel, while this one still stored what it had been sent, and the two
+	// would store one key's messages out of order. It finishes the batch in
+	// hand and closes the channel, which gives back every unstored delivery in
+	// one step, in the queue's order, before the next consumer gets any. Each
+	// such return counts once against QUEUE_DELIVERY_LIMIT.
 	stopped := false
-	if reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession)) {
+	if r.buffer == nil && (reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))) {
 		// Tell the broker to stop sending; the deliveries it sent before the
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
@@ -208,11 +232,7 @@ func (r *Runtime) session(ctx context.Context) error {
 		// Bounded like the drain: under a broker alarm the copies cannot be
 		// published, and the channel's close returns the rest instead.
 		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
-		if r.buffer != nil && !s.pauseRequested() {
-			r.ingestRest(returning, s, deliveries)
-		} else {
-			r.returnUnstarted(returning, s, deliveries)
-		}
+		r.returnUnstarted(returning, s, deliveries)
 		cancelReturning()
 	}
 	_ = s.consume.Close()

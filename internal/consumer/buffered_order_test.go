@@ -1,0 +1,126 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// The buffered ingest keeps the broker's order through whatever ends its
+// session: a graceful stop that hands the queue to another replica, a wait
+// on a lock, a message the store refuses. (The database outage is in
+// buffered_faults_test.go.)
+
+// A replica stopped gracefully while it ingests a backlog hands the queue to
+// the next one (single active consumer) without storing anything out of
+// order: it finishes its batch and closes its channel, so the broker takes
+// back what it had not stored before the next replica gets any message.
+func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
+	e := newBufferedEnv(t, singleActive)
+	keys := keyNames(20)
+	const perKey = 40
+	e.publishEvents(keys, perKey)
+	tune := func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.Workers, c.GroupCommitMax, c.GroupCommitWait = 200, 4, 4, 0
+	}
+	a := e.start(orderedHandler(nil), tune)
+	b := e.start(orderedHandler(nil), tune)
+	waitFor(t, "the first replica storing", func() bool { return a.count(OutcomeStored) >= 100 })
+	a.shutdown(t)
+	storedByA := a.count(OutcomeStored)
+	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
+		return e.appliedTotal() >= len(keys)*perKey, nil
+	})
+	e.assertInOrder(keys, perKey)
+	if storedByA >= len(keys)*perKey || b.count(OutcomeStored) == 0 {
+		t.Fatalf("a stored %d, b %d: the stop came too late to hand anything over", storedByA, b.count(OutcomeStored))
+	}
+	if n := a.count(OutcomeStored) + b.count(OutcomeStored); n != len(keys)*perKey {
+		t.Errorf("stored %d in all, want %d", n, len(keys)*perKey)
+	}
+	t.Logf("a stored %d before its stop, b %d", storedByA, b.count(OutcomeStored))
+}
+
+// The ingest waits on a key's row that an operator's transaction holds past
+// lock_timeout: nothing goes to a delay queue (its copy would be stored after
+// later messages of its key). The deliveries stay unacked, the session ends,
+// the broker takes them back in order, and once the lock is gone every key
+// is stored and applied in the order published.
+func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	db, err := database.Open(context.Background(), database.Options{
+		URL: e.dbURL, MaxConns: 10, StatementTimeout: 300 * time.Millisecond, AppName: "lockwait",
+	}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	if err := e.db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq) VALUES ('test', 'key-00', 0)`).Error; err != nil {
+		t.Fatal(err)
+	}
+	lock := e.db.Begin()
+	if err := lock.Exec(`SELECT 1 FROM inbox_keys WHERE ordering_key = 'key-00' FOR UPDATE`).Error; err != nil {
+		t.Fatal(err)
+	}
+	rt := e.startWith(orderedHandler(nil), e.url, db, func(c *Config) {
+		bufferedMode(db, e.dbURL, nil)(c)
+		c.Prefetch = 50
+	})
+	keys := keyNames(3)
+	e.publishEvents(keys, 10)
+	waitFor(t, "a session ended by the lock wait", func() bool { return rt.reconnects() >= 2 })
+	if err := lock.Commit().Error; err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "every event applied", func() (bool, error) { return e.appliedTotal() >= 30, nil })
+	e.assertInOrder(keys, 10)
+	// OutcomeRequeued: put in a delay queue by the ingest (the processing,
+	// which would count a release there too, never waits on key-00's row:
+	// nothing of key-00 is stored before the lock goes).
+	if n := rt.count(OutcomeRequeued) + rt.count(OutcomeRetried) + rt.count(OutcomeDeadLettered); n != 0 {
+		t.Errorf("%d messages rerouted through a delay queue or dead-lettered, want none", n)
+	}
+}
+
+// A message whose data the store refuses (here a trigger of the cloner's; in
+// life a header PostgreSQL cannot take) is dead-lettered at once, ingest_failed,
+// and every other message is stored and applied in order, its own key going
+// on without it.
+func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	for _, stmt := range []string{
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.message_id = 'key-01-3' THEN RAISE EXCEPTION 'refused by a trigger' USING ERRCODE = '22023'; END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if err := e.db.Exec(stmt).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt := e.start(orderedHandler(nil), func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
+	})
+	keys := keyNames(3)
+	e.publishEvents(keys, 6)
+	dl := e.deadLetters(1)
+	if r := dl[0].Headers[HeaderDeadLetterReason]; dl[0].MessageId != "key-01-3" || r != ReasonIngestFailed {
+		t.Fatalf("dead letter %s with reason %v, want key-01-3 with %s", dl[0].MessageId, r, ReasonIngestFailed)
+	}
+	testenv.Eventually(t, time.Minute, "every other event applied", func() (bool, error) { return e.appliedTotal() >= 17, nil })
+	e.assertInOrder([]string{"key-00", "key-02"}, 6)
+	if got := fmt.Sprint(e.appliedOf("key-01")); got != "[0 1 2 4 5]" {
+		t.Errorf("key-01 applied %s, want [0 1 2 4 5]", got)
+	}
+	if n := rt.count(OutcomeDeadLettered); n != 1 {
+		t.Errorf("%d dead-lettered, want 1", n)
+	}
+}
