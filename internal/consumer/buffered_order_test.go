@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/database"
+	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
@@ -122,5 +123,34 @@ func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 	}
 	if n := rt.count(OutcomeDeadLettered); n != 1 {
 		t.Errorf("%d dead-lettered, want 1", n)
+	}
+}
+
+// Without single active consumer the buffered ingest stops as the inline one
+// does, by cancelling its consumer, and stores what the broker had sent
+// before the cancel took effect instead of giving it back: graceful restarts
+// against a backlog cost nothing against the queue's delivery limit (2 here),
+// and one replica at a time keeps every key in order.
+func TestBufferedGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
+	e := newBufferedEnv(t, func(topo *rabbit.Topology) { topo.DeliveryLimit = 2 })
+	keys := keyNames(10)
+	const perKey = 40
+	e.publishEvents(keys, perKey)
+	tune := func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 64, 4, 0
+	}
+	for i := range 10 {
+		rt := e.start(orderedHandler(nil), tune)
+		time.Sleep(time.Duration(20+7*i) * time.Millisecond)
+		rt.shutdown(t)
+	}
+	e.start(orderedHandler(nil), tune)
+	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
+		return e.appliedTotal() >= len(keys)*perKey, nil
+	})
+	e.assertInOrder(keys, perKey)
+	if d := e.queueDepth(e.topo.DeadLetterQueue); d != 0 {
+		t.Errorf("%d messages dead-lettered by the broker's delivery limit", d)
 	}
 }

@@ -96,6 +96,25 @@ func (r *Runtime) gatherDeliveries(first amqp.Delivery, deliveries <-chan amqp.D
 	return batch
 }
 
+// ingestRest stores what the broker sent before a cancel took effect, until
+// the channel of deliveries closes, so that a graceful stop leaves nothing
+// prefetched to return. It stops when a batch fails (the rest goes back with
+// the channel's close, in order) or when ctx ends (likewise).
+func (r *Runtime) ingestRest(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	n := 0
+	for d := range deliveries {
+		if ctx.Err() != nil || s.ending() {
+			return
+		}
+		batch := r.gatherDeliveries(d, deliveries)
+		r.ingestBatch(ctx, s, batch)
+		n += len(batch)
+	}
+	if n > 0 {
+		r.log.Info("stored the deliveries that arrived while stopping", "count", n)
+	}
+}
+
 // ingestBatch admits each delivery (dead-lettering those the runtime refuses)
 // and stores the rest. Nothing is stored once the session is ending: a
 // delivery after one that could not be stored must not be stored before it.

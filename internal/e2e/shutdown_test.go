@@ -43,10 +43,9 @@ func TestSIGTERMUnderLoad(t *testing.T) {
 	sigtermUnderLoad(t, nil)
 }
 
-// The same with the buffered inbox: the ingest finishes its batch and its
-// channel's close gives the broker back what it had not stored, the
-// processing finishes what it claimed, and the rest waits in the table (or
-// the queue) for the restart.
+// The same with the buffered inbox: the ingest stores what the broker sent
+// before the cancel, the processing finishes what it claimed, and the rest
+// waits in the table for the restart.
 func TestSIGTERMUnderLoadBuffered(t *testing.T) {
 	sigtermUnderLoad(t, bufferedEnv())
 }
