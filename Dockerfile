@@ -40,7 +40,8 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 
 COPY cmd/ cmd/
 COPY internal/ internal/
-# inboxctl --service shipping-service operates the example consumer.
+# The example consumer (examples/shipping) is part of the module, but its main
+# is not in cmd/: no image carries it.
 COPY examples/ examples/
 ARG TARGETOS TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod \
@@ -69,9 +70,9 @@ USER nonroot:nonroot
 # No EXPOSE: the publisher only connects to RabbitMQ and listens on no port.
 ENTRYPOINT ["/usr/local/bin/order-publisher"]
 
-# Any other program of cmd/ (a consumer of your own, say) as an image of its
-# own, with no line to add here:
-#   docker build --target program --build-arg PROGRAM=shipping-service -t shipping-service:dev .
+# Any other program of cmd/ (a consumer of your own in cmd/refund-service,
+# say) as an image of its own, with no line to add here:
+#   docker build --target program --build-arg PROGRAM=refund-service -t refund-service:dev .
 FROM gcr.io/distroless/static-debian12:nonroot AS program
 ARG PROGRAM
 LABEL org.opencontainers.image.description="One program of the RabbitMQ inbox consumer template, chosen with --build-arg PROGRAM"
