@@ -1,48 +1,27 @@
 package shipping_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/faults"
-	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
-// binary is the built example service, shared by the tests.
-var binary string
+// service is the example's main, built once and run as a process by each test.
+var service = testenv.NewProgram("./cmd/shipping-service")
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "shipping-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	binary = filepath.Join(dir, "shipping-service")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/shipping-service")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build shipping-service:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
 
 // carrier is a pickup API with idempotency keys: the same key gets the stored
 // answer; it counts the pickups it really booked.
@@ -83,12 +62,9 @@ func (c *carrier) counts() (booked, replays int) {
 
 // stack is a vhost, a database, the carrier and the running service.
 type stack struct {
-	amqpURL, dbURL, addr string
-	carrier              *carrier
-	carrierURL           string
-	cmd                  *exec.Cmd
-	out                  *testenv.Buffer
-	done                 chan struct{}
+	amqpURL, dbURL string
+	carrier        *carrier
+	proc           *testenv.Process
 }
 
 func startStack(t *testing.T) *stack {
@@ -96,75 +72,18 @@ func startStack(t *testing.T) *stack {
 	c := &carrier{booked: map[string]string{}}
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
-	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t), addr: testenv.FreeAddr(t), carrier: c, carrierURL: srv.URL}
-	s.start(t)
+	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t), carrier: c}
+	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL, "RETRY_DELAYS=100ms,500ms")
 	return s
-}
-
-// start runs the service as a process, as its main would run in production.
-func (s *stack) start(t *testing.T) {
-	t.Helper()
-	s.out, s.done = &testenv.Buffer{}, make(chan struct{})
-	s.cmd = exec.Command(binary)
-	s.cmd.Env = append(os.Environ(), "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "HTTP_ADDR="+s.addr,
-		"CARRIER_URL="+s.carrierURL, "RETRY_DELAYS=100ms,500ms", "FAULTS_ENABLED=true")
-	s.cmd.Env = append(s.cmd.Env, testenv.GroupCommitVars()...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(func() {
-		_ = s.cmd.Process.Kill()
-		<-s.done
-		if t.Failed() {
-			t.Logf("--- shipping-service output:\n%s", s.out)
-		}
-	})
-	testenv.Eventually(t, time.Minute, "shipping-service ready", func() (bool, error) {
-		resp, err := http.Get("http://" + s.addr + "/readyz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
-	})
 }
 
 // publish sends OrderPaid events with confirms to the exchange the service binds.
 func (s *stack) publish(t *testing.T, msgs ...amqp.Publishing) {
-	t.Helper()
-	testenv.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
-		if err := ch.Confirm(false); err != nil {
-			return err
-		}
-		for _, m := range msgs {
-			m.ContentType, m.DeliveryMode = "application/json", amqp.Persistent
-			if err := rabbit.PublishConfirmed(context.Background(), ch, "payments", "order.paid", m); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	testenv.Publish(t, s.amqpURL, "payments", "order.paid", msgs...)
 }
 
 func paid(id, order string) amqp.Publishing {
 	return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, `{"event_id":%q,"order_id":%q,"address":"1 Main St"}`, id, order)}
-}
-
-func (s *stack) count(t *testing.T, sql string) int {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, s.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // Duplicates (same message id), the same order under a new message id and a
@@ -184,21 +103,19 @@ func TestShipsEachOrderOnce(t *testing.T) {
 	s.publish(t, msgs...)
 
 	testenv.Eventually(t, time.Minute, "20 shipments and the poison dead-lettered", func() (bool, error) {
-		return s.count(t, "SELECT count(*) FROM shipments") == 20 &&
+		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 20 &&
 			testenv.QueueDepth(t, s.amqpURL, "shipping-service.order-paid.dlq") == 1 &&
 			testenv.QueueDepth(t, s.amqpURL, "shipping-service.order-paid") == 0, nil
 	})
 	if booked, _ := s.carrier.counts(); booked != 20 {
 		t.Errorf("%d pickups booked for 20 orders", booked)
 	}
-	if n := s.count(t, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'"); n != 25 {
+	if n := testenv.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'"); n != 25 {
 		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
 	}
 	// The service's own operations commands, from its own configuration.
-	list := exec.Command(binary, "dlq", "list")
-	list.Env = s.cmd.Env
-	out, err := list.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "shipping-service.order-paid.dlq: 1 messages") || !strings.Contains(string(out), "malformed_json") {
+	out, err := s.proc.Command(t, "dlq", "list")
+	if err != nil || !strings.Contains(out, "shipping-service.order-paid.dlq: 1 messages") || !strings.Contains(out, "malformed_json") {
 		t.Errorf("shipping-service dlq list: %v\n%s", err, out)
 	}
 	testenv.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
@@ -215,33 +132,21 @@ func TestShipsEachOrderOnce(t *testing.T) {
 // books with the same key and the carrier replays its answer.
 func TestCrashAfterCarrierBook(t *testing.T) {
 	s := startStack(t)
-	resp, err := http.Post("http://"+s.addr+"/faults/crash?at=after-carrier-book", "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusNoContent {
-		t.Fatalf("arming answered %d", resp.StatusCode)
-	}
+	s.proc.ArmCrash(t, "after-carrier-book")
 	var msgs []amqp.Publishing
 	for i := range 10 {
 		msgs = append(msgs, paid(fmt.Sprintf("c-%d", i), fmt.Sprintf("co-%d", i)))
 	}
 	s.publish(t, msgs...)
-	select {
-	case <-s.done:
-	case <-time.After(time.Minute):
-		t.Fatal("the armed service did not die")
-	}
-	if code := s.cmd.ProcessState.ExitCode(); code != faults.ExitCode {
+	if code := s.proc.Wait(t, time.Minute); code != faults.ExitCode {
 		t.Fatalf("exit status %d, want %d of a crash point", code, faults.ExitCode)
 	}
-	if !strings.Contains(s.out.String(), "crash point after-carrier-book") {
+	if !strings.Contains(s.proc.Out.String(), "crash point after-carrier-book") {
 		t.Fatal("the process did not die at after-carrier-book")
 	}
-	s.start(t)
+	s.proc.Restart(t)
 	testenv.Eventually(t, time.Minute, "10 shipments after the restart", func() (bool, error) {
-		return s.count(t, "SELECT count(*) FROM shipments") == 10, nil
+		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 10, nil
 	})
 	booked, replays := s.carrier.counts()
 	if booked != 10 || replays < 1 {
