@@ -398,3 +398,36 @@ func TestSelectorValidate(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A completion whose lease was lost (message N, taken over and settled by a
+// later claim) lands in one group commit with the completion of its key's
+// next message: the key advances for the next message only, so the stale
+// completion is lost and its writes roll back (the settling once matched
+// input rows to advanced keys by key alone, and applied N twice).
+func TestStaleCompletionBatchedWithNextOfItsKeyCommitsNothing(t *testing.T) {
+	s, db := setup(t)
+	ingest(t, s, msg("k1", "k", "1"), msg("k2", "k", "2"))
+	stale := claim(t, s, 10, 0) // worker A: its lease is over at once (it hung)
+	if len(stale) != 1 || stale[0].MessageID != "k1" {
+		t.Fatalf("first claim %v", ids(stale))
+	}
+	again := claim(t, s, 10, time.Minute) // worker B takes k1 over
+	if len(again) != 1 || again[0].MessageID != "k1" {
+		t.Fatalf("second claim %v", ids(again))
+	}
+	if r := complete(t, s, again...); r[0].Lost || r[0].Err != nil {
+		t.Fatalf("B's completion: %+v", r[0])
+	}
+	next := claim(t, s, 10, time.Minute) // worker C: k2
+	if len(next) != 1 || next[0].MessageID != "k2" {
+		t.Fatalf("third claim %v", ids(next))
+	}
+	// A's handler returns late; its writes reach the same group commit as C's.
+	res := complete(t, s, stale[0], next[0])
+	if !res[0].Lost {
+		t.Errorf("A's stale completion of k1: %+v, want Lost", res[0])
+	}
+	if n := scalar(t, db, `SELECT count(*) FROM effects WHERE message_id = 'k1'`); n != 1 {
+		t.Errorf("k1 applied %d times, want 1", n)
+	}
+}

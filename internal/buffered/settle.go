@@ -32,6 +32,10 @@ type Completed struct {
 
 // finish settles the heads of the input: each key moves to its next message
 // if the lease is still the caller's, and the message is marked processed.
+// Only the input rows that advanced their key settle their message: a
+// stale completion (its lease expired, another worker took the message over
+// and settled it) in one batch with the completion of the key's next message
+// shares its key with a row that advanced, but not its id.
 const finish = `
 WITH input AS (
 	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::text[])
@@ -41,12 +45,12 @@ WITH input AS (
 	SET next_seq = k.next_seq + 1, lease_token = NULL, available_at = now(), updated_at = now()
 	FROM input i
 	WHERE k.consumer = $1 AND k.ordering_key = i.ordering_key AND k.next_seq = i.seq AND k.lease_token = i.token
-	RETURNING k.ordering_key
+	RETURNING i.id
 )
 UPDATE inbox_messages m
 SET status = 'processed', outcome = i.outcome, finished_at = now()
-FROM input i JOIN advanced a ON a.ordering_key = i.ordering_key
-WHERE m.id = i.id
+FROM input i JOIN advanced a ON a.id = i.id
+WHERE m.id = i.id AND m.status = 'processing'
 RETURNING m.id`
 
 // errFallBack rolls back the optimistic transaction of a batch with a failure.

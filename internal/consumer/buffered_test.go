@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -432,5 +433,47 @@ func TestBufferedKeyExpiredIsParkedNotRunAgain(t *testing.T) {
 	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
 	if got := counterValue(rt.metrics.parked.WithLabelValues("test", ReasonKeyExpired)); got != 1 || runs.Load() != 1 {
 		t.Errorf("parked %d for an expired key after %d runs: want 1 after 1", got, runs.Load())
+	}
+}
+
+// A handler that outlives its lease (it hung) commits nothing, even when it
+// returns just as the handler of its key's next message does (claimed after
+// another worker ran the first message again) and the finisher puts both in
+// one group commit: each event is applied once, in order.
+func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	var runs0 atomic.Int32
+	nextStarted := make(chan struct{})
+	staleReturning := make(chan struct{})
+	var onceA, onceB sync.Once
+	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		var ev event
+		if err := json.Unmarshal(msg.Body, &ev); err != nil {
+			return nil, Permanent("malformed_json", err)
+		}
+		switch {
+		case ev.N == 0 && runs0.Add(1) == 1:
+			<-nextStarted // hung past its lease, ignoring ctx
+			onceA.Do(func() { close(staleReturning) })
+		case ev.N == 1:
+			onceB.Do(func() { close(nextStarted) })
+			select {
+			case <-staleReturning:
+			case <-time.After(20 * time.Second):
+			}
+		}
+		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+			return OutcomeProcessed, tx.Exec(`INSERT INTO ordered (key, n, message_id) VALUES (?, ?, ?)`, ev.Key, ev.N, msg.ID).Error
+		}, nil
+	})
+	e.start(h, func(c *Config) {
+		bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.Lease = time.Second })(c)
+		c.Workers, c.Committers, c.GroupCommitMax, c.GroupCommitWait = 4, 1, 8, 300*time.Millisecond
+	})
+	e.publishEvents([]string{"key-00"}, 2)
+	testenv.Eventually(t, 30*time.Second, "both events applied", func() (bool, error) { return e.appliedTotal() >= 2, nil })
+	time.Sleep(2 * time.Second)
+	if got := fmt.Sprint(e.appliedOf("key-00")); got != "[0 1]" {
+		t.Errorf("key-00 applied %s, want [0 1]", got)
 	}
 }

@@ -29,7 +29,17 @@ type processor struct {
 	// pausedFor names a pause in progress (nil when none), for readiness.
 	pauseReq  atomic.Pointer[string]
 	pausedFor atomic.Pointer[string]
-	log       *slog.Logger
+	// unreleased holds the releases the database refused (it was down):
+	// retried when a pause ends, before claiming again.
+	unreleasedMu sync.Mutex
+	unreleased   []release
+	log          *slog.Logger
+}
+
+// release is a claimed message to give back without spending its attempt.
+type release struct {
+	claimed buffered.Claimed
+	cause   string
 }
 
 // claimBatch bounds the keys one claim leases.
@@ -225,11 +235,12 @@ func (p *processor) pause(ctx context.Context, cause string, b *backoff) bool {
 	p.pausedFor.Store(&cause)
 	defer p.pausedFor.Store(nil)
 	wait := b.next()
-	p.log.Error("processing paused: not the messages' fault; their attempts were given back",
+	p.log.Error("processing paused: not the messages' fault; their attempts are given back",
 		"cause", cause, "wait", wait.String())
 	if err := r.waitToResume(ctx, cause, wait, b); err != nil {
 		return false
 	}
+	p.releaseHeld()
 	p.pauseReq.Store(nil) // the workers that failed meanwhile asked for the same pause
 	p.log.Info("processing resumes", "cause", cause)
 	return true
@@ -387,16 +398,53 @@ func (p *processor) park(c buffered.Claimed, reason string, cause error, log *me
 	}
 }
 
-// release gives the message back without spending its attempt.
+// release gives the message back without spending its attempt. If the
+// database refuses (it is down: the likeliest reason to release), the
+// release is kept and tried again when the pause ends, before this replica
+// claims anything: unless another replica has taken the message over after
+// its lease ended, its attempt is given back then.
 func (p *processor) release(c buffered.Claimed, cause error, log *messageLog) {
+	if !p.releaseOne(c, cause.Error(), log) {
+		p.unreleasedMu.Lock()
+		p.unreleased = append(p.unreleased, release{claimed: c, cause: cause.Error()})
+		p.unreleasedMu.Unlock()
+	}
+}
+
+// releaseOne releases c, and reports false if the database refused.
+func (p *processor) releaseOne(c buffered.Claimed, cause string, log *messageLog) bool {
 	sctx, cancel := settleContext()
 	defer cancel()
-	ok, err := p.cfg.Store.Release(sctx, c.Lease, p.cfg.RetryDelays[0], cause.Error())
+	ok, err := p.cfg.Store.Release(sctx, c.Lease, p.cfg.RetryDelays[0], cause)
 	switch {
 	case err != nil:
-		log.get().Warn("could not release the message; its lease will expire", "err", err)
+		log.get().Warn("could not release the message; trying again when the pause ends", "err", err)
+		return false
 	case ok:
 		p.rt.metrics.messages.WithLabelValues(p.rt.cfg.Name, string(OutcomeRequeued)).Inc()
+	}
+	return true
+}
+
+// releaseHeld retries the releases the database refused. One it refuses
+// again stays for the next pause; its lease ends meanwhile either way.
+func (p *processor) releaseHeld() {
+	p.unreleasedMu.Lock()
+	held := p.unreleased
+	p.unreleased = nil
+	p.unreleasedMu.Unlock()
+	var again []release
+	for _, u := range held {
+		msg := Message{ID: u.claimed.MessageID}
+		log := &messageLog{r: p.rt, msg: &msg, attrs: []any{"ordering_key", u.claimed.OrderingKey, "seq", u.claimed.Seq}}
+		if !p.releaseOne(u.claimed, u.cause, log) {
+			again = append(again, u)
+		}
+	}
+	if len(again) > 0 {
+		p.unreleasedMu.Lock()
+		p.unreleased = append(p.unreleased, again...)
+		p.unreleasedMu.Unlock()
 	}
 }
 
