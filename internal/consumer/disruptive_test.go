@@ -50,6 +50,41 @@ func TestDisruptiveMemoryAlarmDoesNotStopAcks(t *testing.T) {
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 }
 
+// The same alarm with the buffered inbox: the ingest is one loop, and a
+// delivery it must dead-letter waits for the publishing connection to be
+// unblocked. It waits off the loop, so every valid message behind it is still
+// stored, acked and applied during the alarm; the dead letters follow once
+// the alarm clears.
+func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	keys := keyNames(5)
+	e.publishEvents(keys[:2], 10)
+	for range 3 {
+		e.publish("", `{"key":"key-09","n":0}`) // no message id: dead-lettered at ingest
+	}
+	e.publishEvents(keys[2:], 10)
+	watermark := strings.TrimSpace(testenv.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
+	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	rt := e.start(orderedHandler(nil), func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch = 64
+	})
+	waitFor(t, "every valid event stored and applied during the alarm", func() bool {
+		return rt.count(OutcomeStored) == 50 && e.appliedTotal() == 50
+	})
+	if v := testutil.ToFloat64(rt.metrics.blocked.WithLabelValues(rt.cfg.Name)); v != 1 {
+		t.Errorf("consumer_publishing_blocked = %v during the alarm, want 1", v)
+	}
+	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
+	for _, d := range e.deadLetters(3) {
+		if r := d.Headers[HeaderDeadLetterReason]; r != ReasonMissingID {
+			t.Errorf("dead letter with reason %v, want %s", r, ReasonMissingID)
+		}
+	}
+	e.assertInOrder(keys, 10)
+}
+
 // The broker's max_message_size refuses an oversize publish before any
 // consumer holds it in memory: the cap the Compose stack sets.
 func TestDisruptiveBrokerCapsMessageSize(t *testing.T) {

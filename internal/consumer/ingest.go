@@ -154,7 +154,7 @@ func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Deliver
 	reason, err := r.admit(d, &msg)
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
-		r.deadLetter(ctx, s, d, msg, reason, err, log)
+		r.deadLetterAside(ctx, s, d, msg, reason, err, log)
 		return it, false
 	}
 	key := ""
@@ -162,7 +162,7 @@ func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Deliver
 		key = r.buffer.OrderingKey(d.Body)
 	}
 	if !validKey(key) {
-		r.deadLetter(ctx, s, d, msg, ReasonInvalidOrderingKey,
+		r.deadLetterAside(ctx, s, d, msg, ReasonInvalidOrderingKey,
 			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
 		return it, false
 	}
@@ -200,7 +200,7 @@ func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
 	for i, it := range items {
 		switch {
 		case errors.Is(results[i].Err, buffered.ErrPayloadMismatch):
-			r.deadLetter(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
+			r.deadLetterAside(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
 		case results[i].Fresh:
 			r.stage(StageCommitted)
 			r.ack(it.d, it.msg, OutcomeStored, it.log)
@@ -248,5 +248,14 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 	// from this message's data (a header PostgreSQL refuses, a trigger of
 	// the cloner's). Trying it again in place would stall the queue behind it.
 	it := items[0]
-	r.deadLetter(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
+	r.deadLetterAside(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
+}
+
+// deadLetterAside dead-letters a delivery off the ingest loop. Under a broker
+// memory or disk alarm the copy waits for the publishing connection to be
+// unblocked; the ingest must go on storing and acking meanwhile (the messages
+// it takes off the queue are what clears the alarm), as inline the other
+// workers do while one waits. The session waits for these before it closes.
+func (r *Runtime) deadLetterAside(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *messageLog) {
+	s.aside.Go(func() { r.deadLetter(ctx, s, d, msg, reason, cause, log) })
 }

@@ -44,6 +44,8 @@ type session struct {
 	// nil while it is not blocked.
 	blockMu   sync.Mutex
 	unblocked chan struct{}
+	// aside are the buffered ingest's dead-letterings, done off its loop.
+	aside sync.WaitGroup
 }
 
 // setBlocked records the broker blocking (or unblocking) the publishing connection.
@@ -235,6 +237,7 @@ func (r *Runtime) session(ctx context.Context) error {
 		r.returnUnstarted(returning, s, deliveries)
 		cancelReturning()
 	}
+	r.drain(&s.aside, cancelWork)
 	_ = s.consume.Close()
 	_ = s.publish.Close()
 	return reason
