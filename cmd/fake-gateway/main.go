@@ -103,7 +103,7 @@ func openStore(ctx context.Context, cfg config.FakeGateway, log *slog.Logger) (f
 		closeDB()
 		return nil, nil, fmt.Errorf("database handle: %w", err)
 	}
-	applied, err := migrations.Apply(ctx, sqlDB, migrations.Gateway)
+	applied, err := migrations.Apply(ctx, sqlDB, fakegateway.Migrations)
 	if err != nil {
 		closeDB()
 		return nil, nil, err

@@ -23,6 +23,7 @@ import (
 	"syscall"
 
 	"github.com/inbox-template/payment-service/internal/config"
+	"github.com/inbox-template/payment-service/internal/fakegateway"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/ops"
 	"github.com/inbox-template/payment-service/internal/payment"
@@ -72,7 +73,7 @@ func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 		if err := config.Load(&cfg); err != nil {
 			return err
 		}
-		return ops.Migrate(ctx, cfg.GatewayDatabaseURL, "fake-gateway", []migrations.Set{migrations.Gateway}, stdout)
+		return ops.Migrate(ctx, cfg.GatewayDatabaseURL, "fake-gateway", []migrations.Set{fakegateway.Migrations}, stdout)
 	}
 	return ops.Command(ctx, payment.Service(), args, stdin, stdout)
 }

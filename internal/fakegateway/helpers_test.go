@@ -97,7 +97,7 @@ func openPostgres(t *testing.T) (Store, probe) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := migrations.Apply(ctx, sqlDB, migrations.Gateway); err != nil {
+	if _, err := migrations.Apply(ctx, sqlDB, Migrations); err != nil {
 		t.Fatal(err)
 	}
 	return NewPostgresStore(db), postgresProbe{db}

@@ -13,7 +13,7 @@ import (
 )
 
 // PostgresStore keeps charges in the table charges of a database migrated with
-// migrations.Gateway: every statement commits on its own. It is the store of
+// Migrations: every statement commits on its own. It is the store of
 // the fault scripts and of inboxctl verify, which reads that table.
 type PostgresStore struct {
 	db *gorm.DB

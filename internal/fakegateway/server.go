@@ -36,7 +36,7 @@ type Server struct {
 	faults Faults
 }
 
-// NewServer builds a Server over a database migrated with migrations.Gateway and
+// NewServer builds a Server over a database migrated with Migrations and
 // registers its metrics with reg, which /metrics then serves.
 func NewServer(db *gorm.DB, reg *prometheus.Registry, log *slog.Logger, faults Faults, opts Options) (*Server, error) {
 	return NewServerWithStore(NewPostgresStore(db), reg, log, faults, opts)

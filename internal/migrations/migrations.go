@@ -1,8 +1,9 @@
 // Package migrations applies versioned SQL schemas, embedded in the binaries,
 // under a PostgreSQL advisory lock so that replicas starting together never
 // race. Every schema is a Set with its own version table: the kit's inbox
-// (Inbox, and Buffered for the buffered inbox), each service's own tables, the fake gateway's charges. A service's
-// database holds the inbox set and the service's set side by side.
+// (Inbox, and Buffered for the buffered inbox) here, and each service's own
+// set in its own package (payment.Migrations, fakegateway.Migrations). A
+// service's database holds the inbox sets and the service's set side by side.
 package migrations
 
 import (
@@ -19,7 +20,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
-//go:embed inbox/*.sql buffered/*.sql gateway/*.sql
+//go:embed inbox/*.sql buffered/*.sql
 var files embed.FS
 
 // Set is one schema: numbered goose SQL files (00001_name.sql, …) applied in
@@ -51,8 +52,6 @@ var (
 	// the stored messages and their ordering keys. It is applied with Inbox in
 	// every mode, so that a service can switch modes without a migration.
 	Buffered = NewSet("buffered", Must(files, "buffered"))
-	// Gateway is the schema of the fake payment gateway: charges.
-	Gateway = NewSet("gateway", Must(files, "gateway"))
 )
 
 // Name is the set's name.

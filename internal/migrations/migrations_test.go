@@ -11,6 +11,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/inbox-template/payment-service/internal/fakegateway"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/testenv"
@@ -27,7 +28,7 @@ func open(t *testing.T, url string) *sql.DB {
 }
 
 func TestApplyTwice(t *testing.T) {
-	for _, set := range []migrations.Set{migrations.Inbox, migrations.Buffered, payment.Migrations, migrations.Gateway} {
+	for _, set := range []migrations.Set{migrations.Inbox, migrations.Buffered, payment.Migrations, fakegateway.Migrations} {
 		db := open(t, testenv.Postgres(t))
 		ctx := context.Background()
 		first, err := migrations.Apply(ctx, db, set)

@@ -54,7 +54,7 @@ func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	t.Helper()
 	s := &stack{t: t, amqpURL: testenv.VHost(t)}
 	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
-	s.gatewayDB, _ = testenv.MigratedDB(t, migrations.Gateway)
+	s.gatewayDB, _ = testenv.MigratedDB(t, fakegateway.Migrations)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: takeover})
 	if err != nil {
