@@ -81,11 +81,6 @@ WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.lease_token = $3
 	AND m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
 RETURNING k.ordering_key, ` + headColumns
 
-// unlease gives back keys leased without a head: due again at once.
-const unlease = `
-UPDATE inbox_keys SET available_at = now(), lease_token = NULL, updated_at = now()
-WHERE consumer = $1 AND ordering_key = ANY($2) AND lease_token = $3`
-
 // Claim leases up to n due keys for lease and returns their head messages,
 // marked processing with one more attempt. Its transaction is short: nothing
 // stays open while the handler runs.
@@ -122,31 +117,17 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	return out, nil
 }
 
-// completeClaim takes the heads of keys leased without one, each READ
-// COMMITTED statement seeing what committed before it began, and gives back
-// any key that still has none.
+// completeClaim takes the heads of keys leased without one, the statement
+// seeing what committed before it began. A key that still has none has a gap
+// (a row deleted by hand): it stays leased until the lease ends, as a key
+// whose holder died does, rather than being due again at once and claimed in
+// a loop.
 func (s *Store) completeClaim(ctx context.Context, tx *sql.Tx, out []Claimed, headless []string, token int64) ([]Claimed, error) {
 	more, _, err := s.claimIn(ctx, tx, claimHeads, s.consumer, headless, token)
 	if err != nil {
 		return nil, err
 	}
-	out = append(out, more...)
-	taken := make(map[string]bool, len(more))
-	for _, c := range more {
-		taken[c.OrderingKey] = true
-	}
-	var rest []string
-	for _, k := range headless {
-		if !taken[k] {
-			rest = append(rest, k)
-		}
-	}
-	if len(rest) > 0 {
-		if _, err := tx.ExecContext(ctx, unlease, s.consumer, rest, token); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return append(out, more...), nil
 }
 
 // claimIn runs a claiming query whose rows are a leased key and its head's

@@ -118,7 +118,8 @@ func (s *Store) claimIDs(tx *queryTx, items []Incoming, results []Stored) ([]int
 				results[i].Err = fmt.Errorf("message %s: %w", it.MessageID, ErrPayloadMismatch)
 			}
 		case known[it.MessageID] == nil:
-			// Pruned between the claim and the read: rare, and safe to try again.
+			// Pruned between the claim and the read: rare, and safe to try
+			// again (the runtime's ingest reconnects and takes it again).
 			return nil, fmt.Errorf("inbox entry of message %s vanished during ingest", it.MessageID)
 		case !bytes.Equal(known[it.MessageID], inbox.Fingerprint(it.Body)):
 			results[i].Err = fmt.Errorf("message %s: %w", it.MessageID, ErrPayloadMismatch)

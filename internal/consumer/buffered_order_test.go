@@ -126,6 +126,46 @@ func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 	}
 }
 
+// A store failure that is not the message's data (here an internal error a
+// trigger raises twice, standing for a half-migrated schema or a server
+// fault) dead-letters nothing: the session ends, the broker takes the
+// deliveries back in order, and once the fault is gone every key is stored
+// and applied in the order published.
+func TestBufferedIngestFaultNotOfTheDataReconnects(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	for _, stmt := range []string{
+		`CREATE SEQUENCE refusals`,
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.message_id = 'key-01-3' AND nextval('refusals') <= 2 THEN
+				RAISE EXCEPTION 'internal trouble' USING ERRCODE = 'XX000';
+			END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if err := e.db.Exec(stmt).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt := e.start(orderedHandler(nil), func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
+	})
+	keys := keyNames(3)
+	e.publishEvents(keys, 6)
+	testenv.Eventually(t, time.Minute, "every event applied", func() (bool, error) { return e.appliedTotal() >= 18, nil })
+	e.assertInOrder(keys, 6)
+	if n := rt.count(OutcomeDeadLettered); n != 0 {
+		t.Errorf("%d dead-lettered, want none", n)
+	}
+	// The first refusal fails its batch, the second the message alone,
+	// which ends the session.
+	if rt.reconnects() < 1 {
+		t.Errorf("%d reconnects, want at least 1", rt.reconnects())
+	}
+}
+
 // Without single active consumer the buffered ingest stops as the inline one
 // does, by cancelling its consumer, and stores what the broker had sent
 // before the cancel took effect instead of giving it back: graceful restarts

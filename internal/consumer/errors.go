@@ -46,7 +46,7 @@ const (
 	ReasonKeyExpired         = "idempotency_key_expired" // may have called out before, longer ago than the key lifetime
 	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
 	ReasonInvalidOrderingKey = "invalid_ordering_key"    // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character
-	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (not the database's state, not a wait)
+	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
 )
 
 // errPanic marks a recovered handler panic; it is retried like any transient failure.

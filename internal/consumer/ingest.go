@@ -10,6 +10,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/buffered"
@@ -244,11 +245,29 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 		return
 	}
 	// The ingest's statements are the runtime's own and the same for every
-	// message: an error that is neither the database's state nor a wait comes
-	// from this message's data (a header PostgreSQL refuses, a trigger of
-	// the cloner's). Trying it again in place would stall the queue behind it.
+	// message: a data exception or an integrity violation (SQLSTATE classes
+	// 22 and 23) comes from this message's data (a trigger of the cloner's, a
+	// constraint added to the table), and trying it again in place would
+	// stall the queue behind it. Anything else (an internal error, a schema
+	// half migrated, a row pruned under the ingest's feet) may pass: the
+	// session ends and the broker takes the deliveries back in order, as for
+	// a wait; a fault that stays spends the broker's delivery limit, not the
+	// whole queue at ingest speed.
 	it := items[0]
+	if !dataFault(err) {
+		it.log.get().Error("the store failed, not for this message's data: leaving it unacked for the queue to take back, in order, and reconnecting",
+			"err", err)
+		s.requestEnd(fmt.Errorf("ingest failed; reconnecting to take the messages again in order: %w", err))
+		return
+	}
 	r.deadLetterAside(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
+}
+
+// dataFault reports an SQLSTATE of the message's data: a data exception or an
+// integrity constraint violation.
+func dataFault(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && (strings.HasPrefix(pg.Code, "22") || strings.HasPrefix(pg.Code, "23"))
 }
 
 // deadLetterAside dead-letters a delivery off the ingest loop. Under a broker

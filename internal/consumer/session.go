@@ -213,18 +213,29 @@ func (r *Runtime) session(ctx context.Context) error {
 	}
 	r.setReady(false)
 	close(stop)
-	// Inline, the consumer is cancelled so that the deliveries the broker
-	// sent before the cancel-ok can be republished (returnUnstarted): a
-	// return by the channel's close would count against the quorum queue's
-	// delivery limit. The buffered ingest never cancels: with a single active
-	// consumer the broker would hand the queue to the next consumer at the
-	// cancel, while this one still stored what it had been sent, and the two
-	// would store one key's messages out of order. It finishes the batch in
-	// hand and closes the channel, which gives back every unstored delivery in
-	// one step, in the queue's order, before the next consumer gets any. Each
-	// such return counts once against QUEUE_DELIVERY_LIMIT.
+	// A graceful stop (or a pause) cancels the consumer, so that the
+	// deliveries the broker sent before the cancel-ok can be dealt with
+	// here: a return by the channel's close would count against the quorum
+	// queue's delivery limit. Inline, they are republished to the work queue
+	// (returnUnstarted); the buffered ingest stores them (ingestRest), in the
+	// order they came, so at a graceful stop nothing goes back at all.
+	//
+	// Except for the buffered ingest under a single active consumer, which
+	// never cancels: the broker would hand the queue to the next consumer at
+	// the cancel, while this one still stored what it had been sent, and the
+	// two would store one key's messages out of order. It finishes the batch
+	// in hand and closes the channel, which gives back every unstored
+	// delivery in one step, in the queue's order, before the next consumer
+	// gets any; each of those returns counts once against
+	// QUEUE_DELIVERY_LIMIT. A buffered ingest that is pausing or ending never
+	// cancels either: what it could not store must go back in order, not to
+	// the tail of the queue.
 	stopped := false
-	if r.buffer == nil && (reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))) {
+	cancel := reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))
+	if r.buffer != nil {
+		cancel = reason == nil && !r.cfg.Topology.SingleActive
+	}
+	if cancel {
 		// Tell the broker to stop sending; the deliveries it sent before the
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
@@ -234,7 +245,11 @@ func (r *Runtime) session(ctx context.Context) error {
 		// Bounded like the drain: under a broker alarm the copies cannot be
 		// published, and the channel's close returns the rest instead.
 		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
-		r.returnUnstarted(returning, s, deliveries)
+		if r.buffer != nil {
+			r.ingestRest(returning, s, deliveries)
+		} else {
+			r.returnUnstarted(returning, s, deliveries)
+		}
 		cancelReturning()
 	}
 	r.drain(&s.aside, cancelWork)

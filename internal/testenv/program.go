@@ -139,7 +139,7 @@ func (pr *Process) start(t testing.TB) {
 			return false, fmt.Errorf("exited with status %d:\n%s", cmd.ProcessState.ExitCode(), out)
 		default:
 		}
-		resp, err := http.Get("http://" + pr.Addr + "/readyz")
+		resp, err := probe.Get("http://" + pr.Addr + "/readyz")
 		if err != nil {
 			return false, err
 		}
@@ -147,6 +147,9 @@ func (pr *Process) start(t testing.TB) {
 		return resp.StatusCode == http.StatusOK, nil
 	})
 }
+
+// probe asks for readiness; a server that hangs fails the ask, not the test.
+var probe = &http.Client{Timeout: 5 * time.Second}
 
 // Wait waits up to timeout for the process to exit and returns its status.
 func (pr *Process) Wait(t testing.TB, timeout time.Duration) int {
