@@ -385,6 +385,14 @@ func TestConflictingRepublishIsDeadLettered(t *testing.T) {
 					t.Fatal(err)
 				}
 				s.publishOrder("msg-first", first)
+				// The first charge is in flight at the gateway (its row
+				// stored, the answer held by the latency) before the other
+				// is published: otherwise either could reach it first.
+				testenv.Eventually(t, 30*time.Second, "the first charge in flight", func() (bool, error) {
+					var n int64
+					err := s.gatewayDB.Table("charges").Where("order_id = ?", "o-conflict").Count(&n).Error
+					return n == 1, err
+				})
 				s.publishOrder("msg-other", other)
 			} else {
 				s.publishOrder("msg-first", first)
