@@ -186,6 +186,21 @@ func validKey(k string) bool {
 // other failure of a batch is tried again message by message, so that it
 // stays with the message at fault, which is dead-lettered.
 func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
+	r.storeTry(ctx, s, items, 0)
+}
+
+// ingestRetries is how often a batch that waited on a lock, or failed for no
+// reason of its data, is tried again in place before the session ends:
+// after ingestRetryDelay, doubling (15.5 s of pauses in all, plus the waits).
+// In place, the deliveries stay in hand and nothing after them is stored, so
+// the order holds and the broker counts nothing; a session's end costs every
+// delivery then prefetched one count against QUEUE_DELIVERY_LIMIT.
+const (
+	ingestRetries    = 5
+	ingestRetryDelay = 500 * time.Millisecond
+)
+
+func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tries int) {
 	in := make([]buffered.Incoming, len(items))
 	for i, it := range items {
 		in[i] = it.in
@@ -194,7 +209,7 @@ func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
 	results, err := r.buffer.Store.Ingest(tctx, in, func() { r.stage(StageClaimed) })
 	cancel()
 	if err != nil {
-		r.storeFailed(ctx, s, items, failedAt(stepCommit, err))
+		r.storeFailed(ctx, s, items, failedAt(stepCommit, err), tries)
 		return
 	}
 	r.proc.ingested()
@@ -212,7 +227,7 @@ func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
 	}
 }
 
-func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested, err error) {
+func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested, err error, tries int) {
 	switch {
 	case ctx.Err() != nil:
 		for _, it := range items {
@@ -236,30 +251,33 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 		s.requestPause(cause)
 		return
 	}
-	if waited(err) {
-		for _, it := range items {
-			it.log.get().Warn("waited too long on a lock or a conflict: leaving it unacked for the queue to take back, in order",
-				"err", err)
-		}
-		s.requestEnd(fmt.Errorf("ingest waited too long on a lock or a conflict; reconnecting to take the messages again in order: %w", err))
-		return
-	}
 	// The ingest's statements are the runtime's own and the same for every
 	// message: a data exception or an integrity violation (SQLSTATE classes
 	// 22 and 23) comes from this message's data (a trigger of the cloner's, a
-	// constraint added to the table), and trying it again in place would
-	// stall the queue behind it. Anything else (an internal error, a schema
-	// half migrated, a row pruned under the ingest's feet) may pass: the
-	// session ends and the broker takes the deliveries back in order, as for
-	// a wait; a fault that stays spends the broker's delivery limit, not the
-	// whole queue at ingest speed.
-	it := items[0]
-	if !dataFault(err) {
-		it.log.get().Error("the store failed, not for this message's data: leaving it unacked for the queue to take back, in order, and reconnecting",
-			"err", err)
-		s.requestEnd(fmt.Errorf("ingest failed; reconnecting to take the messages again in order: %w", err))
+	// constraint added to the table), and trying it again would stall the
+	// queue behind it: it is dead-lettered. A wait on a lock or a conflict,
+	// and anything else (an internal error, a schema half migrated, a row
+	// pruned under the ingest's feet), may pass: the batch is tried again in
+	// place, then the session ends and the broker takes the deliveries back
+	// in order; a fault that stays spends the broker's delivery limit, not
+	// the whole queue at ingest speed.
+	if waited(err) || !dataFault(err) {
+		if tries < ingestRetries {
+			delay := ingestRetryDelay << tries
+			r.log.Warn("storing a batch failed, not for its data: trying it again in place, the deliveries after it waiting",
+				"messages", len(items), "try", tries+1, "delay", delay.String(), "err", err)
+			if sleep(ctx, delay) {
+				r.storeTry(ctx, s, items, tries+1)
+			}
+			return
+		}
+		for _, it := range items {
+			it.log.get().Warn("could not be stored: leaving it unacked for the queue to take back, in order, and reconnecting", "err", err)
+		}
+		s.requestEnd(fmt.Errorf("ingest failed %d times; reconnecting to take the messages again in order: %w", tries+1, err))
 		return
 	}
+	it := items[0]
 	r.deadLetterAside(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
 }
 
