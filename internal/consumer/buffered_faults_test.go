@@ -56,13 +56,7 @@ func TestBufferedDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 	e := newBufferedEnv(t, nil)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
 	dbURL := proxiedURL(t, e.dbURL, proxy.Listen)
-	db, err := database.Open(context.Background(), database.Options{
-		URL: dbURL, MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "outage",
-	}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
+	db := openPool(t, dbURL, 2*time.Second)
 	keys := keyNames(20)
 	const perKey = 30
 	e.publishEvents(keys, perKey)
@@ -140,13 +134,7 @@ func TestUnreachableDatabaseGivesTheAttemptBackAfterThePause(t *testing.T) {
 	e := newBufferedEnv(t, nil)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
 	dbURL := proxiedURL(t, e.dbURL, proxy.Listen)
-	db, err := database.Open(context.Background(), database.Options{
-		URL: dbURL, MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "outage",
-	}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
+	db := openPool(t, dbURL, 2*time.Second)
 	inHandler := make(chan struct{}, 1)
 	resume := make(chan struct{})
 	first := true

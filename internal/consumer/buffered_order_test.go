@@ -1,13 +1,11 @@
 package consumer
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
@@ -57,13 +55,7 @@ func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
 // queue's delivery limit).
 func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
 	e := newBufferedEnv(t, nil)
-	db, err := database.Open(context.Background(), database.Options{
-		URL: e.dbURL, MaxConns: 10, StatementTimeout: 300 * time.Millisecond, AppName: "lockwait",
-	}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
+	db := openPool(t, e.dbURL, 300*time.Millisecond)
 	if err := e.db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq) VALUES ('test', 'key-00', 0)`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -102,22 +94,7 @@ func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
 // on without it.
 func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 	e := newBufferedEnv(t, nil)
-	for _, stmt := range []string{
-		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.message_id = 'key-01-3' THEN RAISE EXCEPTION 'refused by a trigger' USING ERRCODE = '22023'; END IF;
-			RETURN NEW;
-		END $$`,
-		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
-	} {
-		if err := e.db.Exec(stmt).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	rt := e.start(orderedHandler(nil), func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
-		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
-	})
+	rt := e.startRefusing(`NEW.message_id = 'key-01-3'`, "22023")
 	keys := keyNames(3)
 	e.publishEvents(keys, 6)
 	dl := e.deadLetters(1)
@@ -142,25 +119,7 @@ func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 // the order published.
 func TestBufferedIngestFaultNotOfTheDataReconnects(t *testing.T) {
 	e := newBufferedEnv(t, nil)
-	for _, stmt := range []string{
-		`CREATE SEQUENCE refusals`,
-		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			IF NEW.message_id = 'key-01-3' AND nextval('refusals') <= 7 THEN
-				RAISE EXCEPTION 'internal trouble' USING ERRCODE = 'XX000';
-			END IF;
-			RETURN NEW;
-		END $$`,
-		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
-	} {
-		if err := e.db.Exec(stmt).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	rt := e.start(orderedHandler(nil), func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
-		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
-	})
+	rt := e.startRefusing(`NEW.message_id = 'key-01-3' AND nextval('refusals') <= 7`, "XX000")
 	keys := keyNames(3)
 	e.publishEvents(keys, 6)
 	testenv.Eventually(t, time.Minute, "every event applied", func() (bool, error) { return e.appliedTotal() >= 18, nil })
@@ -203,4 +162,28 @@ func TestBufferedGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
 	if d := e.queueDepth(e.topo.DeadLetterQueue); d != 0 {
 		t.Errorf("%d messages dead-lettered by the broker's delivery limit", d)
 	}
+}
+
+// startRefusing starts a buffered runtime on a table whose trigger refuses
+// to store a message when cond holds, with the SQLSTATE code. A sequence
+// refusals counts outside the refused transactions (nextval('refusals')).
+func (e *env) startRefusing(cond, code string) *runtime {
+	e.t.Helper()
+	for _, stmt := range []string{
+		`CREATE SEQUENCE refusals`,
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF ` + cond + ` THEN RAISE EXCEPTION 'refused by a trigger' USING ERRCODE = '` + code + `'; END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if err := e.db.Exec(stmt).Error; err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return e.start(orderedHandler(nil), func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
+	})
 }

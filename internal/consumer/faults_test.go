@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/rabbit"
@@ -87,6 +88,20 @@ func TestConnectionsClosedUnderLoad(t *testing.T) {
 	t.Logf("reconnects %d, duplicates suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
 }
 
+// openPool opens a pool of the test's database at url (the database's own, or
+// through a proxy), closed when the test ends.
+func openPool(t *testing.T, url string, statementTimeout time.Duration) *gorm.DB {
+	t.Helper()
+	db, err := database.Open(context.Background(), database.Options{
+		URL: url, MaxConns: 10, StatementTimeout: statementTimeout, AppName: t.Name(),
+	}, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = database.Close(db) })
+	return db
+}
+
 // proxiedURL points rawURL at a proxy's listen address.
 func proxiedURL(t *testing.T, rawURL, listen string) string {
 	u, err := url.Parse(rawURL)
@@ -125,13 +140,7 @@ func TestBlackholedBrokerLinkIsDetectedByHeartbeat(t *testing.T) {
 func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 	e := newEnv(t)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
-	db, err := database.Open(context.Background(), database.Options{
-		URL: proxiedURL(t, e.dbURL, proxy.Listen), MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "outage",
-	}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
+	db := openPool(t, proxiedURL(t, e.dbURL, proxy.Listen), 2*time.Second)
 	const n = 400
 	e.publishMany(n, "outage")
 	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) { c.MaxAttempts = 2 })
@@ -198,13 +207,7 @@ func TestBackendsTerminatedMidTransaction(t *testing.T) {
 func TestBlackholedDatabaseDoesNotWedgeWorkers(t *testing.T) {
 	e := newEnv(t)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
-	db, err := database.Open(context.Background(), database.Options{
-		URL: proxiedURL(t, e.dbURL, proxy.Listen), MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "blackhole",
-	}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
+	db := openPool(t, proxiedURL(t, e.dbURL, proxy.Listen), 2*time.Second)
 	const n = 200
 	e.publishMany(n, "silent")
 	rt := e.startWith(slowHandler(5*time.Millisecond), e.url, db, func(c *Config) { c.MaxAttempts = 2 })
