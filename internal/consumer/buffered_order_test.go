@@ -135,6 +135,62 @@ func TestBufferedIngestFaultNotOfTheDataReconnects(t *testing.T) {
 	}
 }
 
+// A graceful stop while the ingest tries a batch again in place gives the
+// batch up and ends the session: what the broker sent after it is not stored
+// by this session (it once was, by the stop's storing of the rest, before the
+// batch, which the channel's close gave back), and the next session stores
+// the key in order.
+func TestBufferedGracefulStopDuringRetryKeepsOrder(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	for _, stmt := range []string{
+		`CREATE TABLE refusing (on_ boolean NOT NULL)`,
+		`INSERT INTO refusing VALUES (true)`,
+		`CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.message_id = 'key-00-0' AND (SELECT on_ FROM refusing) THEN
+				RAISE EXCEPTION 'internal trouble' USING ERRCODE = 'XX000';
+			END IF;
+			RETURN NEW;
+		END $$`,
+		`CREATE TRIGGER refuse BEFORE INSERT ON inbox_messages FOR EACH ROW EXECUTE FUNCTION refuse()`,
+	} {
+		if err := e.db.Exec(stmt).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	tune := func(c *Config) {
+		bufferedMode(e.db, e.dbURL, nil)(c)
+		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 1, 0
+		c.ShutdownTimeout = 2 * time.Second
+	}
+	rt := e.start(orderedHandler(nil), tune)
+	keys := keyNames(1)
+	const perKey = 10
+	e.publishEvents(keys, perKey)
+	waitFor(t, "the ingest trying key-00-0 again in place", func() bool {
+		return strings.Count(rt.logs.String(), "trying it again in place") >= 4
+	})
+	// The fault is gone for good, but the ingest sleeps 4 s before its next
+	// try: the stop's drain (2 s) cancels it first.
+	if err := e.db.Exec(`UPDATE refusing SET on_ = false`).Error; err != nil {
+		t.Fatal(err)
+	}
+	rt.shutdown(t)
+	t.Logf("stored by the first runtime: %d", rt.count(OutcomeStored))
+	var ids []string
+	if err := e.db.Raw(`SELECT message_id FROM inbox_messages WHERE ordering_key = 'key-00' ORDER BY seq`).Scan(&ids).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stored at the stop, in seq order: %v", ids)
+	e.start(orderedHandler(nil), tune)
+	waitFor(t, "every event applied", func() bool { return e.appliedTotal() >= perKey })
+	if err := e.db.Raw(`SELECT message_id FROM inbox_messages WHERE ordering_key = 'key-00' ORDER BY seq`).Scan(&ids).Error; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stored in the end, in seq order: %v", ids)
+	e.assertInOrder(keys, perKey)
+}
+
 // Without single active consumer the buffered ingest stops as the inline one
 // does, by cancelling its consumer, and stores what the broker had sent
 // before the cancel took effect instead of giving it back: graceful restarts

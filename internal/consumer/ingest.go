@@ -180,11 +180,12 @@ func validKey(k string) bool {
 // store commits a batch and acks each delivery after the commit. A batch
 // that fails is never rerouted: a copy in a delay queue, or one republished to
 // the work queue, would be stored after messages of its key that came later.
-// The database's trouble pauses the session and a wait on a lock ends it;
+// The database's trouble pauses the session; a wait on a lock, or a fault
+// that is not the data's, is tried again in place and then ends the session;
 // either way the failed deliveries and everything after them stay unacked,
-// and the channel's close gives them back to the queue in its order. Any
-// other failure of a batch is tried again message by message, so that it
-// stays with the message at fault, which is dead-lettered.
+// and the channel's close gives them back to the queue in its order. A batch
+// that fails otherwise is tried again message by message, so that the
+// failure stays with the message at fault, which is dead-lettered.
 func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
 	r.storeTry(ctx, s, items, 0)
 }
@@ -230,9 +231,7 @@ func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tr
 func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested, err error, tries int) {
 	switch {
 	case ctx.Err() != nil:
-		for _, it := range items {
-			it.log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
-		}
+		r.abandon(s, items, err)
 		return
 	case len(items) > 1 && pauseCause(err) == "" && !waited(err):
 		for _, it := range items {
@@ -262,13 +261,15 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 	// in order; a fault that stays spends the broker's delivery limit, not
 	// the whole queue at ingest speed.
 	if waited(err) || !dataFault(err) {
-		if tries < ingestRetries {
+		if tries < ingestRetries && !closed(s.stop) {
 			delay := ingestRetryDelay << tries
 			r.log.Warn("storing a batch failed, not for its data: trying it again in place, the deliveries after it waiting",
 				"messages", len(items), "try", tries+1, "delay", delay.String(), "err", err)
-			if sleep(ctx, delay) {
-				r.storeTry(ctx, s, items, tries+1)
+			if !sleepUnless(ctx, s.stop, delay) {
+				r.abandon(s, items, err)
+				return
 			}
+			r.storeTry(ctx, s, items, tries+1)
 			return
 		}
 		for _, it := range items {
@@ -279,6 +280,31 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 	}
 	it := items[0]
 	r.deadLetterAside(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
+}
+
+// abandon leaves a batch unstored and unacked because the session is
+// stopping, and ends the session: nothing after it may be stored in this
+// session (ingestRest stores what a graceful stop left over), and the
+// channel's close gives the batch back in the queue's order.
+func (r *Runtime) abandon(s *session, items []ingested, err error) {
+	for _, it := range items {
+		it.log.get().Warn("abandoned unstored as the session stops; the broker takes it back, in order", "err", err)
+	}
+	s.requestEnd(fmt.Errorf("a batch was abandoned unstored: %w", err))
+}
+
+// sleepUnless waits for d, and reports false if ctx ended or stop closed first.
+func sleepUnless(ctx context.Context, stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-stop:
+		return false
+	}
 }
 
 // dataFault reports an SQLSTATE of the message's data: a data exception or an

@@ -46,6 +46,8 @@ type session struct {
 	unblocked chan struct{}
 	// aside are the buffered ingest's dead-letterings, done off its loop.
 	aside sync.WaitGroup
+	// stop is closed when the session stops taking deliveries.
+	stop chan struct{}
 }
 
 // setBlocked records the broker blocking (or unblocking) the publishing connection.
@@ -120,7 +122,7 @@ func (r *Runtime) openSession() (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), end: make(chan struct{})}
+	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), end: make(chan struct{}), stop: make(chan struct{})}
 	if err := r.openChannels(s); err != nil {
 		s.close()
 		return nil, err
@@ -183,7 +185,7 @@ func (r *Runtime) session(ctx context.Context) error {
 	// work outlives ctx by the shutdown timeout so in-flight messages can commit.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
-	stop := make(chan struct{})
+	stop := s.stop
 	var wg sync.WaitGroup
 	if r.buffer != nil {
 		wg.Go(func() { r.ingestLoop(work, s, deliveries, stop) })
@@ -247,6 +249,8 @@ func (r *Runtime) session(ctx context.Context) error {
 		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
 		if r.buffer != nil {
 			r.ingestRest(returning, s, deliveries)
+			// Its dead-letterings run under returning, the loop's under work.
+			r.drain(&s.aside, func() { cancelReturning(); cancelWork() })
 		} else {
 			r.returnUnstarted(returning, s, deliveries)
 		}
