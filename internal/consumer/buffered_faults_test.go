@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/inbox-template/payment-service/internal/buffered"
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/testenv"
@@ -99,25 +97,7 @@ func TestBufferedBackendsTerminatedMidTransaction(t *testing.T) {
 		bufferedMode(db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 20 })(c)
 		c.Workers, c.Prefetch, c.MaxAttempts, c.GroupCommitMax = 8, 16, 10, min(c.GroupCommitMax, 4)
 	})
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	killed := 0
-	for range 20 {
-		if _, d := e.applied(); d == n {
-			break
-		}
-		var k int
-		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'victim' AND state IN ('active', 'idle in transaction')`).Scan(&k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		killed += k
-		time.Sleep(150 * time.Millisecond)
-	}
+	killed := e.killVictimBackends(n)
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 	if killed == 0 {
 		t.Fatal("no backend was terminated: the test proved nothing")

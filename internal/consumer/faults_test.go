@@ -88,6 +88,34 @@ func TestConnectionsClosedUnderLoad(t *testing.T) {
 	t.Logf("reconnects %d, duplicates suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
 }
 
+// killVictimBackends terminates the active and idle-in-transaction sessions
+// of the pool named victim, every 150 ms for up to 20 rounds or until n
+// messages are applied, and returns how many it terminated.
+func (e *env) killVictimBackends(n int) int {
+	e.t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, e.dbURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	killed := 0
+	for range 20 {
+		if _, d := e.applied(); d == n {
+			break
+		}
+		var k int
+		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'victim' AND state IN ('active', 'idle in transaction')`).Scan(&k)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		killed += k
+		time.Sleep(150 * time.Millisecond)
+	}
+	return killed
+}
+
 // openPool opens a pool of the test's database at url (the database's own, or
 // through a proxy), closed when the test ends.
 func openPool(t *testing.T, url string, statementTimeout time.Duration) *gorm.DB {
@@ -175,25 +203,7 @@ func TestBackendsTerminatedMidTransaction(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = database.Close(db) })
 	rt := e.startWith(slowHandler(3*time.Millisecond), e.url, db, func(c *Config) { c.Workers = 8; c.Prefetch = 16; c.MaxAttempts = 10 })
-	conn, err := pgx.Connect(ctx, e.dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	killed := 0
-	for round := 0; round < 20; round++ {
-		if _, d := e.applied(); d == n {
-			break
-		}
-		var k int
-		err := conn.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'victim' AND state IN ('active', 'idle in transaction')`).Scan(&k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		killed += k
-		time.Sleep(150 * time.Millisecond)
-	}
+	killed := e.killVictimBackends(n)
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 	if killed == 0 {
 		t.Fatal("no backend was terminated: the test proved nothing")
