@@ -33,6 +33,16 @@ func TestServiceChecksTimeoutRelations(t *testing.T) {
 		{"one more retry", map[string]string{"RETRY_DELAYS": "5s,10s", "MAX_ATTEMPTS": "6"}, ""},
 		{"no retries at all", map[string]string{"MAX_ATTEMPTS": "1"}, "GATEWAY_IN_FLIGHT_TIMEOUT"},
 	}
+	// A setting that is wrong is named alone: the checks derived from it
+	// do not blame another variable too.
+	t.Run("invalid retries are blamed alone", func(t *testing.T) {
+		t.Setenv("MAX_ATTEMPTS", "0")
+		_, err := service.LoadConfig(Service())
+		if err == nil || !strings.Contains(err.Error(), "MAX_ATTEMPTS") || strings.Contains(err.Error(), "GATEWAY_IN_FLIGHT_TIMEOUT") ||
+			strings.Contains(err.Error(), "IDEMPOTENCY_KEY_TTL") {
+			t.Fatalf("err = %v, want MAX_ATTEMPTS named alone", err)
+		}
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for k, v := range tt.env {

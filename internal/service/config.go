@@ -2,6 +2,8 @@ package service
 
 import (
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
@@ -96,7 +98,7 @@ func (c *Config) validate(v *Checks) {
 	c.Broker.validate(v)
 	c.Database.validate(v)
 	v.Require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
-	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
+	v.Require(validListenAddr(c.HTTPAddr), "HTTP_ADDR", "must be host:port or :port with a port of 0 to 65535, got %q", c.HTTPAddr)
 	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
 	v.Require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
 	v.Require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
@@ -113,6 +115,7 @@ func (c *Config) validate(v *Checks) {
 	// than consumer_timeout (30 minutes by default); stay far below it.
 	v.Require(c.HandlerTimeout <= 10*time.Minute, "HANDLER_TIMEOUT", "must be at most 10m (RabbitMQ's consumer_timeout is 30m), got %s", c.HandlerTimeout)
 	ValidateRetries(v, c.RetryDelays, c.MaxAttempts)
+	c.Buffered.validate(v) // before the checks derived from the buffered retries
 	c.validateTimeouts(v)
 	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
 	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
@@ -120,7 +123,6 @@ func (c *Config) validate(v *Checks) {
 	v.Require(c.PauseAfterFailures == -1 || c.PauseAfterFailures >= 1, "PAUSE_AFTER_FAILURES", "must be -1 (never) or at least 1, got %d", c.PauseAfterFailures)
 	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
-	c.Buffered.validate(v)
 }
 
 func (b *Broker) validate(v *Checks) {
@@ -146,7 +148,7 @@ func (c *Config) validateTimeouts(v *Checks) {
 	// A retry that calls out after the callee forgot the key repeats the side
 	// effect: a card charged twice.
 	span := c.LongestRetrySpan()
-	v.Require(c.IdempotencyKeyTTL > span, "IDEMPOTENCY_KEY_TTL",
+	v.Require(v.Failed(append(c.RetryVariables(), "HANDLER_TIMEOUT")...) || c.IdempotencyKeyTTL > span, "IDEMPOTENCY_KEY_TTL",
 		"is %s, but the retries of %s and HANDLER_TIMEOUT=%s may take %s "+
 			"(every delay in full and every run up to HANDLER_TIMEOUT): a retry after the key expired would repeat "+
 			"its side effect; shorten the retries or set IDEMPOTENCY_KEY_TTL to what the services you call promise",
@@ -185,6 +187,17 @@ func (c Config) handlerRetries() ([]time.Duration, int) {
 		return c.BufferRetryDelays, c.BufferMaxAttempts
 	}
 	return c.RetryDelays, c.MaxAttempts
+}
+
+// RetryVariables names the variables of the handler's retries: RETRY_DELAYS
+// and MAX_ATTEMPTS, or in the buffered mode BUFFER_RETRY_DELAYS and
+// BUFFER_MAX_ATTEMPTS. A check derived from the retries skips itself when
+// one of them failed (Checks.Failed).
+func (c Config) RetryVariables() []string {
+	if c.InboxMode == ModeBuffered {
+		return []string{"BUFFER_RETRY_DELAYS", "BUFFER_MAX_ATTEMPTS"}
+	}
+	return []string{"RETRY_DELAYS", "MAX_ATTEMPTS"}
 }
 
 // RetrySettings names the variables of the handler's retries and their
@@ -241,4 +254,15 @@ func ValidLogLevel(s string) bool {
 		return true
 	}
 	return false
+}
+
+// validListenAddr reports whether addr is an address net.Listen takes for
+// TCP: an optional host and a numeric port.
+func validListenAddr(addr string) bool {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
 }

@@ -104,6 +104,20 @@ func (c *Checks) Require(ok bool, variable, format string, args ...any) {
 	}
 }
 
+// Failed reports whether a check of any of the variables has failed already:
+// a check that derives from them stays silent rather than blame another
+// variable for their fault.
+func (c Checks) Failed(variables ...string) bool {
+	for _, f := range c {
+		for _, v := range variables {
+			if strings.HasPrefix(f, v+": ") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // URL requires value to be a URL with a host and one of the schemes.
 func (c *Checks) URL(variable, value string, schemes ...string) {
 	u, err := url.Parse(value)

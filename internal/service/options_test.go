@@ -94,6 +94,9 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"RETRY_DELAYS": "1s,0s"}, "RETRY_DELAYS"},
 		{map[string]string{"RETRY_DELAYS": "soon"}, "RETRY_DELAYS"},
 		{map[string]string{"MAX_ATTEMPTS": "0"}, "MAX_ATTEMPTS"},
+		{map[string]string{"HTTP_ADDR": "bogus"}, "HTTP_ADDR"},
+		{map[string]string{"HTTP_ADDR": ":99999"}, "HTTP_ADDR"},
+		{map[string]string{"HTTP_ADDR": "127.0.0.1:0"}, ""},
 		{map[string]string{"HANDLER_TIMEOUT": "31m"}, "HANDLER_TIMEOUT"},
 		{map[string]string{"HANDLER_TIMEOUT": "2s"}, "CARRIER_TIMEOUT"}, // the handler's own check
 		{map[string]string{"CARRIER_TIMEOUT": "soon"}, "CARRIER_TIMEOUT"},
