@@ -10,6 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/inbox-template/payment-service/internal/buffered"
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/deadletter"
@@ -25,13 +27,18 @@ func withStore(ctx context.Context, opts service.Options, f func(cfg service.Con
 	if err != nil {
 		return err
 	}
-	log := logging.New(io.Discard, "error", opts.Name)
-	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " ops"}, log)
+	db, err := openDB(ctx, opts, cfg)
 	if err != nil {
 		return err
 	}
 	defer database.Close(db)
 	return f(cfg, buffered.New(db, cfg.Consumer))
+}
+
+// openDB opens a small pool of the service's database for one command.
+func openDB(ctx context.Context, opts service.Options, cfg service.Config) (*gorm.DB, error) {
+	log := logging.New(io.Discard, "error", opts.Name)
+	return database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " ops"}, log)
 }
 
 func inboxStatus(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {

@@ -55,8 +55,7 @@ func inboxPrune(ctx context.Context, opts service.Options, args []string, stdout
 	if err != nil {
 		return err
 	}
-	log := logging.New(io.Discard, "error", opts.Name)
-	db, err := database.Open(ctx, database.Options{URL: cfg.URL, MaxConns: 2, StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " ops"}, log)
+	db, err := openDB(ctx, opts, cfg)
 	if err != nil {
 		return err
 	}
@@ -65,7 +64,7 @@ func inboxPrune(ctx context.Context, opts service.Options, args []string, stdout
 	if err != nil {
 		return err
 	}
-	p, err := retention.New(sqlDB, rc, retention.NewMetrics(prometheus.NewRegistry()), log)
+	p, err := retention.New(sqlDB, rc, retention.NewMetrics(prometheus.NewRegistry()), logging.New(io.Discard, "error", opts.Name))
 	if err != nil {
 		return err
 	}
