@@ -30,6 +30,11 @@ const (
 	HeaderOriginalExchange = "x-original-exchange"
 	HeaderOriginalKey      = "x-original-routing-key"
 	HeaderHeld             = "x-held" // times put back without spending an attempt
+	// HeaderMayHaveRun marks every copy the kit makes of a message that may
+	// have run (see Message.MayHaveRun): a copy has neither the broker's
+	// redelivered flag nor, once replayed, our attempt count, and without the
+	// mark the key-expiry guard would take it for a first attempt.
+	HeaderMayHaveRun = "x-may-have-run"
 )
 
 const maxIDLen = 255
@@ -48,7 +53,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
-	out, err := r.apply(ctx, msg)
+	out, err := r.apply(ctx, &msg)
 	switch {
 	case err == nil:
 		r.stage(StageCommitted)
@@ -127,14 +132,14 @@ func (r *Runtime) failingInARow(err error) bool {
 }
 
 // keyExpired refuses a message that may have called out before (a retry, a
-// redelivery, or one put back) and is older than the key lifetime: calling
+// redelivery, one put back, or a copy marked HeaderMayHaveRun) and is older than the key lifetime: calling
 // again could do twice what the first call did. It runs after the inbox
 // look-up, so a message applied already is a duplicate, not refused.
 func (r *Runtime) keyExpired(msg Message) error {
 	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
 		return nil
 	}
-	if _, held := msg.Headers[HeaderHeld]; msg.Attempt == 1 && !msg.Redelivered && !held {
+	if !msg.MayHaveRun() {
 		return nil
 	}
 	return Permanent(ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
@@ -227,7 +232,7 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 // apply looks the message up in the inbox (after any worker of this replica
 // holding the same id is done), runs the handler with no transaction open,
 // then hands its writes to the committers and waits for their commit.
-func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
+func (r *Runtime) apply(ctx context.Context, msg *Message) (Outcome, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
 	defer cancel()
 	release, err := r.inFlight.acquire(ctx, msg.ID)
@@ -242,15 +247,16 @@ func (r *Runtime) apply(ctx context.Context, msg Message) (Outcome, error) {
 	case seen:
 		return OutcomeDuplicate, nil
 	}
-	if err := r.keyExpired(msg); err != nil {
+	if err := r.keyExpired(*msg); err != nil {
 		return "", err
 	}
-	writes, err := r.handler.Handle(ctx, msg)
+	msg.ran = true
+	writes, err := r.handler.Handle(ctx, *msg)
 	if err != nil {
 		return "", failedAt(stepHandler, err)
 	}
 	r.failures.Store(0) // the outside calls work
-	out, fresh, err := r.commits.commit(ctx, msg, writes)
+	out, fresh, err := r.commits.commit(ctx, *msg, writes)
 	switch {
 	case err != nil:
 		return "", failedAt(stepCommit, err)

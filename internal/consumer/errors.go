@@ -49,6 +49,18 @@ const (
 	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
 )
 
+// RefusedBeforeRun reports a dead-letter reason the runtime assigns before the
+// handler runs (the delivery was refused at the door): only such a dead
+// letter can be known not to have called out.
+func RefusedBeforeRun(reason string) bool {
+	switch reason {
+	case ReasonMissingID, ReasonInvalidID, ReasonBodyTooLarge, ReasonUnsupportedContent,
+		ReasonInvalidOrderingKey, ReasonIngestFailed:
+		return true
+	}
+	return false
+}
+
 // errPanic marks a recovered handler panic; it is retried like any transient failure.
 var errPanic = errors.New("handler panicked")
 

@@ -23,6 +23,30 @@ type Message struct {
 	Attempt     int       // 1 on first delivery, counted in our own header across retries
 	Redelivered bool      // the broker delivered it before (a crash, a lost connection)
 	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
+	// ran is set once the handler was called on this delivery: every copy
+	// the runtime makes of it from then on carries HeaderMayHaveRun.
+	ran bool
+}
+
+// MayHaveRun reports whether the message may have been handled before, and so
+// may have called out already: a retry, a redelivery by the broker, a copy put
+// back without spending an attempt, or any copy the kit made of a message
+// that had run (a replayed dead letter, an exported parked message, a
+// delivery returned at a stop), which carries HeaderMayHaveRun. Idempotency
+// keys make a second call safe only while the called service remembers them.
+func (m Message) MayHaveRun() bool {
+	if m.ran || m.Attempt > 1 || m.Redelivered {
+		return true
+	}
+	_, held := m.Headers[HeaderHeld]
+	return held || MarkedAsRun(m.Headers)
+}
+
+// MarkedAsRun reports whether headers carry HeaderMayHaveRun. A producer that
+// sets it only makes the key-expiry guard stricter, so it is trusted.
+func MarkedAsRun(headers map[string]any) bool {
+	v, ok := headers[HeaderMayHaveRun]
+	return ok && v != false
 }
 
 // Outcome is the result of a message that did not fail, counted in metrics.

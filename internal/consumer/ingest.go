@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -167,8 +168,18 @@ func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Deliver
 			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
 		return it, false
 	}
+	headers := d.Headers
+	if msg.MayHaveRun() && !MarkedAsRun(headers) {
+		// Stored, the message loses the redelivered flag and the attempt
+		// count: the mark keeps what they said for the key-expiry guard.
+		headers = maps.Clone(headers)
+		if headers == nil {
+			headers = amqp.Table{}
+		}
+		headers[HeaderMayHaveRun] = true
+	}
 	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
-		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: d.Headers, Body: d.Body,
+		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: headers, Body: d.Body,
 		PublishedAt: msg.PublishedAt,
 	}}, true
 }

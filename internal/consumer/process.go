@@ -288,13 +288,14 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	}
 }
 
-// keyExpired reports a message that ran before (it may have called out) and
+// keyExpired reports a message that ran before (it may have called out: a
+// run of this table, or a copy marked HeaderMayHaveRun when stored) and
 // is older than the key lifetime of the services the handler calls: calling
 // again could do twice what the first call did. Its age counts from its
 // publish time, else from its ingest.
 func (p *processor) keyExpired(c buffered.Claimed) (time.Duration, bool) {
 	ttl := p.rt.cfg.KeyTTL
-	if ttl <= 0 || c.Runs <= 1 {
+	if ttl <= 0 || (c.Runs <= 1 && !MarkedAsRun(c.Headers)) {
 		return 0, false
 	}
 	since := c.PublishedAt

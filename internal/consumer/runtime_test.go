@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -559,5 +561,56 @@ func TestOldRetryIsNotCalledAgainWithAForgottenKey(t *testing.T) {
 	waitFor(t, "the fresh one processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	if e.effects("fresh-but-old") != 1 || e.effects("redelivered-old") != 0 {
 		t.Fatal("wrong message applied")
+	}
+}
+
+// A redelivered delivery (it may have run in a replica that died) waits
+// unstarted in a replica's prefetch when that replica stops: the copy the
+// stop returns to the work queue is a new message to the broker, without the
+// redelivered flag, so it must carry HeaderMayHaveRun, or the next replica
+// would take an old one for a first attempt and call out with a key the
+// called service may have forgotten.
+func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
+	e := newEnv(t)
+	old := time.Now().Add(-2 * time.Hour)
+	e.publish("redelivered", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
+	dead := e.channel() // a replica that takes the message and dies
+	if _, ok, err := dead.Get(e.topo.Queue, false); err != nil || !ok {
+		t.Fatalf("get: %v, %v", ok, err)
+	}
+	e.publish("blocker", `{}`)
+	release := make(chan struct{})
+	var calls sync.Map
+	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		n, _ := calls.LoadOrStore(msg.ID, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		if msg.ID == "blocker" {
+			<-release
+		}
+		return recordWrites(msg), nil
+	})
+	guard := func(c *Config) { c.Workers, c.KeyTTL = 1, time.Hour }
+	rt := e.start(h, guard)
+	waitFor(t, "the blocker in the only worker", func() bool { _, ok := calls.Load("blocker"); return ok })
+	if err := dead.Close(); err != nil { // the broker redelivers the message to rt, behind the blocker
+		t.Fatal(err)
+	}
+	waitFor(t, "the redelivery in rt's prefetch", func() bool {
+		out := testenv.Ctl(t, "list_queues", "-q", "-p", e.vhost, "name", "messages_ready", "messages_unacknowledged")
+		return slices.Contains(strings.Split(out, "\n"), e.topo.Queue+"\t0\t2")
+	})
+	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
+	rt.shutdown(t)
+	if !strings.Contains(rt.logs.String(), "returned unstarted deliveries") {
+		t.Fatal("the redelivery was not returned by the stop")
+	}
+
+	rt = e.start(h, guard)
+	d := e.deadLetters(1)[0]
+	if d.MessageId != "redelivered" || d.Headers[HeaderDeadLetterReason] != ReasonKeyExpired {
+		t.Fatalf("dead letter %s with reason %v, want redelivered with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonKeyExpired)
+	}
+	if _, ran := calls.Load("redelivered"); ran || e.effects("redelivered") != 0 {
+		t.Fatal("the returned copy ran as a first attempt")
 	}
 }

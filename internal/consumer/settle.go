@@ -70,7 +70,13 @@ func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-
 	for d := range deliveries {
 		msg := Message{ID: d.MessageId, Body: d.Body}
 		log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
-		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, rabbit.Copy(d), log) {
+		pub := rabbit.Copy(d)
+		if d.Redelivered {
+			// It may have run in a replica that died: the copy is a new
+			// message to the broker, without the redelivered flag.
+			pub.Headers[HeaderMayHaveRun] = true
+		}
+		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, pub, log) {
 			n++
 		}
 	}
@@ -130,10 +136,14 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 }
 
 // republish copies a delivery for a retry or dead-letter publish, keeping its
-// properties and its message id (the inbox key, resolved from the body if need be).
+// properties and its message id (the inbox key, resolved from the body if need
+// be), and marking it HeaderMayHaveRun if it may have run.
 func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 	p := rabbit.Copy(d)
 	p.MessageId = msg.ID
+	if msg.MayHaveRun() {
+		p.Headers[HeaderMayHaveRun] = true
+	}
 	delete(p.Headers, "x-death") // the broker's own history; ours is in x-attempt
 	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
 		p.Headers[HeaderOriginalExchange] = d.Exchange

@@ -77,6 +77,10 @@ func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 	h[consumer.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	h[consumer.HeaderDeadLetterBy] = consumerName
 	h[consumer.HeaderAttempt] = int32(p.Attempts)
+	// Every parked message was claimed, so it may have run: the copy, stored
+	// again as a new message when replayed, must say so to the key-expiry
+	// guard (its runs are not counted anew).
+	h[consumer.HeaderMayHaveRun] = true
 	if _, ok := h[consumer.HeaderFirstError]; !ok {
 		h[consumer.HeaderFirstError] = p.LastError
 	}

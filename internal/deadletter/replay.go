@@ -205,12 +205,34 @@ var resetHeaders = []string{
 
 // replayCopy is d as the producer sent it, plus the replay count. Its message
 // id is the inbox key, so a copy of a message already applied is suppressed.
+//
+// The copy starts a fresh retry budget but keeps (or gains) the mark that it
+// may have run, consumer.HeaderMayHaveRun: a copy that waits in the work
+// queue past the idempotency keys' lifetime must be refused by the runtime's
+// key-expiry guard, not run as a first attempt with a key the called
+// service has forgotten.
 func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 	p := rabbit.Copy(d)
+	if mayHaveRun(d.Headers) {
+		p.Headers[consumer.HeaderMayHaveRun] = true
+	}
 	for _, k := range resetHeaders {
 		delete(p.Headers, k)
 	}
 	p.Headers[HeaderReplayCount] = int32(replays)
 	p.Headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	return p
+}
+
+// mayHaveRun reports whether a dead letter may have run: it says so, it was
+// tried more than once or put back, the broker dead-lettered it itself (a
+// crash loop past the delivery limit), or the runtime dead-lettered it for a
+// reason it gives only once the handler may have run. Only a delivery refused
+// at the door, marked by nothing else, is known not to have called out.
+func mayHaveRun(h amqp.Table) bool {
+	_, held := h[consumer.HeaderHeld]
+	_, brokerDeath := h["x-death"]
+	reason := stringHeader(h, consumer.HeaderDeadLetterReason)
+	return consumer.MarkedAsRun(h) || held || brokerDeath || intHeader(h, consumer.HeaderAttempt) > 1 ||
+		!consumer.RefusedBeforeRun(reason)
 }
