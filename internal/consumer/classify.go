@@ -50,9 +50,11 @@ const (
 	stepCommit  step = "commit"
 )
 
-// stepError records the step of a failure: only the runtime's own database
-// steps take an error without an SQLSTATE (a dropped connection, a timeout)
-// for the database's fault; from the handler it is the outside call's.
+// stepError records the step of a failure: the runtime's own database steps
+// take an error without an SQLSTATE (a dropped connection, a timeout) for the
+// database's fault; from the handler it may be the outside call's as well as
+// the handler's own read, and the database's check decides (see
+// Runtime.infrastructure).
 type stepError struct {
 	step step
 	err  error

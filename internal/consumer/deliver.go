@@ -97,15 +97,23 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 
 // infrastructure names the fault of a failure that is not the message's: a
 // dependency the handler found misconfigured, an SQLSTATE of the database's
-// own trouble, a database step that got no answer, or (for an unknown error
-// of a database step) a database that fails its check. "" means the message
-// failed.
+// own trouble, a database step that got no answer, or a database that fails
+// its check after an unknown error of a database step or a connection fault
+// of the handler's. "" means the message failed.
+//
+// The handler's connection faults need the check: its own reads (the payment
+// handler looks for a recorded payment) fail like the runtime's when
+// PostgreSQL goes away, and its outside calls fail with the same network
+// errors; only the database's answer tells the two apart.
 func (r *Runtime) infrastructure(ctx context.Context, err error) string {
 	if cause := pauseCause(err); cause != "" {
 		return cause
 	}
 	var se *stepError
-	if errors.As(err, &se) && se.step != stepHandler && r.pingDatabase(ctx) != nil {
+	if !errors.As(err, &se) || (se.step == stepHandler && !connectionFault(err)) {
+		return ""
+	}
+	if r.pingDatabase(ctx) != nil {
 		return CauseDatabase
 	}
 	return ""

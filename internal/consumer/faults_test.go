@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -328,4 +329,52 @@ func TestGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
 	}
 	e.start(recordHandler(nil), nil)
 	e.assertAllAppliedOnce(n, 2*time.Minute)
+}
+
+// PostgreSQL goes away after the runtime's inbox look-up, and the handler's
+// own read (the payment handler reads payments before it charges) is the
+// first to see it: a dropped connection is not the message's failure, in
+// either mode. The message is put back without spending its only attempt,
+// the runtime pauses, and it is applied once the database is back.
+func TestDatabaseOutageSeenFirstByTheHandlerSpendsNoAttempt(t *testing.T) {
+	for _, mode := range []string{"inline", "buffered"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newBufferedEnv(t, nil)
+			proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
+			dbURL := proxiedURL(t, e.dbURL, proxy.Listen)
+			db := openPool(t, dbURL, 2*time.Second)
+			inHandler := make(chan struct{}, 1)
+			resume := make(chan struct{})
+			var first atomic.Bool
+			first.Store(true)
+			handler := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+				if first.CompareAndSwap(true, false) {
+					inHandler <- struct{}{}
+					<-resume
+				}
+				if err := db.WithContext(ctx).Exec(`SELECT count(*) FROM effects`).Error; err != nil {
+					return nil, fmt.Errorf("read effects: %w", err)
+				}
+				return recordWrites(msg), nil
+			})
+			rt := e.startWith(handler, e.url, db, func(c *Config) {
+				c.Workers, c.MaxAttempts = 1, 1
+				if mode == "buffered" {
+					bufferedMode(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 1 })(c)
+				}
+			})
+			e.publish("read-fails", `{"key":"k","n":1}`)
+			<-inHandler
+			proxy.Stop()
+			close(resume)
+			testenv.Eventually(t, 30*time.Second, "the pause", func() (bool, error) { return rt.pauses() >= 1, nil })
+			if err := proxy.Start(); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, time.Minute, "applied", func() (bool, error) { return e.effects("read-fails") == 1, nil })
+			if n := rt.count(OutcomeDeadLettered) + rt.count(OutcomeParked); n != 0 {
+				t.Errorf("%d dead-lettered or parked: the outage spent the message's attempt", n)
+			}
+		})
+	}
 }
