@@ -74,21 +74,22 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 			s.requestPause(cause)
 			return
 		}
-		if r.failingInARow(err) {
-			log.get().Warn("the handler fails every message: putting it back without spending an attempt and pausing",
-				"failures_in_a_row", r.failures.Load(), "attempt", msg.Attempt, "err", err)
-			r.hold(ctx, s, d, msg, err, log)
-			s.requestPause(CauseFailing)
-			return
-		}
 		if waited(err) {
 			log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
 				"attempt", msg.Attempt, "err", err)
 			r.hold(ctx, s, d, msg, err, log)
 			return
 		}
+		inARow := r.failingInARow(msg.ID, err)
 		if msg.Attempt >= r.cfg.MaxAttempts {
 			r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
+			return
+		}
+		if inARow {
+			log.get().Warn("the handler fails every message: putting it back without spending an attempt and pausing",
+				"messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt, "err", err)
+			r.hold(ctx, s, d, msg, err, log)
+			s.requestPause(CauseFailing)
 			return
 		}
 		r.retry(ctx, s, d, msg, err, log)
@@ -129,14 +130,14 @@ func (r *Runtime) pingDatabase(ctx context.Context) error {
 }
 
 // failingInARow counts a retried failure of the handler's outside-call step
-// and reports whether the handler has now failed PauseAfterFailures messages
-// in a row: a dependency down for every message, not this message's fault.
-func (r *Runtime) failingInARow(err error) bool {
+// and reports whether PauseAfterFailures distinct messages have now failed in
+// a row: a dependency down for every message, not this message's fault.
+func (r *Runtime) failingInARow(id string, err error) bool {
 	var se *stepError
 	if r.cfg.PauseAfterFailures < 0 || !errors.As(err, &se) || se.step != stepHandler {
 		return false
 	}
-	return r.failures.Add(1) >= int64(r.cfg.PauseAfterFailures)
+	return r.failures.fail(id, r.cfg.PauseAfterFailures) >= r.cfg.PauseAfterFailures
 }
 
 // keyExpired refuses a message that may have called out before (a retry, a
@@ -263,7 +264,7 @@ func (r *Runtime) apply(ctx context.Context, msg *Message) (Outcome, error) {
 	if err != nil {
 		return "", failedAt(stepHandler, err)
 	}
-	r.failures.Store(0) // the outside calls work
+	r.failures.succeeded() // the outside calls work
 	out, fresh, err := r.commits.commit(ctx, *msg, writes)
 	switch {
 	case err != nil:

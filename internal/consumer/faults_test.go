@@ -378,3 +378,35 @@ func TestDatabaseOutageSeenFirstByTheHandlerSpendsNoAttempt(t *testing.T) {
 		})
 	}
 }
+
+// One message failing on its own is not a dependency down for every message:
+// the run of failures that pauses counts distinct messages, and a message's
+// own budget is decided first. With PAUSE_AFTER_FAILURES equal to the
+// attempts, the message is dead-lettered (parked) after its attempts, with no
+// pause, instead of tripping the pause on its last attempt, being put back,
+// and calling out again every cycle.
+func TestOneMessageFailingAloneSpendsItsBudgetWithoutPausing(t *testing.T) {
+	for _, mode := range []string{"inline", "buffered"} {
+		t.Run(mode, func(t *testing.T) {
+			e := newBufferedEnv(t, nil)
+			var runs atomic.Int64
+			failing := HandlerFunc(func(context.Context, Message) (Writes, error) {
+				runs.Add(1)
+				return nil, errTransient
+			})
+			rt := e.start(failing, func(c *Config) {
+				c.MaxAttempts, c.PauseAfterFailures = 3, 3
+				if mode == "buffered" {
+					bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 })(c)
+				}
+			})
+			e.publish("alone", `{"key":"k","n":1}`)
+			testenv.Eventually(t, 30*time.Second, "its budget spent", func() (bool, error) {
+				return rt.count(OutcomeDeadLettered)+rt.count(OutcomeParked) == 1, nil
+			})
+			if rt.pauses() != 0 || runs.Load() != 3 || rt.count(OutcomeRequeued) != 0 {
+				t.Errorf("%d pauses, %d runs, %d put back: want no pause and three runs", rt.pauses(), runs.Load(), rt.count(OutcomeRequeued))
+			}
+		})
+	}
+}

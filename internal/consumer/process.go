@@ -318,7 +318,7 @@ func (p *processor) apply(ctx context.Context, msg Message, c buffered.Claimed) 
 	if err != nil {
 		return "", failedAt(stepHandler, err)
 	}
-	p.rt.failures.Store(0) // the outside calls work
+	p.rt.failures.succeeded() // the outside calls work
 	res, err := p.finish.complete(ctx, c.Lease, writes)
 	switch {
 	case err != nil:
@@ -334,9 +334,10 @@ func (p *processor) apply(ctx context.Context, msg Message, c buffered.Claimed) 
 }
 
 // failed records a failed run: released without spending the attempt when
-// the infrastructure is at fault or the handler fails every message (and
-// processing pauses) or a statement waited too long on a lock (no pause),
-// else failed with the next retry's time, or parked once the budget is spent.
+// the infrastructure is at fault (and processing pauses) or a statement
+// waited too long on a lock (no pause); parked once its budget is spent;
+// released when the handler fails every message (and processing pauses);
+// else failed with the next retry's time.
 func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, log *messageLog) {
 	r := p.rt
 	if cause := r.infrastructure(ctx, err); cause != "" {
@@ -346,21 +347,22 @@ func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, l
 		p.requestPause(cause)
 		return
 	}
-	if r.failingInARow(err) {
-		log.get().Warn("the handler fails every message: releasing it without spending an attempt and pausing",
-			"failures_in_a_row", r.failures.Load(), "attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
-		p.requestPause(CauseFailing)
-		return
-	}
 	if waited(err) {
 		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
 			"attempt", c.Attempts, "err", err)
 		p.release(c, err, log)
 		return
 	}
+	inARow := r.failingInARow(c.MessageID, err)
 	if c.Attempts >= p.cfg.MaxAttempts {
 		p.park(c, ReasonRetriesExhausted, err, log)
+		return
+	}
+	if inARow {
+		log.get().Warn("the handler fails every message: releasing it without spending an attempt and pausing",
+			"messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts, "err", err)
+		p.release(c, err, log)
+		p.requestPause(CauseFailing)
 		return
 	}
 	delay := retryDelay(p.cfg.RetryDelays, c.Attempts)

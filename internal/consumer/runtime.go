@@ -52,11 +52,16 @@ type Config struct {
 	// asks it before each session, while paused, and after a database step
 	// failed with an error that says nothing by itself.
 	DatabaseCheck func(ctx context.Context) error
-	// PauseAfterFailures pauses consumption after this many handler failures
-	// in a row (retried errors of the outside-call step, with no success in
-	// between): a dependency that fails every message alike (a gateway down)
-	// would otherwise spend every message's retry budget and dead-letter the
-	// stream. 0 means 20; -1 never pauses.
+	// PauseAfterFailures pauses consumption once this many distinct messages
+	// failed in the handler in a row (retried errors of the outside-call
+	// step, with no success in between): a dependency that fails every
+	// message alike (a gateway down) would otherwise spend every message's
+	// retry budget and dead-letter the stream. A message's own budget is
+	// decided first: one at its last attempt is dead-lettered all the same,
+	// and one message failing alone never pauses. So the pause protects a
+	// stream of at least this many messages; fewer, failing longer than the
+	// retries last, are dead-lettered (retries_exhausted). 0 means 20; -1
+	// never pauses.
 	PauseAfterFailures int
 	// ResetDatabase, if set, is called when a database pause ends, before
 	// consuming again: the pool's sessions from the outage may keep its state
@@ -169,8 +174,9 @@ type Runtime struct {
 	progress atomic.Int64
 	// pausedFor names the cause of a pause in progress, nil when not paused.
 	pausedFor atomic.Pointer[string]
-	// failures counts the handler failures in a row (PauseAfterFailures).
-	failures atomic.Int64
+	// failures is the run of distinct messages whose handler failed with no
+	// success between them (PauseAfterFailures).
+	failures failureStreak
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
