@@ -296,7 +296,9 @@ func (r *Runtime) setReady(ok bool) {
 // ack goes out after their commit), and closes channel and connection. A message
 // still running after the timeout is abandoned unacked and redelivered later.
 // Lost connections and database outages are survived inside Run; it returns nil
-// after a clean shutdown.
+// after a clean shutdown. It returns an error only for what no reconnect can
+// mend: a queue or exchange of the topology that the broker holds with other
+// arguments (a *rabbit.MismatchError), after stopping as at a shutdown.
 func (r *Runtime) Run(ctx context.Context) error {
 	// The committers outlive every session: workers draining at shutdown still commit.
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
@@ -304,6 +306,8 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.commits.run(commitCtx, r.cfg.Committers, &committers)
 	r.lookups.run(commitCtx, LookupReaders, &committers)
 	defer func() { stopCommits(); committers.Wait() }()
+	ctx, stop := context.WithCancel(ctx) // a fatal error stops the processing too
+	defer stop()
 	if r.proc != nil {
 		// The processor works from the table, broker or not; it drains its
 		// workers at shutdown while the committers still run.
@@ -311,6 +315,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		var processing sync.WaitGroup
 		processing.Go(func() { r.proc.run(ctx) })
 		defer processing.Wait()
+		defer stop() // before the wait
 	}
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
@@ -319,6 +324,10 @@ func (r *Runtime) Run(ctx context.Context) error {
 		r.setReady(false)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if mismatch := (*rabbit.MismatchError)(nil); errors.As(err, &mismatch) {
+			r.log.Error("the broker holds the topology with other arguments: stopping", "err", err)
+			return err
 		}
 		if time.Since(started) > time.Minute {
 			backoff.reset()

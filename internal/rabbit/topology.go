@@ -1,7 +1,10 @@
 package rabbit
 
 import (
+	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -73,10 +76,10 @@ func (t Topology) workArgs() amqp.Table {
 // This needs no broker plugin and behaves the same on RabbitMQ 3.10 and 4.x.
 func (t Topology) Declare(ch *amqp.Channel) error {
 	if err := ch.ExchangeDeclare(t.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", t.Exchange, err)
+		return declareError("exchange", t.Exchange, err)
 	}
 	if err := ch.ExchangeDeclare(t.DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("declare exchange %s: %w", t.DeadLetterExchange, err)
+		return declareError("exchange", t.DeadLetterExchange, err)
 	}
 	queues := []struct {
 		name string
@@ -104,7 +107,7 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 	}
 	for _, q := range queues {
 		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
-			return fmt.Errorf("declare queue %s: %w", q.name, err)
+			return declareError("queue", q.name, err)
 		}
 	}
 	if err := ch.QueueBind(t.Queue, t.RoutingKey, t.Exchange, false, nil); err != nil {
@@ -114,4 +117,50 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		return fmt.Errorf("bind %s to %s: %w", t.DeadLetterQueue, t.DeadLetterExchange, err)
 	}
 	return nil
+}
+
+// MismatchError says the broker holds a queue or exchange of ours declared
+// with another value of one of its arguments (or another type): RabbitMQ
+// refuses to declare it again (PRECONDITION_FAILED) and closes the channel.
+// Reconnecting cannot help: the configuration or the broker must change.
+type MismatchError struct {
+	Kind string // "queue" or "exchange"
+	Name string
+	Arg  string // "x-delivery-limit", or "type" for an exchange's kind
+	Want string // the value we declared, as the broker printed it
+	Have string // the broker's, or "none"
+	Err  error
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%s %s exists with %s %s, and this configuration declares it with %s", e.Kind, e.Name, e.Arg, e.Have, e.Want)
+}
+
+// Unwrap returns the broker's error.
+func (e *MismatchError) Unwrap() error { return e.Err }
+
+// inequivalent parses the broker's text of a refused redeclare. RabbitMQ
+// reports the argument and both values only in the text of its error
+// (3.10: "received '5' but current is '20'", or "received the value 'true'
+// of type 'bool' but current is none"), and AMQP has no way to read a
+// queue's arguments: the text is all there is.
+var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for (?:queue|exchange) '(?:[^']*)' in vhost '(?:[^']*)': received (.+) but current is (.+)$`)
+
+func declareError(kind, name string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		if m := inequivalent.FindStringSubmatch(ae.Reason); m != nil {
+			return &MismatchError{Kind: kind, Name: name, Arg: m[1], Want: brokerValue(m[2]), Have: brokerValue(m[3]), Err: err}
+		}
+	}
+	return fmt.Errorf("declare %s %s: %w", kind, name, err)
+}
+
+// brokerValue shortens "the value 'true' of type 'bool'" to 'true'.
+func brokerValue(s string) string {
+	s = strings.TrimPrefix(s, "the value ")
+	if i := strings.Index(s, "' of type '"); i >= 0 {
+		s = s[:i+1]
+	}
+	return s
 }

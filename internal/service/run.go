@@ -77,7 +77,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, checker.Check)}
-	return serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log)
+	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log))
 }
 
 func newRegistry() *prometheus.Registry {
