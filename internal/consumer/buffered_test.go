@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
@@ -476,4 +477,42 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 	if got := fmt.Sprint(e.appliedOf("key-00")); got != "[0 1]" {
 		t.Errorf("key-00 applied %s, want [0 1]", got)
 	}
+}
+
+// A due key whose row an operator's transaction holds locked is skipped by
+// every claim (FOR UPDATE SKIP LOCKED) while the table still reports it due:
+// the claimer backs off instead of claiming in a loop every 10 ms, and takes
+// the message once the lock is gone.
+func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
+	e := newBufferedEnv(t, nil)
+	store := buffered.New(e.db, "test")
+	if _, err := store.Ingest(context.Background(), []buffered.Incoming{{
+		MessageID: "locked-1", OrderingKey: "key-00", ContentType: "application/json", Body: []byte(`{"key":"key-00","n":1}`),
+	}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lock := e.db.Begin()
+	if err := lock.Exec(`SELECT 1 FROM inbox_keys WHERE ordering_key = 'key-00' FOR UPDATE`).Error; err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback()
+	rt := e.start(orderedHandler(nil), bufferedMode(e.db, e.dbURL, nil))
+	claims := func() int {
+		var m dto.Metric
+		if err := rt.metrics.claimSeconds.WithLabelValues("test").(prometheus.Histogram).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return int(m.GetHistogram().GetSampleCount())
+	}
+	before := claims()
+	time.Sleep(3 * time.Second)
+	n := claims() - before
+	t.Logf("%d claims in 3 s while the due key was locked", n)
+	if n > 40 {
+		t.Errorf("%d claims in 3 s while the only due key was locked: the claimer spins", n)
+	}
+	if err := lock.Rollback().Error; err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "applied once the lock is gone", func() (bool, error) { return e.appliedTotal() == 1, nil })
 }

@@ -114,6 +114,7 @@ func (p *processor) run(ctx context.Context) {
 func (p *processor) claimLoop(ctx context.Context, jobs chan<- buffered.Claimed, free chan struct{}) {
 	backoff := newBackoff(time.Second, p.rt.cfg.ReconnectMaxWait)
 	lastPause := time.Time{}
+	skipped := 0 // claims in a row that found due keys they could not take
 	for {
 		if cause := p.pauseReq.Swap(nil); cause != nil {
 			if time.Since(lastPause) > time.Minute {
@@ -143,9 +144,14 @@ func (p *processor) claimLoop(ctx context.Context, jobs chan<- buffered.Claimed,
 			jobs <- c
 		}
 		if len(claimed) == n {
+			skipped = 0
 			continue // more may be due
 		}
-		if !p.waitForWork(ctx) {
+		if len(claimed) > 0 {
+			skipped = 0
+		}
+		var more bool
+		if skipped, more = p.waitForWork(ctx, skipped); !more {
 			return
 		}
 	}
@@ -200,16 +206,28 @@ func (p *processor) claimFailed(ctx context.Context, err error) {
 }
 
 // waitForWork sleeps until this replica stores messages, a NOTIFY comes, the
-// next retry or lease is due, or the poll interval passes.
-func (p *processor) waitForWork(ctx context.Context) bool {
+// next retry or lease is due, or the poll interval passes. skipped counts the
+// claims in a row that left due keys behind; it returns the new count.
+func (p *processor) waitForWork(ctx context.Context, skipped int) (int, bool) {
 	wait := p.cfg.PollInterval
 	dctx, cancel := context.WithTimeout(ctx, applyMargin)
 	at, ok, err := p.cfg.Store.NextDue(dctx)
 	cancel()
-	if err == nil && ok {
-		// Keys that are due but were skipped (locked by a commit or an
-		// ingest in progress) are tried again shortly.
-		wait = min(wait, max(time.Until(at), 10*time.Millisecond))
+	switch {
+	case err != nil || !ok:
+		skipped = 0
+	case time.Until(at) > 0:
+		skipped = 0
+		wait = min(wait, time.Until(at))
+	default:
+		// Keys that are due but were skipped: locked by a commit or an
+		// ingest in progress (gone in milliseconds), or by an operator's
+		// transaction (gone in minutes). Try again shortly, then less and
+		// less often, down to once a second (a retry of another key that
+		// falls due meanwhile waits that long at most), instead of claiming
+		// in a loop; a wake-up still comes at once.
+		wait = min(wait, time.Second, skippedRetry<<min(skipped, 16))
+		skipped++
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -217,10 +235,14 @@ func (p *processor) waitForWork(ctx context.Context) bool {
 	case <-p.wake:
 	case <-t.C:
 	case <-ctx.Done():
-		return false
+		return skipped, false
 	}
-	return true
+	return skipped, true
 }
+
+// skippedRetry is the first wait before claiming again a key that was due
+// but locked; it doubles with every claim in a row that skips one.
+const skippedRetry = 10 * time.Millisecond
 
 func (p *processor) requestPause(cause string) {
 	p.pauseReq.Store(&cause)
