@@ -105,7 +105,7 @@ func (p *processor) run(ctx context.Context) {
 		"max_attempts", p.cfg.MaxAttempts, "poll", p.cfg.PollInterval.String())
 	p.claimLoop(ctx, jobs, free)
 	close(jobs)
-	p.rt.drain(&workers, cancelWork)
+	p.rt.drain(ctx, &workers, cancelWork)
 	helpers.Wait()
 }
 

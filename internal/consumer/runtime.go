@@ -43,7 +43,9 @@ type Config struct {
 	LogAttrs func(body []byte) []slog.Attr
 	// MaxAttempts counts every handler run of a message, the first included.
 	MaxAttempts int
-	// ShutdownTimeout bounds how long in-flight messages may finish after a stop.
+	// ShutdownTimeout bounds a graceful stop, every phase together: in-flight
+	// messages finishing, the unstarted ones given back or stored, the
+	// copies being published (see stopBudget).
 	ShutdownTimeout time.Duration
 	// ReconnectMaxWait caps the jittered exponential backoff between sessions.
 	ReconnectMaxWait time.Duration
@@ -174,6 +176,9 @@ type Runtime struct {
 	progress atomic.Int64
 	// pausedFor names the cause of a pause in progress, nil when not paused.
 	pausedFor atomic.Pointer[string]
+	// stopBy is when a graceful stop must be over, set once (stopBudget).
+	stopOnce sync.Once
+	stopBy   time.Time
 	// failures is the run of distinct messages whose handler failed with no
 	// success between them (PauseAfterFailures).
 	failures failureStreak

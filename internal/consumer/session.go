@@ -130,10 +130,20 @@ func (r *Runtime) openSession() (*session, error) {
 	return s, nil
 }
 
+// close closes both connections, and with them their channels (the
+// consuming channel's unacked deliveries go back to the queue), each within
+// closeTimeout: under a memory or disk alarm the broker stops reading a
+// publishing connection, and a close waiting for its close-ok would wait for
+// the alarm to clear; past the deadline the socket is closed, which the
+// broker takes the same way.
 func (s *session) close() {
-	_ = s.conn.Close()
-	_ = s.pubConn.Close()
+	deadline := time.Now().Add(closeTimeout)
+	_ = s.conn.CloseDeadline(deadline)
+	_ = s.pubConn.CloseDeadline(deadline)
 }
+
+// closeTimeout bounds the close of one session's connections.
+const closeTimeout = 2 * time.Second
 
 func (r *Runtime) openChannels(s *session) error {
 	var err error
@@ -242,41 +252,57 @@ func (r *Runtime) session(ctx context.Context) error {
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
 	}
-	r.drain(&wg, cancelWork)
+	r.drain(ctx, &wg, cancelWork)
 	if stopped {
-		// Bounded like the drain: under a broker alarm the copies cannot be
-		// published, and the channel's close returns the rest instead.
-		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ShutdownTimeout)
+		// Within what is left of the stop's budget: under a broker alarm the
+		// copies cannot be published, and the channel's close returns the
+		// rest instead.
+		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.stopBudget(ctx))
 		if r.buffer != nil {
 			r.ingestRest(returning, s, deliveries)
 			// Its dead-letterings run under returning, the loop's under work.
-			r.drain(&s.aside, func() { cancelReturning(); cancelWork() })
+			r.drain(ctx, &s.aside, func() { cancelReturning(); cancelWork() })
 		} else {
 			r.returnUnstarted(returning, s, deliveries)
 		}
 		cancelReturning()
 	}
-	r.drain(&s.aside, cancelWork)
-	_ = s.consume.Close()
-	_ = s.publish.Close()
-	return reason
+	r.drain(ctx, &s.aside, cancelWork)
+	return reason // the deferred close closes the channels with their connections
 }
 
-// drain waits for the workers, cancelling their context once ShutdownTimeout
-// has passed so that a stuck handler rolls back instead of blocking the stop.
-func (r *Runtime) drain(wg *sync.WaitGroup, cancelWork context.CancelFunc) {
+// drain waits for the workers, cancelling their context once the stop's
+// budget (see stopBudget) is spent so that a stuck handler rolls back instead
+// of blocking the stop.
+func (r *Runtime) drain(ctx context.Context, wg *sync.WaitGroup, cancelWork context.CancelFunc) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	t := time.NewTimer(r.cfg.ShutdownTimeout)
+	budget := r.stopBudget(ctx)
+	t := time.NewTimer(budget)
 	defer t.Stop()
 	select {
 	case <-done:
 		return
 	case <-t.C:
 	}
-	r.log.Warn("in-flight messages exceeded the shutdown timeout; abandoning them unacked", "timeout", r.cfg.ShutdownTimeout.String())
+	r.log.Warn("in-flight messages exceeded the shutdown timeout; abandoning them unacked",
+		"timeout", r.cfg.ShutdownTimeout.String(), "left", budget.Round(time.Millisecond).String())
 	cancelWork()
 	<-done
+}
+
+// stopBudget is how long the next phase of a stop may take. A graceful stop
+// (ctx done) has one budget, ShutdownTimeout from the first phase that
+// asks, shared by all of them: the drain of the workers, the return or
+// storing of the unstarted deliveries, the dead-letterings in flight, in
+// both modes. A session ending while the runtime goes on (a pause, a lost
+// connection) gives each phase ShutdownTimeout.
+func (r *Runtime) stopBudget(ctx context.Context) time.Duration {
+	if ctx.Err() == nil {
+		return r.cfg.ShutdownTimeout
+	}
+	r.stopOnce.Do(func() { r.stopBy = time.Now().Add(r.cfg.ShutdownTimeout) })
+	return max(time.Until(r.stopBy), 0)
 }
 
 // work takes deliveries until stop is closed or the channel is gone.

@@ -77,7 +77,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, checker.Check)}
-	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, cfg.ShutdownTimeout, log))
+	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, log))
 }
 
 func newRegistry() *prometheus.Registry {
@@ -241,7 +241,7 @@ func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, check health.
 // cancelled or the server fails, then stops the consumer first (it waits for
 // in-flight messages), the pruner (its batch in flight rolls back) and the
 // server last, so readiness stays observable during the drain.
-func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, timeout time.Duration, log *slog.Logger) error {
+func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", srv.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR %s: %w", srv.Addr, err)
@@ -264,7 +264,9 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *
 	log.Info("consumer stopped; shutting down")
 	cancel()
 	pruning.Wait()
-	shutdownCtx, done := context.WithTimeout(context.Background(), timeout)
+	// The server only answers probes and scrapes: its stop is short, and
+	// bounded apart from the consumer's, whose budget is spent by now.
+	shutdownCtx, done := context.WithTimeout(context.Background(), httpShutdownTimeout)
 	defer done()
 	err = errors.Join(rtErr, srv.Shutdown(shutdownCtx), <-srvErr)
 	if err == nil {
@@ -272,6 +274,9 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *
 	}
 	return err
 }
+
+// httpShutdownTimeout bounds the HTTP server's stop after the consumer's.
+const httpShutdownTimeout = 2 * time.Second
 
 // localURL turns a listen address such as ":8080" into a URL on loopback.
 func localURL(addr string) string {
