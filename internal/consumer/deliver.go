@@ -13,8 +13,6 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/inbox-template/payment-service/internal/inbox"
 )
 
 // Headers of ours. The attempt count travels in our own header because x-death
@@ -54,45 +52,40 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		return
 	}
 	out, err := r.apply(ctx, &msg)
-	switch {
-	case err == nil:
+	if err == nil {
 		r.stage(StageCommitted)
 		r.ack(d, msg, out, log)
-	case ctx.Err() != nil:
+		return
+	}
+	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts))
+	switch v.act {
+	case actAbandon:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
 		// unacked so the broker redelivers it.
 		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
-	case errors.Is(err, inbox.ErrPayloadMismatch):
-		r.deadLetter(ctx, s, d, msg, ReasonPayloadMismatch, err, log)
-	case errors.Is(err, ErrPermanent):
-		r.deadLetter(ctx, s, d, msg, permanentReason(err), err, log)
-	default:
-		if cause := r.infrastructure(ctx, err); cause != "" {
-			log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
-				"cause", cause, "attempt", msg.Attempt, "err", err)
-			r.hold(ctx, s, d, msg, err, log)
-			s.requestPause(cause)
-			return
-		}
-		if waited(err) {
-			log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
-				"attempt", msg.Attempt, "err", err)
-			r.hold(ctx, s, d, msg, err, log)
-			return
-		}
-		inARow := r.failingInARow(msg.ID, err)
-		if msg.Attempt >= r.cfg.MaxAttempts {
-			r.deadLetter(ctx, s, d, msg, ReasonRetriesExhausted, err, log)
-			return
-		}
-		if inARow {
-			log.get().Warn("the handler fails every message: putting it back without spending an attempt and pausing",
-				"messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt, "err", err)
-			r.hold(ctx, s, d, msg, err, log)
-			s.requestPause(CauseFailing)
-			return
-		}
+	case actDeadLetter:
+		r.deadLetter(ctx, s, d, msg, v.reason, err, log)
+	case actPutBack:
+		log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
+			"attempt", msg.Attempt, "err", err)
+		r.hold(ctx, s, d, msg, err, log)
+	case actPause:
+		log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
+			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt, "err", err)
+		r.hold(ctx, s, d, msg, err, log)
+		s.requestPause(v.cause)
+	case actRetry:
 		r.retry(ctx, s, d, msg, err, log)
+	}
+}
+
+// failure describes a failed run to decide, asking the database and
+// counting the run of failures only when decide needs them.
+func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, maxAttempts int) failure {
+	return failure{
+		err: err, stopping: ctx.Err() != nil, attempt: attempt, maxAttempts: maxAttempts,
+		cause:  func() string { return r.infrastructure(ctx, err) },
+		inARow: func() bool { return r.failingInARow(id, err) },
 	}
 }
 

@@ -298,15 +298,29 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		}
 		r.counted(msg, out, log)
 		p.signalNext()
+		return
 	case errors.Is(err, errLeaseLost):
 		log.get().Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
-	case ctx.Err() != nil:
+		return
+	}
+	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts))
+	switch v.act {
+	case actAbandon:
 		log.get().Warn("abandoned at shutdown; released for another replica", "err", err)
 		p.release(c, err, log)
-	case errors.Is(err, ErrPermanent):
-		p.park(c, permanentReason(err), err, log)
-	default:
-		p.failed(ctx, c, err, log)
+	case actDeadLetter:
+		p.park(c, v.reason, err, log)
+	case actPutBack:
+		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
+			"attempt", c.Attempts, "err", err)
+		p.release(c, err, log)
+	case actPause:
+		log.get().Warn("not the message's fault: releasing it without spending an attempt and pausing",
+			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts, "err", err)
+		p.release(c, err, log)
+		p.requestPause(v.cause)
+	case actRetry:
+		p.failed(c, err, log)
 	}
 }
 
@@ -355,38 +369,9 @@ func (p *processor) apply(ctx context.Context, msg Message, c buffered.Claimed) 
 	return Outcome(res.Outcome), nil
 }
 
-// failed records a failed run: released without spending the attempt when
-// the infrastructure is at fault (and processing pauses) or a statement
-// waited too long on a lock (no pause); parked once its budget is spent;
-// released when the handler fails every message (and processing pauses);
-// else failed with the next retry's time.
-func (p *processor) failed(ctx context.Context, c buffered.Claimed, err error, log *messageLog) {
+// failed records a failed run that spent its attempt, with the next run's time.
+func (p *processor) failed(c buffered.Claimed, err error, log *messageLog) {
 	r := p.rt
-	if cause := r.infrastructure(ctx, err); cause != "" {
-		log.get().Warn("not the message's fault: releasing it without spending an attempt and pausing",
-			"cause", cause, "attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
-		p.requestPause(cause)
-		return
-	}
-	if waited(err) {
-		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
-			"attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
-		return
-	}
-	inARow := r.failingInARow(c.MessageID, err)
-	if c.Attempts >= p.cfg.MaxAttempts {
-		p.park(c, ReasonRetriesExhausted, err, log)
-		return
-	}
-	if inARow {
-		log.get().Warn("the handler fails every message: releasing it without spending an attempt and pausing",
-			"messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
-		p.requestPause(CauseFailing)
-		return
-	}
 	delay := retryDelay(p.cfg.RetryDelays, c.Attempts)
 	delay = time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
 	sctx, cancel := settleContext()
