@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
 // Lease identifies a claimed message: the key it heads and the claim's token.
@@ -161,7 +163,7 @@ func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, query string, args ...a
 			MessageID: messageID.String, Attempts: int(attempts.Int32), Runs: int(runs.Int32),
 			ContentType: contentType.String, Body: body, PublishedAt: published.Time, ReceivedAt: received.Time,
 		}
-		if c.Headers, err = decodeHeaders(headers); err != nil {
+		if c.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {
 			return nil, nil, fmt.Errorf("message %s: %w", c.MessageID, err)
 		}
 		out = append(out, c)

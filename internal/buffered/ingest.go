@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/inbox"
+	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
 // Incoming is a delivery to store.
@@ -211,7 +212,7 @@ func (s *Store) insertMessages(tx *queryTx, items []Incoming, fresh []int, seqs 
 			published = &it.PublishedAt
 		}
 		v.row(s.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i],
-			it.ContentType, encodeHeaders(it.Headers), it.Body, published)
+			it.ContentType, rabbit.HeadersJSON(it.Headers), it.Body, published)
 	}
 	_, err := tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at) VALUES `+
 		v.sql(), v.args...)

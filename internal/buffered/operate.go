@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
 // Stats is what an operator sees of a consumer's buffer.
@@ -154,7 +156,7 @@ func (s *Store) ListParked(ctx context.Context, sel Selector, limit int) ([]Park
 			return nil, err
 		}
 		p.PublishedAt = published.Time
-		if p.Headers, err = decodeHeaders(headers); err != nil {
+		if p.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {
 			return nil, fmt.Errorf("message %s: %w", p.MessageID, err)
 		}
 		out = append(out, p)

@@ -1,4 +1,4 @@
-package buffered
+package rabbit
 
 import (
 	"bytes"
@@ -11,12 +11,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// encodeHeaders renders AMQP headers as a JSON object for the jsonb column.
+// HeadersJSON renders AMQP headers as a JSON object for a jsonb column (the
+// buffered inbox's stored messages, the outbox).
 // It never fails: strings, numbers, booleans, tables and arrays keep their
 // shape; timestamps become RFC 3339 strings, byte arrays and other values
 // their printed form. PostgreSQL's jsonb refuses the NUL character, so it is
 // replaced.
-func encodeHeaders(h map[string]any) string {
+func HeadersJSON(h map[string]any) string {
 	if len(h) == 0 {
 		return "{}"
 	}
@@ -66,10 +67,10 @@ func plainFloat(f float64) any {
 	return f
 }
 
-// decodeHeaders reads headers stored by encodeHeaders back as an AMQP table:
+// HeadersFromJSON reads headers stored by HeadersJSON back as an AMQP table:
 // whole numbers as int64, nested objects as tables, so that the headers can be
-// published again (inboxctl inbox export).
-func decodeHeaders(raw []byte) (amqp.Table, error) {
+// published again (inboxctl inbox export, the outbox relay).
+func HeadersFromJSON(raw []byte) (amqp.Table, error) {
 	if len(raw) == 0 {
 		return amqp.Table{}, nil
 	}
