@@ -178,6 +178,7 @@ func message(d amqp.Delivery) Message {
 		Attempt:     attempt,
 		Redelivered: d.Redelivered,
 		PublishedAt: publishedAt(d),
+		seenAt:      time.Now(),
 	}
 }
 

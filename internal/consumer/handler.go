@@ -26,6 +26,10 @@ type Message struct {
 	// ran is set once the handler was called on this delivery: every copy
 	// the runtime makes of it from then on carries HeaderMayHaveRun.
 	ran bool
+	// seenAt is when the runtime received the delivery: a copy of a message
+	// without a publish time carries it as one, so that the key-expiry guard
+	// can bound the copy's age.
+	seenAt time.Time
 }
 
 // MayHaveRun reports whether the message may have been handled before, and so

@@ -105,7 +105,7 @@ func (p *processor) run(ctx context.Context) {
 		"max_attempts", p.cfg.MaxAttempts, "poll", p.cfg.PollInterval.String())
 	p.claimLoop(ctx, jobs, free)
 	close(jobs)
-	p.rt.drain(ctx, &workers, cancelWork)
+	p.rt.drain(&workers, cancelWork)
 	helpers.Wait()
 }
 
@@ -374,7 +374,7 @@ func (p *processor) failed(c buffered.Claimed, err error, log *messageLog) {
 	r := p.rt
 	delay := retryDelay(p.cfg.RetryDelays, c.Attempts)
 	delay = time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
-	sctx, cancel := settleContext()
+	sctx, cancel := r.settleContext()
 	defer cancel()
 	ok, ferr := p.cfg.Store.Fail(sctx, c.Lease, delay, err.Error())
 	switch {
@@ -392,7 +392,7 @@ func (p *processor) failed(c buffered.Claimed, err error, log *messageLog) {
 // park blocks the message's key until an operator retries, skips or exports it.
 func (p *processor) park(c buffered.Claimed, reason string, cause error, log *messageLog) {
 	r := p.rt
-	sctx, cancel := settleContext()
+	sctx, cancel := r.settleContext()
 	defer cancel()
 	ok, err := p.cfg.Store.Park(sctx, c.Lease, reason, cause.Error())
 	switch {
@@ -423,11 +423,15 @@ func (p *processor) release(c buffered.Claimed, cause error, log *messageLog) {
 
 // releaseOne releases c, and reports false if the database refused.
 func (p *processor) releaseOne(c buffered.Claimed, cause string, log *messageLog) bool {
-	sctx, cancel := settleContext()
+	sctx, cancel := p.rt.settleContext()
 	defer cancel()
 	ok, err := p.cfg.Store.Release(sctx, c.Lease, p.cfg.RetryDelays[0], cause)
 	switch {
 	case err != nil:
+		if _, stopping := p.rt.stopLeft(); stopping {
+			log.get().Warn("could not release the message within the stop's budget; its lease ends by itself", "err", err)
+			return true
+		}
 		log.get().Warn("could not release the message; trying again when the pause ends", "err", err)
 		return false
 	case ok:
@@ -458,11 +462,6 @@ func (p *processor) releaseHeld() {
 	}
 }
 
-// settleContext bounds a status update, detached from shutdown: a message
-// whose run ended is settled even while the service stops.
-func settleContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.Background(), 5*time.Second)
-}
 
 // refreshGauges reads the status counts, the lag and the blocked keys from
 // the table every gaugeInterval.

@@ -45,7 +45,7 @@ type Config struct {
 	MaxAttempts int
 	// ShutdownTimeout bounds a graceful stop, every phase together: in-flight
 	// messages finishing, the unstarted ones given back or stored, the
-	// copies being published (see stopBudget).
+	// copies being published (see markStopping).
 	ShutdownTimeout time.Duration
 	// ReconnectMaxWait caps the jittered exponential backoff between sessions.
 	ReconnectMaxWait time.Duration
@@ -152,6 +152,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("need 1 <= workers (%d) <= prefetch (%d)", c.Workers, c.Prefetch)
 	case c.MaxAttempts < 1:
 		return fmt.Errorf("max attempts %d < 1", c.MaxAttempts)
+	case c.PauseAfterFailures == 1 || c.PauseAfterFailures < -1:
+		return fmt.Errorf("pause after failures %d: want -1 (never) or at least 2 distinct messages", c.PauseAfterFailures)
 	case c.Committers < 1 || c.GroupCommitMax < 1 || c.GroupCommitWait < 0:
 		return fmt.Errorf("need committers (%d) >= 1, group commit max (%d) >= 1, wait (%s) >= 0",
 			c.Committers, c.GroupCommitMax, c.GroupCommitWait)
@@ -176,9 +178,11 @@ type Runtime struct {
 	progress atomic.Int64
 	// pausedFor names the cause of a pause in progress, nil when not paused.
 	pausedFor atomic.Pointer[string]
-	// stopBy is when a graceful stop must be over, set once (stopBudget).
+	// stopBy is when a graceful stop must be over, set once when the stop
+	// begins (markStopping), which closes stopping.
 	stopOnce sync.Once
 	stopBy   time.Time
+	stopping chan struct{}
 	// failures is the run of distinct messages whose handler failed with no
 	// success between them (PauseAfterFailures).
 	failures failureStreak
@@ -201,7 +205,8 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	if err := cfg.setBufferedDefaults(handlerTimeout); err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
-	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour}
+	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour,
+		stopping: make(chan struct{})}
 	r.inFlight.ids = map[string]chan struct{}{}
 	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}
 	if handlerTimeout > 0 {
@@ -311,6 +316,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.commits.run(commitCtx, r.cfg.Committers, &committers)
 	r.lookups.run(commitCtx, LookupReaders, &committers)
 	defer func() { stopCommits(); committers.Wait() }()
+	defer context.AfterFunc(ctx, r.markStopping)()
 	ctx, stop := context.WithCancel(ctx) // a fatal error stops the processing too
 	defer stop()
 	if r.proc != nil {

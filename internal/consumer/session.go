@@ -252,57 +252,104 @@ func (r *Runtime) session(ctx context.Context) error {
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
 	}
-	r.drain(ctx, &wg, cancelWork)
+	r.drain(&wg, cancelWork)
 	if stopped {
 		// Within what is left of the stop's budget: under a broker alarm the
 		// copies cannot be published, and the channel's close returns the
 		// rest instead.
-		returning, cancelReturning := context.WithTimeout(context.WithoutCancel(ctx), r.stopBudget(ctx))
+		returning, cancelReturning := r.phaseContext()
 		if r.buffer != nil {
 			r.ingestRest(returning, s, deliveries)
 			// Its dead-letterings run under returning, the loop's under work.
-			r.drain(ctx, &s.aside, func() { cancelReturning(); cancelWork() })
+			r.drain(&s.aside, func() { cancelReturning(); cancelWork() })
 		} else {
 			r.returnUnstarted(returning, s, deliveries)
 		}
 		cancelReturning()
 	}
-	r.drain(ctx, &s.aside, cancelWork)
+	r.drain(&s.aside, cancelWork)
 	return reason // the deferred close closes the channels with their connections
 }
 
-// drain waits for the workers, cancelling their context once the stop's
-// budget (see stopBudget) is spent so that a stuck handler rolls back instead
+// drain waits for the workers, cancelling their context once the phase's
+// time is up (see phaseContext) so that a stuck handler rolls back instead
 // of blocking the stop.
-func (r *Runtime) drain(ctx context.Context, wg *sync.WaitGroup, cancelWork context.CancelFunc) {
+func (r *Runtime) drain(wg *sync.WaitGroup, cancelWork context.CancelFunc) {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	budget := r.stopBudget(ctx)
-	t := time.NewTimer(budget)
-	defer t.Stop()
+	phase, cancel := r.phaseContext()
+	defer cancel()
 	select {
 	case <-done:
 		return
-	case <-t.C:
+	case <-phase.Done():
 	}
-	r.log.Warn("in-flight messages exceeded the shutdown timeout; abandoning them unacked",
-		"timeout", r.cfg.ShutdownTimeout.String(), "left", budget.Round(time.Millisecond).String())
+	r.log.Warn("in-flight messages exceeded the shutdown timeout; abandoning them unacked", "timeout", r.cfg.ShutdownTimeout.String())
 	cancelWork()
 	<-done
 }
 
-// stopBudget is how long the next phase of a stop may take. A graceful stop
-// (ctx done) has one budget, ShutdownTimeout from the first phase that
-// asks, shared by all of them: the drain of the workers, the return or
-// storing of the unstarted deliveries, the dead-letterings in flight, in
-// both modes. A session ending while the runtime goes on (a pause, a lost
-// connection) gives each phase ShutdownTimeout.
-func (r *Runtime) stopBudget(ctx context.Context) time.Duration {
-	if ctx.Err() == nil {
-		return r.cfg.ShutdownTimeout
+// A graceful stop has one budget, ShutdownTimeout from the moment the
+// runtime's context ends, shared by all its phases: the drain of the workers,
+// the return or storing of the unstarted deliveries, the dead-letterings and
+// status updates in flight, in both modes. A session ending while the
+// runtime goes on (a pause, a lost connection) gives each phase
+// ShutdownTimeout, cut to the stop's budget if a stop begins meanwhile.
+
+// markStopping starts the stop's budget; Run calls it when its context ends.
+func (r *Runtime) markStopping() {
+	r.stopOnce.Do(func() {
+		r.stopBy = time.Now().Add(r.cfg.ShutdownTimeout)
+		close(r.stopping)
+	})
+}
+
+// stopLeft reports what is left of the stop's budget, and false while the
+// runtime is not stopping.
+func (r *Runtime) stopLeft() (time.Duration, bool) {
+	select {
+	case <-r.stopping:
+		return max(time.Until(r.stopBy), 0), true
+	default:
+		return 0, false
 	}
-	r.stopOnce.Do(func() { r.stopBy = time.Now().Add(r.cfg.ShutdownTimeout) })
-	return max(time.Until(r.stopBy), 0)
+}
+
+// phaseContext bounds one phase of a session's end: ShutdownTimeout, or what
+// is left of the stop's budget, whichever ends first, also when the stop
+// begins during the phase.
+func (r *Runtime) phaseContext() (context.Context, context.CancelFunc) {
+	if left, ok := r.stopLeft(); ok {
+		return context.WithTimeout(context.Background(), left)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+	go func() {
+		select {
+		case <-r.stopping:
+		case <-ctx.Done():
+			return
+		}
+		left, _ := r.stopLeft()
+		t := time.NewTimer(left)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// settleContext bounds a status update of the buffered processing, detached
+// from the stop (a message whose run ended is settled even while the service
+// stops), within what is left of the stop's budget.
+func (r *Runtime) settleContext() (context.Context, context.CancelFunc) {
+	d := 5 * time.Second
+	if left, ok := r.stopLeft(); ok {
+		d = min(d, left)
+	}
+	return context.WithTimeout(context.Background(), d)
 }
 
 // work takes deliveries until stop is closed or the channel is gone.

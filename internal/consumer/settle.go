@@ -71,6 +71,7 @@ func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-
 		msg := Message{ID: d.MessageId, Body: d.Body}
 		log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 		pub := rabbit.Copy(d)
+		stampSeen(pub.Headers, publishedAt(d), time.Now())
 		if d.Redelivered {
 			// It may have run in a replica that died: the copy is a new
 			// message to the broker, without the redelivered flag.
@@ -144,6 +145,7 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 	if msg.MayHaveRun() {
 		p.Headers[HeaderMayHaveRun] = true
 	}
+	stampSeen(p.Headers, msg.PublishedAt, msg.seenAt)
 	delete(p.Headers, "x-death") // the broker's own history; ours is in x-attempt
 	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
 		p.Headers[HeaderOriginalExchange] = d.Exchange
@@ -158,4 +160,15 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:maxLen] + "…"
+}
+
+// stampSeen gives a copy of a message that has no publish time the time the
+// runtime first received it, as its publish time (HeaderTimestampMillis):
+// the key-expiry guard counts a message's age from its publish time, and a
+// copy without one would pass it at any age. The first receipt bounds the
+// message's first outside call from below, as a publish time does.
+func stampSeen(h amqp.Table, published, seen time.Time) {
+	if published.IsZero() && !seen.IsZero() {
+		h[HeaderTimestampMillis] = seen.UnixMilli()
+	}
 }

@@ -85,6 +85,11 @@ func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 		h[consumer.HeaderFirstError] = p.LastError
 	}
 	delete(h, "x-death")
+	if _, ok := h[consumer.HeaderTimestampMillis]; !ok && p.PublishedAt.IsZero() {
+		// No publish time: its storing bounds its first run from below, and
+		// the replayed copy is stored anew.
+		h[consumer.HeaderTimestampMillis] = p.ReceivedAt.UnixMilli()
+	}
 	// The publish time, for dlq replay's age limit; timestamp_in_ms, if the
 	// producer set it, is among the stored headers.
 	return amqp.Publishing{

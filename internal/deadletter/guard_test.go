@@ -90,9 +90,21 @@ func runGuarded(t *testing.T, b *broker, db *gorm.DB, h consumer.Handler, store 
 // budget, yet it may have run: the runtime must refuse it with
 // idempotency_key_expired instead of calling out again with a key the called
 // service has forgotten, which would charge the card a second time.
+//
+// Also when the producer set no publish time: the replay's age limit counts
+// from the dead-lettering then, and the kit's copies carry the time it first
+// received the message, so that the guard can bound the copy's age too.
 func TestReplayedCopyWaitingPastTheKeyLifetimeDoesNotCallOutAgain(t *testing.T) {
-	for _, mode := range []string{"inline", "buffered"} {
-		t.Run(mode, func(t *testing.T) {
+	for _, c := range []struct {
+		mode      string
+		published bool
+	}{{"inline", true}, {"buffered", true}, {"inline", false}, {"buffered", false}} {
+		mode := c.mode
+		name := mode
+		if !c.published {
+			name += "/no publish time"
+		}
+		t.Run(name, func(t *testing.T) {
 			b := newBroker(t)
 			db, _ := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
 			var store *buffered.Store
@@ -107,10 +119,13 @@ func TestReplayedCopyWaitingPastTheKeyLifetimeDoesNotCallOutAgain(t *testing.T) 
 			if err := ch.Confirm(false); err != nil {
 				t.Fatal(err)
 			}
+			headers := amqp.Table{}
+			if c.published {
+				headers[consumer.HeaderTimestampMillis] = published.UnixMilli()
+			}
 			if err := rabbit.PublishConfirmed(context.Background(), ch, b.topo.Exchange, b.topo.RoutingKey, amqp.Publishing{
 				MessageId: "charged-once", ContentType: "application/json", DeliveryMode: amqp.Persistent,
-				Headers: amqp.Table{consumer.HeaderTimestampMillis: published.UnixMilli()},
-				Body:    []byte(`{"order_id":"o-1"}`),
+				Headers: headers, Body: []byte(`{"order_id":"o-1"}`),
 			}); err != nil {
 				t.Fatal(err)
 			}

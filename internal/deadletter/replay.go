@@ -216,6 +216,12 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 	if mayHaveRun(d.Headers) {
 		p.Headers[consumer.HeaderMayHaveRun] = true
 	}
+	if m := describe(d, nil); !m.Published() && !m.Since.IsZero() {
+		// No publish time: the replay's age limit counted from the
+		// dead-lettering (or the broker's death record), and so does the
+		// runtime's key-expiry guard for the copy.
+		p.Headers[consumer.HeaderTimestampMillis] = m.Since.UnixMilli()
+	}
 	for _, k := range resetHeaders {
 		delete(p.Headers, k)
 	}

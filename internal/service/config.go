@@ -28,7 +28,7 @@ type Config struct {
 	HandlerTimeout     time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m"`
 	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
 	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
-	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
+	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
 	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM: in-flight messages finish, unstarted ones are given back (keep stop_grace_period at least 5s above)"`
 	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
 	PprofEnabled       bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
@@ -120,7 +120,10 @@ func (c *Config) validate(v *Checks) {
 	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
 	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",
 		"must be 0 (disabled) or at least 1s, got %s", c.InboxPruneInterval)
-	v.Require(c.PauseAfterFailures == -1 || c.PauseAfterFailures >= 1, "PAUSE_AFTER_FAILURES", "must be -1 (never) or at least 1, got %d", c.PauseAfterFailures)
+	// One message failing alone must never pause: put back without spending
+	// an attempt, it would fail, pause and call out again forever.
+	v.Require(c.PauseAfterFailures == -1 || c.PauseAfterFailures >= 2, "PAUSE_AFTER_FAILURES",
+		"must be -1 (never) or at least 2 (distinct messages; one message failing alone is its own trouble), got %d", c.PauseAfterFailures)
 	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 }
