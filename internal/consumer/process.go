@@ -462,7 +462,6 @@ func (p *processor) releaseHeld() {
 	}
 }
 
-
 // refreshGauges reads the status counts, the lag and the blocked keys from
 // the table every gaugeInterval.
 func (p *processor) refreshGauges(ctx context.Context) {
