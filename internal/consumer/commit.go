@@ -37,6 +37,7 @@ func newCommitter(ib *inbox.Inbox, max int, wait, timeout time.Duration, stage f
 type commitJob struct {
 	msg    Message
 	writes Writes
+	hooks  commitHooks // OnCommit of the writes' last run
 	out    Outcome
 	fresh  bool
 	err    error
@@ -75,6 +76,9 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 			j.out, j.fresh, j.err = "", false, results[i].Err
 		default:
 			j.fresh = results[i].Fresh
+			if j.fresh {
+				j.hooks.committed()
+			}
 		}
 		close(j.done)
 	}
@@ -88,7 +92,7 @@ func (c *committer) apply(ctx context.Context, j *commitJob) func(tx *gorm.DB) e
 		if j.writes == nil {
 			return nil
 		}
-		out, err := j.writes(ctx, tx)
+		out, err := j.writes(j.hooks.run(ctx), tx)
 		j.out = out
 		return err
 	}

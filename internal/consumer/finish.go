@@ -31,6 +31,7 @@ func newFinisher(store *buffered.Store, max int, wait, timeout time.Duration, m 
 type finishJob struct {
 	lease  buffered.Lease
 	writes Writes
+	hooks  commitHooks // OnCommit of the writes' last run
 	res    buffered.Completed
 	done   chan struct{}
 }
@@ -52,28 +53,32 @@ func (f *finisher) commitBatch(ctx context.Context, batch []*finishJob) {
 	defer cancel()
 	items := make([]buffered.Completion, len(batch))
 	for i, j := range batch {
-		items[i] = buffered.Completion{Lease: j.lease, Apply: applyWrites(ctx, j.writes)}
+		items[i] = buffered.Completion{Lease: j.lease, Apply: applyWrites(ctx, j)}
 	}
 	f.metrics.batchSize.WithLabelValues(f.name).Observe(float64(len(batch)))
 	start := time.Now()
 	results, err := f.store.Complete(ctx, items, nil)
 	f.metrics.commitSeconds.WithLabelValues(f.name).Observe(time.Since(start).Seconds())
 	for i, j := range batch {
-		if err != nil {
+		switch {
+		case err != nil:
 			j.res = buffered.Completed{Err: fmt.Errorf("commit: %w", err)}
-		} else {
+		default:
 			j.res = results[i]
+			if j.res.Err == nil && !j.res.Lost {
+				j.hooks.committed()
+			}
 		}
 		close(j.done)
 	}
 }
 
-func applyWrites(ctx context.Context, w Writes) func(tx *gorm.DB) (string, error) {
+func applyWrites(ctx context.Context, j *finishJob) func(tx *gorm.DB) (string, error) {
 	return func(tx *gorm.DB) (string, error) {
-		if w == nil {
+		if j.writes == nil {
 			return string(OutcomeProcessed), nil
 		}
-		out, err := w(ctx, tx)
+		out, err := j.writes(j.hooks.run(ctx), tx)
 		return string(out), err
 	}
 }

@@ -33,6 +33,10 @@ const (
 	// The buffered mode's processing (its ingest passes the three above).
 	AfterClaim         = Point(consumer.StageLeased)    // a stored message claimed, its handler not yet run
 	AfterProcessCommit = Point(consumer.StageProcessed) // the handler's writes and the processed status committed
+	// The outbox relay's (a service that publishes, service.Options.Publishes):
+	// a batch confirmed by the broker, not yet marked sent. It is published
+	// again, with the same ids, after the restart.
+	AfterOutboxPublish Point = "after-outbox-publish"
 )
 
 // RuntimePoints lists the crash points of the consumer runtime.

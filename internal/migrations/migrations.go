@@ -1,7 +1,7 @@
 // Package migrations applies versioned SQL schemas, embedded in the binaries,
 // under a PostgreSQL advisory lock so that replicas starting together never
 // race. Every schema is a Set with its own version table: the kit's inbox
-// (Inbox, and Buffered for the buffered inbox) here, and each service's own
+// (Inbox, Buffered for the buffered inbox, Outbox) here, and each service's own
 // set in its own package (payment.Migrations, fakegateway.Migrations). A
 // service's database holds the inbox sets and the service's set side by side.
 package migrations
@@ -20,7 +20,7 @@ import (
 	"github.com/pressly/goose/v3/lock"
 )
 
-//go:embed inbox/*.sql buffered/*.sql
+//go:embed inbox/*.sql buffered/*.sql outbox/*.sql
 var files embed.FS
 
 // Set is one schema: numbered goose SQL files (00001_name.sql, …) applied in
@@ -52,6 +52,9 @@ var (
 	// the stored messages and their ordering keys. It is applied with Inbox in
 	// every mode, so that a service can switch modes without a migration.
 	Buffered = NewSet("buffered", Must(files, "buffered"))
+	// Outbox is the kit's schema of the transactional outbox: the messages a
+	// handler emits, written in its inbox transaction, and their ordering keys.
+	Outbox = NewSet("outbox", Must(files, "outbox"))
 )
 
 // Name is the set's name.

@@ -1,8 +1,8 @@
 // Package ops holds the operations commands that every service built on the
-// kit carries in its own binary: migrate, dlq list|replay|purge, and inbox
-// prune|status|parked|retry|skip|export. They read the service's own
-// configuration (the same variables and defaults as the running service), so
-// they find its database, queues and retention:
+// kit carries in its own binary: migrate, dlq list|replay|purge, inbox
+// prune|status|parked|retry|skip|export and outbox status|parked|retry. They
+// read the service's own configuration (the same variables and defaults as
+// the running service), so they find its database, queues and retention:
 //
 //	shipping-service dlq list
 //	payment-service inbox prune --dry-run
@@ -66,13 +66,23 @@ const Usage = `commands:
   inbox export (--id ID | --key K | --all) [--dry-run]
                                move parked messages to the dead-letter queue
                                (then dlq list / replay); their keys go on
+  outbox status [--json]       the outbox: rows pending (committed, not yet
+                               confirmed by the broker) and parked, the
+                               oldest pending row's age
+  outbox parked [--limit N]    list parked rows (publishes the broker returned
+                               or refused OUTBOX_MAX_ATTEMPTS times), longest
+                               parked first
+  outbox retry (--id ID | --all)
+                               make parked rows pending again with a fresh
+                               budget (bind the missing queue first)
 
 Every command reads the service's configuration: dlq its broker and queues
 (AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …) and the replay age limit
 (IDEMPOTENCY_KEY_TTL, RETRY_DELAYS, MAX_ATTEMPTS, HANDLER_TIMEOUT), inbox prune
 its database and retention (DATABASE_URL, CONSUMER_NAME, INBOX_RETENTION,
 INBOX_PRUNE_BATCH, RETRY_DELAYS, MAX_ATTEMPTS), the buffered inbox's commands
-its database and CONSUMER_NAME (export also its broker).
+its database and CONSUMER_NAME (export also its broker), the outbox's its
+database and CONSUMER_NAME.
 `
 
 // usage is the usage error's text.
@@ -109,6 +119,8 @@ func Command(ctx context.Context, opts service.Options, args []string, stdin io.
 		return dlq(ctx, opts, args[1:], stdin, stdout)
 	case "inbox":
 		return inbox(ctx, opts, args[1:], stdout)
+	case "outbox":
+		return outboxCommand(ctx, opts, args[1:], stdout)
 	case "help", "-h", "--help":
 		return flag.ErrHelp
 	}

@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	pruned         *prometheus.CounterVec
 	prunedBuffered *prometheus.CounterVec
+	prunedOutbox   *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -19,7 +20,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "inbox_buffered_pruned_messages_total",
 			Help: "Finished messages of the buffered inbox deleted by retention, by consumer.",
 		}, []string{"consumer"}),
+		prunedOutbox: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_pruned_rows_total",
+			Help: "Sent outbox rows deleted by retention, by producer.",
+		}, []string{"consumer"}),
 	}
-	reg.MustRegister(m.pruned, m.prunedBuffered)
+	reg.MustRegister(m.pruned, m.prunedBuffered, m.prunedOutbox)
 	return m
 }

@@ -18,8 +18,11 @@ type Result struct {
 	// The buffered inbox's rows deleted (Config.Buffered): finished messages
 	// and ordering keys left without any.
 	DeletedMessages, DeletedKeys int64
-	LongestBatch                 time.Duration
-	Elapsed                      time.Duration
+	// The outbox's rows deleted (Config.Outbox): sent messages and ordering
+	// keys left without any.
+	DeletedSent, DeletedOutboxKeys int64
+	LongestBatch                   time.Duration
+	Elapsed                        time.Duration
 }
 
 // deleteBatch deletes the oldest rows of one batch. Rows are picked by ctid
@@ -77,6 +80,9 @@ func (p *Pruner) Prune(ctx context.Context) (Result, error) {
 	res, err := p.deleteOld(ctx, conn)
 	if err == nil && p.cfg.Buffered {
 		err = p.deleteFinished(ctx, conn, &res)
+	}
+	if err == nil && p.cfg.Outbox {
+		err = p.deleteSent(ctx, conn, &res)
 	}
 	res.Elapsed = time.Since(start)
 	return res, err
@@ -259,4 +265,69 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// deleteSentBatch deletes the oldest sent rows of the outbox, as deleteBatch
+// does the inbox's, and returns their ordering keys ("" for unordered rows).
+// Unsent rows (pending, parked) are never pruned.
+const deleteSentBatch = `
+DELETE FROM outbox WHERE ctid = ANY (ARRAY(
+	SELECT ctid FROM outbox
+	WHERE producer = $1 AND status = 'sent' AND sent_at < $2
+	ORDER BY sent_at
+	LIMIT $3
+	FOR UPDATE SKIP LOCKED))
+RETURNING coalesce(ordering_key, '')`
+
+// deleteIdleOutboxKeys deletes the keys of a batch left with no row, all of
+// them sent. A key's sequence starts again at 1 if it comes back, which is
+// safe only because no row of it remains; Enqueue locks the key's row first,
+// so the delete either waits and finds the key busy, or goes first and
+// Enqueue creates the key anew.
+const deleteIdleOutboxKeys = `
+DELETE FROM outbox_keys k
+WHERE k.producer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq
+	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.producer = k.producer AND o.ordering_key = k.ordering_key)`
+
+// deleteSent prunes the outbox's sent rows with the run's cutoff.
+func (p *Pruner) deleteSent(ctx context.Context, conn *sql.Conn, res *Result) error {
+	for batch := 1; ; batch++ {
+		began := time.Now()
+		keys, err := p.deleteSentRows(ctx, conn, res.Cutoff)
+		if err != nil {
+			return fmt.Errorf("prune sent outbox rows of %s: batch %d: %w", p.cfg.Consumer, batch, err)
+		}
+		r, err := conn.ExecContext(ctx, deleteIdleOutboxKeys, p.cfg.Consumer, keys)
+		if err != nil {
+			return fmt.Errorf("prune outbox ordering keys of %s: %w", p.cfg.Consumer, err)
+		}
+		gone, _ := r.RowsAffected()
+		res.DeletedSent += int64(len(keys))
+		res.DeletedOutboxKeys += gone
+		res.LongestBatch = max(res.LongestBatch, time.Since(began))
+		p.metrics.prunedOutbox.WithLabelValues(p.cfg.Consumer).Add(float64(len(keys)))
+		if len(keys) < p.cfg.BatchSize {
+			return nil
+		}
+		if !sleep(ctx, p.cfg.Pause) {
+			return fmt.Errorf("prune sent outbox rows of %s: %w", p.cfg.Consumer, ctx.Err())
+		}
+	}
+}
+
+func (p *Pruner) deleteSentRows(ctx context.Context, conn *sql.Conn, cutoff time.Time) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, deleteSentBatch, p.cfg.Consumer, cutoff, p.cfg.BatchSize)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var keys []string
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	return keys, rows.Err()
 }

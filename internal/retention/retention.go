@@ -81,6 +81,10 @@ type Config struct {
 	// ordering keys left with no message. Pending, processing, failed and
 	// parked messages are never pruned.
 	Buffered bool
+	// Outbox also prunes the outbox (the migrations' Outbox set must be
+	// applied): rows of producer Consumer sent longer ago than Window, and
+	// the ordering keys left with none. Unsent rows are never pruned.
+	Outbox bool
 }
 
 // Validate reports a configuration that would prune too early or not at all.

@@ -43,6 +43,29 @@ type Config struct {
 	// refuses dead letters older than it (less the retries of the replay).
 	IdempotencyKeyTTL time.Duration `envconfig:"IDEMPOTENCY_KEY_TTL" default:"24h" desc:"how long the services you call remember an idempotency key (Stripe: 24h); the retries must end within it and dlq replay refuses older dead letters"`
 	Buffered
+	Outbox
+}
+
+// Outbox is the outbox relay's (a service with Options.Publishes).
+type Outbox struct {
+	OutboxBatch        int             `envconfig:"OUTBOX_BATCH" default:"100" desc:"outbox relay: rows one claim leases and publishes together, with one confirm wait (1-1000)"`
+	OutboxPollInterval time.Duration   `envconfig:"OUTBOX_POLL_INTERVAL" default:"1s" desc:"outbox relay: looks for unsent rows at least this often (besides this process's commits and the other replicas' NOTIFY)"`
+	OutboxLease        time.Duration   `envconfig:"OUTBOX_LEASE" default:"30s" desc:"outbox relay: how long a claim holds its rows before another replica's relay may take them over (above the 15s publish timeout)"`
+	OutboxRetryDelays  []time.Duration `envconfig:"OUTBOX_RETRY_DELAYS" default:"1s,5s,30s,2m,5m" desc:"outbox relay: delay before attempt n+1 after a publish the broker returned (no queue bound) or refused; the last one repeats"`
+	OutboxMaxAttempts  int             `envconfig:"OUTBOX_MAX_ATTEMPTS" default:"20" desc:"outbox relay: publishes of one row the broker returned or refused before it is parked (the defaults span about 78 minutes); a broker away costs none"`
+}
+
+func (o *Outbox) validate(v *Checks) {
+	v.Require(o.OutboxBatch >= 1 && o.OutboxBatch <= 1000, "OUTBOX_BATCH", "must be between 1 and 1000, got %d", o.OutboxBatch)
+	v.Require(o.OutboxPollInterval >= 10*time.Millisecond && o.OutboxPollInterval <= time.Minute, "OUTBOX_POLL_INTERVAL",
+		"must be between 10ms and 1m, got %s", o.OutboxPollInterval)
+	v.Require(o.OutboxLease > 15*time.Second && o.OutboxLease <= time.Hour, "OUTBOX_LEASE",
+		"must be above the 15s publish timeout (two relays must never publish one row at once) and at most 1h, got %s", o.OutboxLease)
+	v.Require(len(o.OutboxRetryDelays) > 0, "OUTBOX_RETRY_DELAYS", "needs at least one delay")
+	for _, d := range o.OutboxRetryDelays {
+		v.Require(d >= 10*time.Millisecond && d <= 24*time.Hour, "OUTBOX_RETRY_DELAYS", "each delay must be between 10ms and 24h, got %s", d)
+	}
+	v.Require(o.OutboxMaxAttempts >= 1 && o.OutboxMaxAttempts <= 10000, "OUTBOX_MAX_ATTEMPTS", "must be between 1 and 10000, got %d", o.OutboxMaxAttempts)
 }
 
 // Buffered is the choice of inbox and the buffered inbox's processing.
@@ -116,6 +139,7 @@ func (c *Config) validate(v *Checks) {
 	v.Require(c.HandlerTimeout <= 10*time.Minute, "HANDLER_TIMEOUT", "must be at most 10m (RabbitMQ's consumer_timeout is 30m), got %s", c.HandlerTimeout)
 	ValidateRetries(v, c.RetryDelays, c.MaxAttempts)
 	c.Buffered.validate(v) // before the checks derived from the buffered retries
+	c.Outbox.validate(v)
 	c.validateTimeouts(v)
 	ValidateRetention(v, c.InboxRetention, c.InboxPruneBatch, c.RetryDelays, c.MaxAttempts)
 	v.Require(c.InboxPruneInterval == 0 || c.InboxPruneInterval >= time.Second, "INBOX_PRUNE_INTERVAL",

@@ -1,9 +1,11 @@
 package service
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/kelseyhightower/envconfig"
@@ -13,6 +15,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/faults"
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/outbox"
 )
 
 // Options describe one service: what it is called, what it consumes, its own
@@ -55,6 +58,16 @@ type Options struct {
 	// LogAttrs names the business entity on every log line about a message
 	// (and in `dlq list`); it must not fail.
 	LogAttrs func(body []byte) []slog.Attr
+	// Publishes names the topic exchanges the service emits events to through
+	// its outbox: with any, the kit gives the handler Kit.Outbox (enqueue from
+	// the writes, in the inbox transaction), runs the outbox relay in every
+	// replica and declares these exchanges (durable, topic) at each connect.
+	Publishes []string
+	// Tasks, if set, returns the service's own background tasks, built once
+	// the kit is ready: each runs under the kit's context from the start until
+	// the stop (when the consumer stops), with the kit's pool open until it
+	// ends, and adds its readiness to /readyz.
+	Tasks func(k *Kit) ([]Task, error)
 	// OrderingKey names a message's ordering key in the buffered mode
 	// (INBOX_MODE=buffered): messages of one key are processed one at a time,
 	// in the order they were stored. Nil, or "" for a body, makes each such
@@ -71,6 +84,19 @@ type Kit struct {
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
 	Crasher *faults.Crasher
+	// Outbox adds the events a handler emits from its writes (nil unless the
+	// service declares Publishes).
+	Outbox *outbox.Outbox
+}
+
+// Task is a background task of a service (Options.Tasks).
+type Task struct {
+	Name string
+	// Run runs until ctx ends; an error it returns before that stops the
+	// service.
+	Run func(ctx context.Context) error
+	// Ready, if set, is the task's readiness check on /readyz.
+	Ready func() error
 }
 
 func (o *Options) validate() error {
@@ -81,6 +107,8 @@ func (o *Options) validate() error {
 		return errors.New("service options: Event is empty and no Queue is given")
 	case o.NewHandler == nil:
 		return errors.New("service options: NewHandler is nil")
+	case slices.Contains(o.Publishes, ""):
+		return errors.New("service options: Publishes names an empty exchange")
 	}
 	return nil
 }
@@ -105,6 +133,12 @@ func LoadConfig(opts Options) (Config, error) {
 	cfg.derive(opts)
 	var v Checks
 	cfg.validate(&v)
+	if len(opts.Publishes) > 0 && !v.Failed("DB_MAX_CONNS", "DB_COMMITTERS") {
+		// The relay claims and marks on one more.
+		v.Require(cfg.DBCommitters+consumer.LookupReaders+1 <= cfg.MaxConns, "DB_MAX_CONNS",
+			"must be at least DB_COMMITTERS + %d look-up readers + 1 for the outbox relay = %d, got %d: raise DB_MAX_CONNS",
+			consumer.LookupReaders, cfg.DBCommitters+consumer.LookupReaders+1, cfg.MaxConns)
+	}
 	if opts.Check != nil {
 		opts.Check(&cfg, &v)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/inbox"
 	"github.com/inbox-template/payment-service/internal/logging"
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/retention"
 )
@@ -68,16 +69,64 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		k.Crasher = faults.NewCrasher()
 		log.Warn("fault injection enabled: POST /faults/crash arms crash points")
 	}
+	tasks, err := newOutbox(opts, k)
+	if err != nil {
+		return err
+	}
 	rt, err := newRuntime(opts, k, checker.Check)
 	if err != nil {
 		return err
+	}
+	if opts.Tasks != nil {
+		own, err := opts.Tasks(k)
+		if err != nil {
+			return fmt.Errorf("build the service's tasks: %w", err)
+		}
+		tasks = append(tasks, own...)
 	}
 	pruner, err := newPruner(cfg, db, k.Metrics, log)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, checker.Check)}
-	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, log))
+	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, tasks, checker.Check)}
+	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, tasks, cfg.ShutdownTimeout, log))
+}
+
+// newOutbox gives a service that publishes (Options.Publishes) its outbox
+// and the relay that publishes it, as the kit's first task.
+func newOutbox(opts Options, k *Kit) ([]Task, error) {
+	if len(opts.Publishes) == 0 {
+		return nil, nil
+	}
+	cfg := k.Config
+	k.Outbox = outbox.New(cfg.Consumer)
+	sqlDB, err := k.DB.DB()
+	if err != nil {
+		return nil, err
+	}
+	var onPublished func()
+	if k.Crasher != nil {
+		k.Crasher.Declare(faults.AfterOutboxPublish)
+		onPublished = func() { k.Crasher.Hit(faults.AfterOutboxPublish) }
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{
+		AMQPURL:          cfg.AMQPURL,
+		Heartbeat:        cfg.Heartbeat,
+		Name:             opts.Name,
+		Exchanges:        opts.Publishes,
+		Batch:            cfg.OutboxBatch,
+		PollInterval:     cfg.OutboxPollInterval,
+		Lease:            cfg.OutboxLease,
+		RetryDelays:      cfg.OutboxRetryDelays,
+		MaxAttempts:      cfg.OutboxMaxAttempts,
+		ListenURL:        cfg.URL,
+		ReconnectMaxWait: cfg.ReconnectMaxWait,
+		OnPublished:      onPublished,
+	}, outbox.NewStore(sqlDB, cfg.Consumer), k.Outbox, outbox.NewMetrics(k.Metrics), k.Log)
+	if err != nil {
+		return nil, err
+	}
+	return []Task{{Name: "outbox", Run: relay.Run, Ready: relay.Ready}}, nil
 }
 
 func newRegistry() *prometheus.Registry {
@@ -112,9 +161,9 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 }
 
 // Schemas are a service's schemas in the order they are applied: the kit's
-// inbox and buffered inbox, then the service's own.
+// inbox, buffered inbox and outbox, then the service's own.
 func Schemas(opts Options) []migrations.Set {
-	return append([]migrations.Set{migrations.Inbox, migrations.Buffered}, opts.Migrations...)
+	return append([]migrations.Set{migrations.Inbox, migrations.Buffered, migrations.Outbox}, opts.Migrations...)
 }
 
 func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
@@ -218,15 +267,22 @@ func PruneConfig(cfg Config) retention.Config {
 		Interval:    cfg.InboxPruneInterval,
 		RetryDelays: cfg.RetryDelays,
 		MaxAttempts: cfg.MaxAttempts,
-		Buffered:    true, // Schemas applies the buffered set in every mode
+		Buffered:    true, // Schemas applies the buffered and outbox sets in every mode
+		Outbox:      true,
 	}
 }
 
-func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, check health.Check) *http.ServeMux {
-	mux := health.Mux(reg, map[string]health.Check{
+func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task, check health.Check) *http.ServeMux {
+	checks := map[string]health.Check{
 		"consumer": func(context.Context) error { return rt.Ready() },
 		"database": check,
-	})
+	}
+	for _, t := range tasks {
+		if t.Ready != nil {
+			checks[t.Name] = func(context.Context) error { return t.Ready() }
+		}
+	}
+	mux := health.Mux(reg, checks)
 	if k.Crasher != nil {
 		mux.Handle("/faults/", k.Crasher.Handler())
 	}
@@ -237,17 +293,23 @@ func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, check health.
 	return mux
 }
 
-// serve runs the HTTP server, the consumer and the inbox pruner until ctx is
-// cancelled or the server fails, then stops the consumer first (it waits for
-// in-flight messages), the pruner (its batch in flight rolls back) and the
-// server last, so readiness stays observable during the drain.
-func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, log *slog.Logger) error {
+// serve runs the HTTP server, the consumer, the inbox pruner and the tasks
+// (the outbox relay) until ctx is cancelled, the server fails or a task
+// fails, then stops the consumer (it waits for in-flight messages) and the
+// tasks together, the pruner (its batch in flight rolls back), and the server
+// last, so readiness stays observable during the drain. A task still running
+// when the stop's budget (SHUTDOWN_TIMEOUT from the stop) is spent is left:
+// what it leased comes back by itself (the relay's rows, when their lease ends).
+func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *retention.Pruner, tasks []Task,
+	budget time.Duration, log *slog.Logger) error {
 	ln, err := net.Listen("tcp", srv.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR %s: %w", srv.Addr, err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	stopBy := make(chan time.Time, 1)
+	defer context.AfterFunc(ctx, func() { stopBy <- time.Now().Add(budget) })()
 	srvErr := make(chan error, 1)
 	go func() {
 		err := srv.Serve(ln)
@@ -260,19 +322,48 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *
 	log.Info("serving", "addr", ln.Addr().String())
 	var pruning sync.WaitGroup
 	pruning.Go(func() { pruner.Run(ctx) })
+	taskErrs := make(chan error, len(tasks))
+	var running sync.WaitGroup
+	for _, t := range tasks {
+		running.Go(func() {
+			if err := t.Run(ctx); err != nil && ctx.Err() == nil {
+				taskErrs <- fmt.Errorf("%s: %w", t.Name, err)
+				cancel()
+			}
+		})
+	}
 	rtErr := rt.Run(ctx)
 	log.Info("consumer stopped; shutting down")
 	cancel()
 	pruning.Wait()
+	waitUntil(&running, <-stopBy, log)
+	close(taskErrs)
+	errs := []error{rtErr}
+	for err := range taskErrs {
+		errs = append(errs, err)
+	}
 	// The server only answers probes and scrapes: its stop is short, and
 	// bounded apart from the consumer's, whose budget is spent by now.
 	shutdownCtx, done := context.WithTimeout(context.Background(), httpShutdownTimeout)
 	defer done()
-	err = errors.Join(rtErr, srv.Shutdown(shutdownCtx), <-srvErr)
+	err = errors.Join(append(errs, srv.Shutdown(shutdownCtx), <-srvErr)...)
 	if err == nil {
 		log.Info("stopped cleanly")
 	}
 	return err
+}
+
+// waitUntil waits for the tasks until deadline, and leaves them running after it.
+func waitUntil(wg *sync.WaitGroup, deadline time.Time, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn("a task outlived the stop's budget; leaving it (what it leased comes back by itself)")
+	}
 }
 
 // httpShutdownTimeout bounds the HTTP server's stop after the consumer's.

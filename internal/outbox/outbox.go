@@ -1,0 +1,204 @@
+// Package outbox is the kit's transactional outbox: a handler adds the
+// messages it emits to the outbox table from its writes, through the same
+// transaction as the inbox row and its business writes, so that they leave
+// exactly when those commit; the relay (Relay) publishes the committed rows
+// with publisher confirms and marks them sent only after the broker confirmed
+// them. Each message gets its id at insert, a UUID that is the AMQP
+// message_id of every publish of it: a republish after a crash between the
+// confirm and the mark carries the same id, for the next consumer's inbox to
+// suppress.
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/rabbit"
+)
+
+// Message is one message to emit.
+type Message struct {
+	Exchange    string
+	RoutingKey  string
+	ContentType string // "" means application/json
+	Headers     map[string]any
+	Body        []byte
+	// OrderingKey, if set, publishes the messages of one key one at a time,
+	// in the order their transactions committed, across replicas and
+	// restarts; "" publishes the message as soon as possible (the fastest).
+	OrderingKey string
+	// Optional publishes the message even if no queue is bound for it (the
+	// broker drops it: an announcement nobody subscribes to yet). By default
+	// a message no queue takes is a failure, retried and then parked.
+	Optional bool
+}
+
+// Outbox adds messages to the outbox table of one producer (the service).
+// Safe for concurrent use.
+type Outbox struct {
+	producer string
+	wake     chan struct{}
+}
+
+// New returns the outbox of producer, the service's name.
+func New(producer string) *Outbox {
+	return &Outbox{producer: producer, wake: make(chan struct{}, 1)}
+}
+
+// Producer is the name the outbox's rows carry.
+func (o *Outbox) Producer() string { return o.producer }
+
+// maxKeyLen bounds an ordering key, as the inbox bounds a message id.
+const maxKeyLen = 255
+
+// Enqueue adds msgs to the outbox through tx, the transaction of a handler's
+// writes, and returns their ids (the message_id each will be published
+// with). They commit with tx or not at all. Within the writes of the consumer
+// runtime, the relay of this process is woken once the transaction commits;
+// from a transaction of the caller's own, call Wake after its commit (else
+// the relay finds the rows at its next poll).
+//
+// An ordered message takes its key's next sequence number under a lock on
+// the key's row, held until tx ends: transactions emitting to one key commit
+// one after the other.
+func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]string, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	for i, m := range msgs {
+		if err := m.validate(); err != nil {
+			return nil, fmt.Errorf("outbox message %d: %w", i, err)
+		}
+	}
+	seqs, heads, err := o.sequence(ctx, tx, msgs)
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]string, len(msgs))
+	var v values
+	for i, m := range msgs {
+		ids[i] = newID()
+		ct := m.ContentType
+		if ct == "" {
+			ct = "application/json"
+		}
+		var key, seq, available any = nil, nil, "now"
+		if m.OrderingKey != "" {
+			key, seq = m.OrderingKey, seqs[i]
+			if !heads[i] {
+				available = "infinity" // due once the key's message before it is sent
+			}
+		}
+		v.row(ids[i], o.producer, m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), m.Body, !m.Optional, key, seq, available)
+	}
+	err = tx.WithContext(ctx).Exec(`INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body, mandatory, ordering_key, seq, available_at) VALUES `+
+		v.sql("(?, ?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::timestamptz)"), v.args...).Error
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %d outbox messages: %w", len(msgs), err)
+	}
+	consumer.OnCommit(ctx, o.Wake)
+	return ids, nil
+}
+
+// Wake tells this process's relay that messages were committed.
+func (o *Outbox) Wake() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (m Message) validate() error {
+	switch {
+	case m.RoutingKey == "" && m.Exchange == "":
+		return errors.New("no exchange and no routing key")
+	case len(m.OrderingKey) > maxKeyLen || !utf8.ValidString(m.OrderingKey) || strings.ContainsFunc(m.OrderingKey, unicode.IsControl):
+		return errors.New("ordering key longer than 255 bytes, not UTF-8, or with a control character")
+	}
+	return nil
+}
+
+// sequence raises the sequence of every ordering key of msgs, keys in sorted
+// order (so that concurrent transactions lock key rows in one order), and
+// returns each ordered message's number and whether it is its key's head:
+// the first of the key not yet sent, due now.
+func (o *Outbox) sequence(ctx context.Context, tx *gorm.DB, msgs []Message) (map[int]int64, map[int]bool, error) {
+	perKey := map[string][]int{}
+	for i, m := range msgs {
+		if m.OrderingKey != "" {
+			perKey[m.OrderingKey] = append(perKey[m.OrderingKey], i)
+		}
+	}
+	if len(perKey) == 0 {
+		return nil, nil, nil
+	}
+	keys := make([]string, 0, len(perKey))
+	for k := range perKey {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var v values
+	for _, k := range keys {
+		v.row(o.producer, k, len(perKey[k]))
+	}
+	rows, err := tx.WithContext(ctx).Raw(`INSERT INTO outbox_keys AS k (producer, ordering_key, last_seq) VALUES `+v.sql("(?, ?, ?)")+`
+		ON CONFLICT (producer, ordering_key) DO UPDATE SET last_seq = k.last_seq + EXCLUDED.last_seq
+		RETURNING ordering_key, last_seq, next_seq`, v.args...).Rows()
+	if err != nil {
+		return nil, nil, fmt.Errorf("sequence %d outbox ordering keys: %w", len(keys), err)
+	}
+	defer rows.Close()
+	seqs, heads := map[int]int64{}, map[int]bool{}
+	for rows.Next() {
+		var k string
+		var last, next int64
+		if err := rows.Scan(&k, &last, &next); err != nil {
+			return nil, nil, err
+		}
+		idx := perKey[k]
+		for n, i := range idx {
+			seqs[i] = last - int64(len(idx)) + 1 + int64(n)
+			heads[i] = seqs[i] == next
+		}
+	}
+	return seqs, heads, rows.Err()
+}
+
+// values builds the VALUES list of a multi-row statement.
+type values struct {
+	rows int
+	args []any
+}
+
+func (v *values) row(cols ...any) {
+	v.rows++
+	v.args = append(v.args, cols...)
+}
+
+func (v *values) sql(row string) string {
+	return strings.TrimSuffix(strings.Repeat(row+", ", v.rows), ", ")
+}
+
+// newID is a UUID version 7: the time in milliseconds, then randomness, so
+// that ids inserted together sit together in the primary key's index.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16|uint64(binary.BigEndian.Uint16(b[6:8])))
+	b[6] = b[6]&0x0f | 0x70 // version 7
+	b[8] = b[8]&0x3f | 0x80 // variant 10
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
