@@ -24,7 +24,7 @@ func TestReadmeQuotesTheExample(t *testing.T) {
 		section = section[:end]
 	}
 	var sources strings.Builder
-	for _, f := range []string{"shipping.go", "carrier.go", "migrations/00001_shipments.sql", "cmd/shipping-service/main.go"} {
+	for _, f := range []string{"shipping.go", "carrier.go", "migrations/00001_shipments.sql", "../../cmd/shipping-service/main.go"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)

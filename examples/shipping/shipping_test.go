@@ -19,7 +19,7 @@ import (
 )
 
 // service is the example's main, built once and run as a process by each test.
-var service = testenv.NewProgram("./cmd/shipping-service")
+var service = testenv.NewProgram("../../cmd/shipping-service")
 
 func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
 

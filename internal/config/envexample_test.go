@@ -33,6 +33,7 @@ var programConfigs = []struct {
 	spec    any // a pointer to the struct
 }{
 	{"fake-gateway", &FakeGateway{}},
+	{"fake-carrier", &FakeCarrier{}},
 	{"order-publisher", &Publisher{}},
 	{"inboxctl", &Verify{}}, // verify, migrate gateway
 }

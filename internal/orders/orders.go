@@ -23,7 +23,13 @@ type OrderPlaced struct {
 	AmountCents int64     `json:"amount_cents"`
 	Currency    string    `json:"currency"`
 	PlacedAt    time.Time `json:"placed_at"`
+	// ShippingAddress is optional: where a paid order is shipped (the
+	// payment service passes it on in OrderPaid).
+	ShippingAddress string `json:"shipping_address,omitempty"`
 }
+
+// maxAddressLen bounds a shipping address.
+const maxAddressLen = 500
 
 // Reasons a body is rejected. They travel as the dead-letter reason header, so
 // they are stable, short and machine-readable.
@@ -139,6 +145,9 @@ func (o OrderPlaced) Validate() error {
 	}
 	if o.PlacedAt.IsZero() {
 		return invalid(ReasonMissingField, "placed_at is zero")
+	}
+	if len(o.ShippingAddress) > maxAddressLen || strings.ContainsFunc(o.ShippingAddress, unicode.IsControl) {
+		return invalid(ReasonInvalidField, "shipping_address is longer than %d bytes or holds a control character", maxAddressLen)
 	}
 	return nil
 }

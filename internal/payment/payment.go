@@ -17,6 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/gateway"
 	"github.com/inbox-template/payment-service/internal/orders"
+	"github.com/inbox-template/payment-service/internal/outbox"
 )
 
 // Payment statuses.
@@ -56,16 +57,18 @@ type Charger interface {
 	Charge(ctx context.Context, req gateway.ChargeRequest) (gateway.Charge, error)
 }
 
-// Handler charges each order once and records the payment.
+// Handler charges each order once, records the payment and emits its event.
 type Handler struct {
 	gateway Charger
 	db      *gorm.DB // for the read of a recorded payment; writes go through the runtime's tx
+	outbox  *outbox.Outbox
 }
 
-// NewHandler returns a handler that charges through gw and reads the payments
-// already recorded in db.
-func NewHandler(gw Charger, db *gorm.DB) *Handler {
-	return &Handler{gateway: gw, db: db}
+// NewHandler returns a handler that charges through gw, reads the payments
+// already recorded in db, and emits OrderPaid or PaymentDeclined through ob
+// with each payment it records (nil emits nothing).
+func NewHandler(gw Charger, db *gorm.DB, ob *outbox.Outbox) *Handler {
+	return &Handler{gateway: gw, db: db, outbox: ob}
 }
 
 // IdempotencyKey is derived from the order, never from the message or the
@@ -121,14 +124,15 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 		return nil, err // the client's error names the order
 	}
 	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
-		return record(ctx, tx, msg.ID, ev, charge)
+		return h.record(ctx, tx, msg.ID, ev, charge)
 	}, nil
 }
 
-// record inserts the payment. A concurrent transaction inserting the same order
-// makes this insert wait on the unique index and then insert nothing: that
-// message is a duplicate of the order, not an error.
-func record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderPlaced, charge gateway.Charge) (consumer.Outcome, error) {
+// record inserts the payment and, if it is new, emits its event in the same
+// transaction. A concurrent transaction inserting the same order makes this
+// insert wait on the unique index and then insert nothing: that message is a
+// duplicate of the order, not an error, and emits nothing.
+func (h *Handler) record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderPlaced, charge gateway.Charge) (consumer.Outcome, error) {
 	p := Payment{
 		OrderID:     ev.OrderID,
 		MessageID:   messageID,
@@ -147,7 +151,11 @@ func record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderP
 		return "", fmt.Errorf("insert payment of order %s: %w", ev.OrderID, res.Error)
 	case res.RowsAffected == 0:
 		return sameOrder(ctx, tx, ev)
-	case p.Status == StatusDeclined:
+	}
+	if err := emit(ctx, h.outbox, tx, ev, p); err != nil {
+		return "", err
+	}
+	if p.Status == StatusDeclined {
 		return OutcomeDeclined, nil
 	}
 	return consumer.OutcomeProcessed, nil

@@ -23,6 +23,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/inbox"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/orders"
+	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/testenv"
@@ -53,7 +54,7 @@ func newStack(t *testing.T) *stack {
 func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	t.Helper()
 	s := &stack{t: t, amqpURL: testenv.VHost(t)}
-	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
+	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, migrations.Outbox, payment.Migrations)
 	s.gatewayDB, _ = testenv.MigratedDB(t, fakegateway.Migrations)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: takeover})
@@ -79,6 +80,16 @@ func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	if err := s.topo.Declare(s.pub); err != nil {
 		t.Fatal(err)
 	}
+	// The events the service emits land in a queue of the test's.
+	if err := s.pub.ExchangeDeclare(payment.ExchangePayments, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pub.QueueDeclare("events", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.pub.QueueBind("events", "#", payment.ExchangePayments, false, nil); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
@@ -94,18 +105,31 @@ func (s *stack) service() *consumer.Metrics {
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db)
+	ob := outbox.New(cfg.Name)
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db, ob)
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	sqlDB, err := s.db.DB()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{AMQPURL: s.amqpURL, Name: cfg.Name, Exchanges: []string{payment.ExchangePayments},
+		PollInterval: 200 * time.Millisecond}, outbox.NewStore(sqlDB, cfg.Name), ob, outbox.NewMetrics(prometheus.NewRegistry()), testenv.Logger(s.t))
+	if err != nil {
+		s.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
+	done := make(chan error, 2)
 	go func() { done <- rt.Run(ctx) }()
+	go func() { done <- relay.Run(ctx) }()
 	s.t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			s.t.Errorf("Run: %v", err)
+		for range 2 {
+			if err := <-done; err != nil {
+				s.t.Errorf("Run: %v", err)
+			}
 		}
 	})
 	testenv.Eventually(s.t, 30*time.Second, "consumer ready", func() (bool, error) { return rt.Ready() == nil, nil })
@@ -580,5 +604,52 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	waitOutcome(t, m, "processed", n)
 	if outcomes(m, "dead_lettered") != 0 {
 		t.Fatalf("dead-lettered %d: a gateway down is not the messages' fault", outcomes(m, "dead_lettered"))
+	}
+}
+
+// Each payment recorded emits its event through the outbox, in the same
+// transaction: OrderPaid (with the order's shipping address) for a charge,
+// PaymentDeclined for a decline, nothing for a duplicate of the order. Each
+// event's message_id is its outbox row's id.
+func TestPaymentsEmitTheirEvents(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	paid := order("o-paid", 4200)
+	paid.ShippingAddress = "1 Demo Street, Berlin"
+	s.publishOrder("m-paid", paid)
+	s.publishOrder("m-paid-again", paid) // the same order under another id
+	s.publishOrder("m-declined", order("o-declined", 1002))
+	waitOutcome(t, m, "processed", 1)
+	waitOutcome(t, m, "declined", 1)
+	waitOutcome(t, m, "duplicate", 1)
+	var events []amqp.Delivery
+	testenv.Eventually(t, 30*time.Second, "two events", func() (bool, error) {
+		d, ok, err := s.pub.Get("events", true)
+		if ok {
+			events = append(events, d)
+		}
+		return len(events) >= 2, err
+	})
+	time.Sleep(500 * time.Millisecond)
+	if _, more, _ := s.pub.Get("events", true); more {
+		t.Fatal("more than two events: the duplicate emitted one")
+	}
+	byKey := map[string]amqp.Delivery{}
+	for _, d := range events {
+		byKey[d.RoutingKey] = d
+	}
+	var op payment.OrderPaid
+	if err := json.Unmarshal(byKey[payment.KeyOrderPaid].Body, &op); err != nil || op.OrderID != "o-paid" ||
+		op.Address != paid.ShippingAddress || op.AmountCents != 4200 || op.ChargeID == "" {
+		t.Errorf("OrderPaid %s (%v)", byKey[payment.KeyOrderPaid].Body, err)
+	}
+	var pd payment.PaymentDeclined
+	if err := json.Unmarshal(byKey[payment.KeyPaymentDeclined].Body, &pd); err != nil || pd.OrderID != "o-declined" || pd.DeclineReason == "" {
+		t.Errorf("PaymentDeclined %s (%v)", byKey[payment.KeyPaymentDeclined].Body, err)
+	}
+	for _, d := range events {
+		testenv.Eventually(t, 10*time.Second, "its outbox row marked sent", func() (bool, error) {
+			return count(t, s.db, "outbox", "id = ? AND status = 'sent'", d.MessageId) == 1, nil
+		})
 	}
 }

@@ -43,8 +43,10 @@ func Service() service.Options {
 		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
 			// One keep-alive connection per worker: each may be in a gateway call.
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB), nil
+			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB, k.Outbox), nil
 		},
+		// OrderPaid and PaymentDeclined leave through the outbox (events.go).
+		Publishes: []string{ExchangePayments},
 		// A message without a message_id property is deduped by its event_id.
 		KeyFromBody: service.JSONField("event_id"),
 		LogAttrs:    service.JSONAttrs("order_id"),

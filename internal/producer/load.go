@@ -117,6 +117,8 @@ func (l Load) order(rng *rand.Rand, n int) []Message {
 		AmountCents: minAmount + rng.Int64N(maxAmount-minAmount+1),
 		Currency:    currency(rng),
 		PlacedAt:    l.now().UTC(),
+		// From n, not the random numbers: the amounts of a seed stay the same.
+		ShippingAddress: fmt.Sprintf("%d Demo Street, 10115 Berlin", n+1),
 	}
 	duplicate := rng.Float64() < l.DuplicateRate
 	republish := rng.Float64() < l.RepublishRate
