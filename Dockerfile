@@ -1,8 +1,10 @@
-# One build stage compiles the four programs; each image is a target of its own
+# One build stage compiles the programs of cmd/; each image is a target of its own
 # on distroless static, holding only its programs in /usr/local/bin:
 #
 #   target            programs                     expected size
 #   fake-gateway      fake-gateway                 ~20.1 MB
+#   fake-carrier      fake-carrier                 ~16 MB
+#   shipping-service  shipping-service             ~20 MB
 #   order-publisher   order-publisher              ~12.4 MB
 #   payment-service   payment-service, inboxctl    ~39.1 MB  (the last stage: the default)
 #
@@ -40,8 +42,7 @@ RUN --mount=type=cache,target=/go/pkg/mod \
 
 COPY cmd/ cmd/
 COPY internal/ internal/
-# The example consumer (examples/shipping) is part of the module, but its main
-# is not in cmd/: no image carries it.
+# The shipping example's package (its main is cmd/shipping-service).
 COPY examples/ examples/
 ARG TARGETOS TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod \
@@ -58,6 +59,25 @@ USER nonroot:nonroot
 # /v1/charges, /healthz and /metrics (and /faults when FAULTS_ENABLED).
 EXPOSE 8081
 ENTRYPOINT ["/usr/local/bin/fake-gateway"]
+
+FROM gcr.io/distroless/static-debian12:nonroot AS fake-carrier
+LABEL org.opencontainers.image.title="fake-carrier" \
+      org.opencontainers.image.description="Fake carrier of the pipeline demo: pickup bookings with idempotency keys"
+COPY --from=build /out/fake-carrier /usr/local/bin/
+USER nonroot:nonroot
+# /v1/pickups, /healthz and /faults.
+EXPOSE 8082
+ENTRYPOINT ["/usr/local/bin/fake-carrier"]
+
+# The shipping example (examples/shipping), the second service of the
+# pipeline: it consumes order.paid from the payment service's outbox.
+FROM gcr.io/distroless/static-debian12:nonroot AS shipping-service
+LABEL org.opencontainers.image.title="shipping-service" \
+      org.opencontainers.image.description="Shipping example on the inbox kit: books a carrier pickup per paid order, exactly once"
+COPY --from=build /out/shipping-service /usr/local/bin/
+USER nonroot:nonroot
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/shipping-service"]
 
 FROM gcr.io/distroless/static-debian12:nonroot AS order-publisher
 LABEL org.opencontainers.image.title="order-publisher" \

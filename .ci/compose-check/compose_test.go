@@ -43,10 +43,12 @@ const (
 // wantBuildTargets is the Dockerfile target each service of ours builds and
 // runs: inboxctl ships in the payment-service image.
 var wantBuildTargets = map[string]string{
-	"fake-gateway":    "fake-gateway",
-	"payment-service": "payment-service",
-	"order-publisher": "order-publisher",
-	"inboxctl":        "payment-service",
+	"fake-carrier":     "fake-carrier",
+	"shipping-service": "shipping-service",
+	"fake-gateway":     "fake-gateway",
+	"payment-service":  "payment-service",
+	"order-publisher":  "order-publisher",
+	"inboxctl":         "payment-service",
 }
 
 // connectionSettings are the variables docker-compose.yml sets per service
@@ -56,7 +58,8 @@ var wantBuildTargets = map[string]string{
 var connectionSettings = map[string]func(program, value string) string{
 	"AMQP_URL": func(_, v string) string { return wantHost(v, "amqp", "rabbitmq:5672") },
 	"DATABASE_URL": func(prog, v string) string {
-		db := map[string]string{"payment-service": "/payments", "fake-gateway": "/gateway", "inboxctl": "/payments"}[prog]
+		db := map[string]string{"payment-service": "/payments", "fake-gateway": "/gateway", "inboxctl": "/payments",
+			"shipping-service": "/shipping", "fake-carrier": "/carrier"}[prog]
 		if msg := wantHost(v, "postgres", "postgres:5432"); msg != "" {
 			return msg
 		}
@@ -74,10 +77,13 @@ var connectionSettings = map[string]func(program, value string) string{
 		}
 		return ""
 	},
-	"GATEWAY_URL": func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
+	"SHIPPING_DATABASE_URL": func(_, v string) string { return wantDatabase(v, "/shipping") },
+	"CARRIER_DATABASE_URL":  func(_, v string) string { return wantDatabase(v, "/carrier") },
+	"GATEWAY_URL":           func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
 	"HTTP_ADDR": func(prog, v string) string {
 		// inboxctl loads the service's configuration: the service's value.
-		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081", "inboxctl": ":8080"}[prog]
+		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081", "inboxctl": ":8080",
+			"shipping-service": ":8080", "fake-carrier": ":8082"}[prog]
 		if v != want {
 			return "want " + want
 		}
@@ -90,6 +96,17 @@ var connectionSettings = map[string]func(program, value string) string{
 		}
 		return ""
 	},
+}
+
+// wantDatabase checks a PostgreSQL URL of the Compose network for database db.
+func wantDatabase(v, db string) string {
+	if msg := wantHost(v, "postgres", "postgres:5432"); msg != "" {
+		return msg
+	}
+	if u, _ := url.Parse(v); u.Path != db {
+		return "want database " + db
+	}
+	return ""
 }
 
 // warnings collects what compose-go logs while loading (an unset variable, an
@@ -401,11 +418,13 @@ func TestPaymentServiceRunsTwoReplicas(t *testing.T) {
 func TestStartOrderWaitsForHealth(t *testing.T) {
 	p := load(t, envExampleValues(t))
 	want := map[string][]string{
-		"fake-gateway":    {"postgres"},
-		"payment-service": {"fake-gateway", "postgres", "rabbitmq"},
-		"order-publisher": {"payment-service", "rabbitmq"},
-		"inboxctl":        {"postgres", "rabbitmq"},
-		"prometheus":      {"order-publisher"},
+		"fake-gateway":     {"postgres"},
+		"payment-service":  {"fake-gateway", "postgres", "rabbitmq"},
+		"order-publisher":  {"payment-service", "rabbitmq", "shipping-service"},
+		"inboxctl":         {"postgres", "rabbitmq"},
+		"fake-carrier":     {"postgres"},
+		"shipping-service": {"fake-carrier", "postgres", "rabbitmq"},
+		"prometheus":       {"order-publisher"},
 	}
 	for _, s := range p.Services {
 		var deps []string
@@ -646,6 +665,7 @@ var wantHostPorts = map[string]struct {
 	"RABBITMQ_UI_HOST_PORT": {"rabbitmq", 15672},
 	"POSTGRES_HOST_PORT":    {"postgres", 5432},
 	"GATEWAY_HOST_PORT":     {"fake-gateway", 8081},
+	"CARRIER_HOST_PORT":     {"fake-carrier", 8082},
 	"PROMETHEUS_HOST_PORT":  {"prometheus", 9090},
 }
 

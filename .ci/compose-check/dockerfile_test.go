@@ -35,9 +35,11 @@ var wantTargets = []struct {
 	programs []string
 	expose   []string
 }{
+	{"fake-carrier", []string{"fake-carrier"}, []string{"8082"}},
 	{"fake-gateway", []string{"fake-gateway"}, []string{"8081"}},
 	{"order-publisher", []string{"order-publisher"}, nil},
 	{"payment-service", []string{"inboxctl", "payment-service"}, []string{"8080"}},
+	{"shipping-service", []string{"shipping-service"}, []string{"8080"}},
 }
 
 // dockerfileLines returns the Dockerfile's instructions with continuation

@@ -114,7 +114,19 @@ func verifyRuns(ctx context.Context, opts service.Options, cfg service.Config, g
 	}
 	defer conn.Close()
 	topo := service.Topology(cfg)
-	return verify.Verify(ctx, verify.Sources{
-		Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo, opts.LogAttrs), Topology: topo,
-	}, runs)
+	src := verify.Sources{Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo, opts.LogAttrs), Topology: topo}
+	if gwCfg.ShippingDatabaseURL != "" {
+		shipping, err := open(gwCfg.ShippingDatabaseURL)
+		if err != nil {
+			return verify.Report{}, fmt.Errorf("shipping database: %w", err)
+		}
+		defer database.Close(shipping)
+		carrier, err := open(gwCfg.CarrierDatabaseURL)
+		if err != nil {
+			return verify.Report{}, fmt.Errorf("carrier database: %w", err)
+		}
+		defer database.Close(carrier)
+		src.Pipeline = &verify.Pipeline{Shipping: shipping, Carrier: carrier}
+	}
+	return verify.Verify(ctx, src, runs)
 }

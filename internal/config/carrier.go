@@ -11,10 +11,10 @@ import (
 type FakeCarrier struct {
 	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/carrier?sslmode=disable" desc:"PostgreSQL URL of the service's database"`
 	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8082" desc:"listen address of health, metrics and fault endpoints"`
-	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0" desc:"probability (0-1) of a 503 before anything is stored"`
-	LostResponseRate float64       `envconfig:"FAULT_LOST_RESPONSE_RATE" default:"0" desc:"probability (0-1) of storing the booking, then dropping the connection"`
-	Latency          time.Duration `envconfig:"FAULT_LATENCY" default:"0s" desc:"network time of every booking; a new booking spends it in flight (makes 409 observable)"`
-	InFlightTakeover time.Duration `envconfig:"IN_FLIGHT_TAKEOVER" default:"30s" desc:"an in-flight idempotency key older than this is presumed abandoned"`
+	ErrorRate        float64       `envconfig:"CARRIER_FAULT_ERROR_RATE" default:"0" desc:"fake carrier: probability (0-1) of a 503 before anything is stored"`
+	LostResponseRate float64       `envconfig:"CARRIER_FAULT_LOST_RESPONSE_RATE" default:"0" desc:"fake carrier: probability (0-1) of storing the booking, then dropping the connection"`
+	Latency          time.Duration `envconfig:"CARRIER_FAULT_LATENCY" default:"0s" desc:"fake carrier: network time of every booking; a new booking spends it in flight (makes 409 observable)"`
+	InFlightTakeover time.Duration `envconfig:"CARRIER_IN_FLIGHT_TAKEOVER" default:"30s" desc:"fake carrier: an in-flight idempotency key older than this is presumed abandoned"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
@@ -23,10 +23,10 @@ func (c *FakeCarrier) Validate() error {
 	var v service.Checks
 	v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
 	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
-	v.Require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
-	v.Require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
-	v.Require(c.Latency >= 0 && c.Latency <= time.Minute, "FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
-	v.Require(c.InFlightTakeover >= time.Second, "IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
+	v.Require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "CARRIER_FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)
+	v.Require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "CARRIER_FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
+	v.Require(c.Latency >= 0 && c.Latency <= time.Minute, "CARRIER_FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
+	v.Require(c.InFlightTakeover >= time.Second, "CARRIER_IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
 	v.Require(service.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	return v.Err()
 }

@@ -88,6 +88,7 @@ var composeHostPorts = []struct{ name, def, desc string }{
 	{"RABBITMQ_UI_HOST_PORT", "15672", "host port of the RabbitMQ management UI (container port 15672)"},
 	{"POSTGRES_HOST_PORT", "5432", "host port of PostgreSQL (container port 5432)"},
 	{"GATEWAY_HOST_PORT", "8081", "host port of the fake gateway (container port 8081)"},
+	{"CARRIER_HOST_PORT", "8082", "host port of the fake carrier (container port 8082)"},
 	{"PROMETHEUS_HOST_PORT", "9090", "host port of Prometheus (container port 9090)"},
 }
 

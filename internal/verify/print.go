@@ -32,6 +32,11 @@ func (r Report) Print(w io.Writer) error {
 	for _, q := range sortedKeys(r.Queued) {
 		row("still queued in "+q, r.Queued[q])
 	}
+	if p := r.Pipeline; p != nil {
+		row("shipments", p.Shipments)
+		row("carrier pickups", p.Pickups)
+		row("outbox pending / parked", fmt.Sprintf("%d / %d", p.OutboxPending, p.OutboxParked))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -51,30 +51,33 @@ type Sources struct {
 	Gateway  *gorm.DB
 	Broker   Broker
 	Topology rabbit.Topology
+	// Pipeline, if set, extends the checks downstream (see Pipeline).
+	Pipeline *Pipeline
 }
 
 // Report is the outcome: the counts and the invariants.
 type Report struct {
-	Runs                []string       `json:"runs"`
-	OrdersPublished     int            `json:"orders_published"`
-	MessagesPublished   int            `json:"messages_published"`
-	DuplicatesSent      int            `json:"duplicates_sent"`
-	RepublishesSent     int            `json:"republishes_sent"`
-	PoisonSent          int            `json:"poison_sent"`
-	Payments            int            `json:"payments"`
-	Declined            int            `json:"payments_declined"`
-	GatewayCharges      int            `json:"gateway_charges"`
-	GatewayReplays      int            `json:"gateway_replays_served"`
-	DuplicatesAbsorbed  int            `json:"duplicates_suppressed"`
-	DeadLettered        map[string]int `json:"dead_lettered_by_reason"`
-	Queued              map[string]int `json:"messages_still_queued"`
-	Lost                []string       `json:"lost_orders"`
-	ChargedTwice        []string       `json:"orders_charged_twice"`
-	PaidWithoutCharge   []string       `json:"payments_without_charge"`
-	UnexpectedPayments  []string       `json:"unexpected_payments"`
-	ChargesWithoutOrder []string       `json:"charges_without_payment_or_dead_letter"`
-	Checks              []Check        `json:"checks"`
-	OK                  bool           `json:"ok"`
+	Runs                []string        `json:"runs"`
+	OrdersPublished     int             `json:"orders_published"`
+	MessagesPublished   int             `json:"messages_published"`
+	DuplicatesSent      int             `json:"duplicates_sent"`
+	RepublishesSent     int             `json:"republishes_sent"`
+	PoisonSent          int             `json:"poison_sent"`
+	Payments            int             `json:"payments"`
+	Declined            int             `json:"payments_declined"`
+	GatewayCharges      int             `json:"gateway_charges"`
+	GatewayReplays      int             `json:"gateway_replays_served"`
+	DuplicatesAbsorbed  int             `json:"duplicates_suppressed"`
+	DeadLettered        map[string]int  `json:"dead_lettered_by_reason"`
+	Queued              map[string]int  `json:"messages_still_queued"`
+	Lost                []string        `json:"lost_orders"`
+	ChargedTwice        []string        `json:"orders_charged_twice"`
+	PaidWithoutCharge   []string        `json:"payments_without_charge"`
+	UnexpectedPayments  []string        `json:"unexpected_payments"`
+	ChargesWithoutOrder []string        `json:"charges_without_payment_or_dead_letter"`
+	Pipeline            *PipelineReport `json:"pipeline,omitempty"`
+	Checks              []Check         `json:"checks"`
+	OK                  bool            `json:"ok"`
 }
 
 // Check is one invariant.
@@ -101,6 +104,15 @@ func Verify(ctx context.Context, src Sources, runs []Run) (Report, error) {
 	}
 	r.fill(f, runs)
 	r.check()
+	if src.Pipeline != nil {
+		if err := r.checkPipeline(ctx, src, runs, f); err != nil {
+			return r, err
+		}
+	}
+	r.OK = true
+	for _, c := range r.Checks {
+		r.OK = r.OK && c.OK
+	}
 	return r, nil
 }
 
@@ -179,10 +191,6 @@ func (r *Report) check() {
 		{"no unexpected payment (poison or unknown order)", len(r.UnexpectedPayments) == 0, ids(r.UnexpectedPayments)},
 		{"every charge has its payment or dead letter", len(r.ChargesWithoutOrder) == 0, ids(r.ChargesWithoutOrder)},
 		{"queues drained", queued == 0, fmt.Sprint(r.Queued)},
-	}
-	r.OK = true
-	for _, c := range r.Checks {
-		r.OK = r.OK && c.OK
 	}
 }
 
