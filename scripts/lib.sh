@@ -54,7 +54,6 @@ KIT_BUFFER_RETRY_DELAYS=${BUFFER_RETRY_DELAYS:-200ms,1s,2s}
 KIT_BUFFER_MAX_ATTEMPTS=${BUFFER_MAX_ATTEMPTS:-30}
 KIT_IN_FLIGHT=${GATEWAY_IN_FLIGHT_TIMEOUT:-5s}
 COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults-$$}
-DLQ_NAME=${DEAD_LETTER_QUEUE:-payments.order-placed.dlq}
 
 # State of one run.
 SCENARIO=""
@@ -65,8 +64,14 @@ VHOST=""
 AMQP_URL_RUN=""
 DB_PAYMENTS=""
 DB_GATEWAY=""
+DB_SHIPPING=""
+DB_CARRIER=""
 GATEWAY_ADDR=""
 GATEWAY_PID=""
+CARRIER_ADDR=""
+CARRIER_PID=""
+SHIPPING_ADDR=""
+SHIPPING_PID=""
 REPLICAS=0
 SERVICE_PORT=()
 SERVICE_PID=()
@@ -160,7 +165,7 @@ kit_init() {
       command -v "$tool" >/dev/null || die "$tool is needed in local mode"
     done
     local prog
-    for prog in payment-service fake-gateway order-publisher inboxctl; do
+    for prog in payment-service fake-gateway order-publisher inboxctl shipping-service fake-carrier; do
       [[ -x $BIN_DIR/$prog ]] || die "$BIN_DIR/$prog is missing: run make build"
     done
   fi
@@ -198,19 +203,21 @@ cleanup() {
     fi
     exit "$rc"
   fi
-  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID"; do
+  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID" "$SHIPPING_PID" "$CARRIER_PID"; do
     [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null
   done
-  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID"; do
+  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID" "$SHIPPING_PID" "$CARRIER_PID"; do
     [[ -n $pid ]] && wait_gone "$pid"
   done
+  local db
   if [[ ${KEEP:-0} == 1 ]]; then
-    [[ -n $VHOST ]] && echo "KEEP=1: kept vhost $VHOST and databases $DB_PAYMENTS, $DB_GATEWAY; remove them with"
-    [[ -n $VHOST ]] && echo "  rabbitmqctl delete_vhost $VHOST; dropdb --force $DB_PAYMENTS; dropdb --force $DB_GATEWAY"
+    [[ -n $VHOST ]] && echo "KEEP=1: kept vhost $VHOST and databases $DB_PAYMENTS, $DB_GATEWAY, $DB_SHIPPING, $DB_CARRIER; remove them with"
+    [[ -n $VHOST ]] && echo "  rabbitmqctl delete_vhost $VHOST; dropdb --force DB (each)"
   else
     [[ -n $VHOST ]] && timeout 60 "${RABBITMQCTL_CMD[@]}" -q delete_vhost "$VHOST" >/dev/null 2>&1
-    [[ -n $DB_PAYMENTS ]] && timeout 60 dropdb --if-exists --force "$DB_PAYMENTS" 2>/dev/null
-    [[ -n $DB_GATEWAY ]] && timeout 60 dropdb --if-exists --force "$DB_GATEWAY" 2>/dev/null
+    for db in "$DB_PAYMENTS" "$DB_GATEWAY" "$DB_SHIPPING" "$DB_CARRIER"; do
+      [[ -n $db ]] && timeout 60 dropdb --if-exists --force "$db" 2>/dev/null
+    done
   fi
   exit "$rc"
 }
@@ -271,24 +278,50 @@ stack_up() {
   VHOST="inbox-faults-$SCENARIO-$RUN_TAG"
   DB_PAYMENTS="faults_${RUN_TAG//-/_}_payments"
   DB_GATEWAY="faults_${RUN_TAG//-/_}_gateway"
+  DB_SHIPPING="faults_${RUN_TAG//-/_}_shipping"
+  DB_CARRIER="faults_${RUN_TAG//-/_}_carrier"
   AMQP_URL_RUN="$AMQP_BASE/$VHOST"
-  say "fresh vhost $VHOST, databases $DB_PAYMENTS and $DB_GATEWAY"
+  say "fresh vhost $VHOST, databases $DB_PAYMENTS, $DB_GATEWAY, $DB_SHIPPING and $DB_CARRIER"
   rmq -q add_vhost "$VHOST" >/dev/null
   rmq -q set_permissions -p "$VHOST" guest '.*' '.*' '.*' >/dev/null
-  timeout 60 createdb "$DB_PAYMENTS"
-  timeout 60 createdb "$DB_GATEWAY"
+  local db
+  for db in "$DB_PAYMENTS" "$DB_GATEWAY" "$DB_SHIPPING" "$DB_CARRIER"; do
+    timeout 60 createdb "$db"
+  done
   GATEWAY_ADDR="127.0.0.1:$(free_port)"
   env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
     FAULTS_ENABLED=true LOG_LEVEL=info "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
   GATEWAY_PID=$!
   disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
   wait_until 30 "the fake gateway on $GATEWAY_ADDR" http_ok "http://$GATEWAY_ADDR/healthz"
+  pipeline_up
   local i
   for ((i = 1; i <= REPLICAS; i++)); do
     SERVICE_PORT[i]=$(free_port)
     service_start "$i"
   done
-  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs)"
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs); pipeline: shipping-service $SHIPPING_ADDR, fake-carrier $CARRIER_ADDR"
+}
+
+# pipeline_up starts the pipeline's second half in local mode, as Compose
+# does: the fake carrier, and one shipping-service consuming the payment
+# service's order.paid events (its queue is declared before any order is
+# published, so that no event finds it missing).
+pipeline_up() {
+  CARRIER_ADDR="127.0.0.1:$(free_port)"
+  env DATABASE_URL="$(pg_url "$DB_CARRIER")" HTTP_ADDR="$CARRIER_ADDR" CARRIER_IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
+    LOG_LEVEL=info "$BIN_DIR/fake-carrier" >>"$RUN_DIR/fake-carrier.log" 2>&1 &
+  CARRIER_PID=$!
+  disown "$CARRIER_PID"
+  wait_until 30 "the fake carrier on $CARRIER_ADDR" http_ok "http://$CARRIER_ADDR/healthz"
+  SHIPPING_ADDR="127.0.0.1:$(free_port)"
+  env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_SHIPPING")" CARRIER_URL="http://$CARRIER_ADDR" \
+    HTTP_ADDR="$SHIPPING_ADDR" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
+    RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s LOG_LEVEL=info \
+    "$BIN_DIR/shipping-service" >>"$RUN_DIR/shipping-service.log" 2>&1 &
+  SHIPPING_PID=$!
+  disown "$SHIPPING_PID"
+  wait_until 60 "the shipping service on $SHIPPING_ADDR" http_ok "http://$SHIPPING_ADDR/readyz"
 }
 
 pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
@@ -584,16 +617,18 @@ queue_depths() {
 }
 
 # pending_messages prints how many messages wait in, or are being handled from,
-# the work queue and the retry queues (the dead-letter queue is not counted).
+# the work and retry queues of both services (the dead-letter queues are not
+# counted), plus the payment service's events not yet confirmed (its outbox).
 pending_messages() {
-  local out queued stored=0
+  local out queued stored=0 unsent
   out=$(queue_depths 2>/dev/null) || return 1
   [[ -n $out ]] || return 1
-  queued=$(awk -v dlq="$DLQ_NAME" '$1 != dlq { n += $2 + $3 } END { print n + 0 }' <<<"$out")
+  queued=$(awk '$1 !~ /\.dlq$/ { n += $2 + $3 } END { print n + 0 }' <<<"$out")
   if [[ $KIT_INBOX_MODE == buffered ]]; then # stored and acked, not yet processed
     stored=$(psql_payments "SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')") || return 1
   fi
-  echo $((queued + stored))
+  unsent=$(psql_payments "SELECT count(*) FROM outbox WHERE status = 'pending'") || return 1
+  echo $((queued + stored + unsent))
 }
 
 # psql_payments SQL: one query on the payments database, unaligned output.
@@ -741,6 +776,7 @@ run_verify() {
     if [[ $MODE == local ]]; then
       env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" \
         GATEWAY_DATABASE_URL="$(pg_url "$DB_GATEWAY")" RETRY_DELAYS="$KIT_RETRY_DELAYS" \
+        SHIPPING_DATABASE_URL="$(pg_url "$DB_SHIPPING")" CARRIER_DATABASE_URL="$(pg_url "$DB_CARRIER")" \
         MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
         timeout 120 "$BIN_DIR/inboxctl" verify --summary "$RUN_DIR/$f" >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
     else
@@ -777,17 +813,18 @@ eq() { [[ $1 == "$2" ]]; }
 
 # service_logs: every line the replicas logged in this run, across restarts.
 service_logs() {
+  local svc=${1:-payment-service}
   if [[ $MODE == local ]]; then
-    cat "$RUN_DIR"/payment-service-*.log
+    cat "$RUN_DIR/$svc"*.log
   else
-    compose logs --no-color --no-log-prefix payment-service 2>/dev/null
+    compose logs --no-color --no-log-prefix "$svc" 2>/dev/null
   fi
 }
 
 # count_logged TEXT...: lines of the replicas' logs containing every TEXT.
 count_logged() {
   local lines pattern
-  lines=$(service_logs) || true
+  lines=$(service_logs "${LOGS_OF:-payment-service}") || true
   for pattern in "$@"; do
     lines=$(grep -F -- "$pattern" <<<"$lines") || true
   done
