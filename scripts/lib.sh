@@ -78,6 +78,7 @@ SERVICE_PID=()
 SERVICE_SEEN=() # last instance seen by supervise: a pid (local) or a start time (compose)
 SERVICE_ARM=()  # crash points to arm after each (re)start: "POINT:P POINT:P"
 SERVICE_ENV=()  # extra environment for local replicas
+SERVICE_HELD=() # 1 for a replica the scenario stopped on purpose (service_hold): not restarted
 PUB_PIDS=()
 PUB_NAMES=()
 SUMMARIES=()
@@ -88,6 +89,7 @@ CRASHES=0      # replicas found dead (or restarted by Docker) that the script di
 KILLS=0        # replicas the script SIGKILLed itself
 RESTARTS=0     # replicas the script started again
 BROKER_STOPPED=0
+BROKER_WATERMARK="" # set while a scenario's memory alarm is raised (alarm_on, alarm_off)
 VERDICT_DONE=0
 KIT_T0=$SECONDS
 
@@ -184,6 +186,10 @@ cleanup() {
   if ((BROKER_STOPPED)); then
     warn "the broker was left stopped: starting it again"
     broker_start_app
+  fi
+  if [[ -n $BROKER_WATERMARK ]]; then
+    warn "a memory alarm was left raised: restoring the watermark $BROKER_WATERMARK"
+    broker_ctl -q set_vm_memory_high_watermark "$BROKER_WATERMARK" >/dev/null
   fi
   local pid
   for pid in "${PUB_PIDS[@]}"; do
@@ -480,6 +486,7 @@ service_kill() {
 supervise() {
   local i now
   for ((i = 1; i <= REPLICAS; i++)); do
+    ((${SERVICE_HELD[i]:-0})) && continue
     now=$(service_instance "$i")
     [[ $now != dead && $now == "${SERVICE_SEEN[i]:-}" ]] && continue
     [[ ${SERVICE_SEEN[i]:-dead} != dead ]] && CRASHES=$((CRASHES + 1))
@@ -609,6 +616,31 @@ broker_start_app() {
   else
     compose start rabbitmq >/dev/null 2>&1 && compose up -d --wait rabbitmq >/dev/null 2>&1
   fi && BROKER_STOPPED=0
+}
+
+# service_hold I stops replica I (SIGKILL) and keeps it stopped: supervise
+# does not restart it until service_release I starts it again.
+service_hold() {
+  SERVICE_HELD[$1]=1
+  service_kill "$1"
+}
+service_release() {
+  service_start "$1"
+  SERVICE_HELD[$1]=0
+}
+
+# alarm_on raises a memory alarm on the broker: every connection that
+# publishes blocks. alarm_off clears it; the cleanup does if a scenario died.
+alarm_on() {
+  BROKER_WATERMARK=$(broker_ctl -q eval 'vm_memory_monitor:get_vm_memory_high_watermark().' | tr -d '\r')
+  broker_ctl -q set_vm_memory_high_watermark 0.000001 >/dev/null
+  # The memory monitor raises the alarm at its next check, not at once.
+  wait_until 30 "the broker's memory alarm" alarm_raised
+}
+alarm_raised() { broker_ctl -q eval 'rabbit_alarm:get_alarms().' 2>/dev/null | grep -q memory; }
+alarm_off() {
+  [[ -n $BROKER_WATERMARK ]] || return 0
+  broker_ctl -q set_vm_memory_high_watermark "$BROKER_WATERMARK" >/dev/null && BROKER_WATERMARK=""
 }
 
 # queue_depths prints "queue messages unacked" for every queue of the run.

@@ -375,3 +375,35 @@ func TestBrokerAwayWithABacklogLosesNothing(t *testing.T) {
 		t.Errorf("%d parked: the broker's absence is not the messages' fault", p)
 	}
 }
+
+// The link dies while a batch waits for its confirms (the broker went silent,
+// then the connection was cut): the relay gives the batch back and
+// reconnects, instead of spinning on the returns channel the library closed
+// with the channel.
+func TestLinkCutWhileWaitingForConfirmsReconnects(t *testing.T) {
+	e := newEnv(t)
+	u, err := url.Parse(e.amqp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.Proxy(t, "amqp", u.Host)
+	proxied := *u
+	proxied.Host = proxy.Listen
+	r, _, _ := e.relay(proxied.String(), nil)
+	testenv.Eventually(t, 10*time.Second, "connected", func() (bool, error) { return r.Ready() == nil, nil })
+	testenv.AddToxic(t, proxy, `{"name":"silent","type":"timeout","stream":"downstream","attributes":{"timeout":0}}`)
+	if _, err := e.emit(nil, event(1, ""), event(2, "k")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the batch is published, its confirms never come
+	testenv.RemoveToxic(t, proxy, "silent")
+	proxy.Stop() // cut the connection that saw the silence
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got := e.received(2)
+	if len(got) < 2 {
+		t.Fatalf("received %d of 2", len(got))
+	}
+	testenv.Eventually(t, 30*time.Second, "both marked sent", func() (bool, error) { return e.count("status = 'sent'") == 2, nil })
+}

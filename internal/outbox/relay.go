@@ -362,7 +362,11 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 	returned := map[string]amqp.Return{}
 	for more := true; more; {
 		select {
-		case ret := <-l.returns:
+		case ret, ok := <-l.returns:
+			if !ok { // the library closed it with the channel
+				more = false
+				break
+			}
 			returned[ret.MessageId] = ret
 		default:
 			more = false
