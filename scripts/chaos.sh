@@ -3,7 +3,8 @@
 #
 # Every fault at once, for a bounded time: thousands of orders (rate-limited to
 # span most of the window) with duplicates, republishes and poison; two
-# replicas with all four crash points armed at small probabilities; random
+# replicas with all five crash points armed at small probabilities (the
+# outbox relay's too: the pipeline to the shipping service runs); random
 # SIGKILLs; the broker closing every connection; the payments database's
 # sessions terminated; the fake gateway answering 503 and losing responses.
 # Then the faults stop, dead replicas are restarted, the queues drain, and
@@ -104,11 +105,14 @@ chaos_action() {
 stack_up 2
 # The publisher spans about 70% of the window, so the faults hit a steady load.
 RATE=$(awk -v n="$ORDERS" -v d="$DURATION" 'BEGIN { printf "%.1f", n / (d * 0.7) }')
-ARMED="after-inbox-insert:$CRASH_P after-gateway-charge:$CRASH_P after-commit:$CRASH_P after-ack:$CRASH_P"
-POINTS=four
+# The outbox relay's point is hit once a batch, not once a message: armed ten
+# times as likely.
+RELAY_P=$(awk -v p="$CRASH_P" 'BEGIN { printf "%g", p * 10 }')
+ARMED="after-inbox-insert:$CRASH_P after-gateway-charge:$CRASH_P after-commit:$CRASH_P after-ack:$CRASH_P after-outbox-publish:$RELAY_P"
+POINTS=five
 if [[ $KIT_INBOX_MODE == buffered ]]; then
   ARMED+=" after-claim:$CRASH_P after-process-commit:$CRASH_P"
-  POINTS=six
+  POINTS=seven
 fi
 for ((i = 1; i <= REPLICAS; i++)); do set_crash_points "$i" "$ARMED"; done
 gateway_faults '{"error_rate":0.05,"lost_response_rate":0.05}'

@@ -24,6 +24,10 @@ const (
 	DeadLetterExchange = "payments.dlx"
 	DeadLetterQueue    = "payments.order-placed.dlq"
 	DeliveryLimit      = 20
+	// EventsExchange is where the payment service's outbox publishes;
+	// EventsSink takes and drops every event.
+	EventsExchange = "payments"
+	EventsSink     = "bench.events"
 )
 
 // QueueArgs are the work queue's arguments, as internal/rabbit/topology.go of
@@ -67,6 +71,17 @@ func Declare(amqpURL string) error {
 		},
 		func() error { return ch.QueueBind(Queue, RoutingKey, Exchange, false, nil) },
 		func() error { return ch.QueueBind(DeadLetterQueue, Queue, DeadLetterExchange, false, nil) },
+		// The events the payment service emits through its outbox (OrderPaid
+		// is mandatory) need a queue to be taken by; this one keeps none.
+		func() error {
+			return ch.ExchangeDeclare(EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+		},
+		func() error {
+			_, err := ch.QueueDeclare(EventsSink, true, false, false, false,
+				amqp.Table{"x-queue-type": "classic", "x-max-length": int64(0), "x-overflow": "drop-head"})
+			return err
+		},
+		func() error { return ch.QueueBind(EventsSink, "#", EventsExchange, false, nil) },
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
