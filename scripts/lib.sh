@@ -360,13 +360,15 @@ compose_up() {
   # ones of a local PostgreSQL or RabbitMQ, or of another stack.
   export RABBITMQ_HOST_PORT=${RABBITMQ_HOST_PORT:-0} RABBITMQ_UI_HOST_PORT=${RABBITMQ_UI_HOST_PORT:-0} \
     POSTGRES_HOST_PORT=${POSTGRES_HOST_PORT:-0} GATEWAY_HOST_PORT=${GATEWAY_HOST_PORT:-0} \
-    PROMETHEUS_HOST_PORT=${PROMETHEUS_HOST_PORT:-0}
+    PROMETHEUS_HOST_PORT=${PROMETHEUS_HOST_PORT:-0} CARRIER_HOST_PORT=${CARRIER_HOST_PORT:-0}
   say "compose project $COMPOSE_PROJECT on fresh volumes"
   printf '=== %s: %s\n' "$(date -Is)" "compose_up" >>"$RUN_DIR/compose.log"
   compose_down || true
-  compose build fake-gateway payment-service order-publisher inboxctl >>"$RUN_DIR/compose.log" 2>&1 ||
+  compose build fake-gateway payment-service order-publisher inboxctl fake-carrier shipping-service >>"$RUN_DIR/compose.log" 2>&1 ||
     die "docker compose build failed (see $RUN_DIR/compose.log)"
-  compose up -d --wait rabbitmq postgres fake-gateway payment-service >>"$RUN_DIR/compose.log" 2>&1 ||
+  # The pipeline's second half too: the payment service's events need the
+  # shipping service's queue, and verify checks the chain.
+  compose up -d --wait rabbitmq postgres fake-gateway payment-service fake-carrier shipping-service >>"$RUN_DIR/compose.log" 2>&1 ||
     die "docker compose up failed (see $RUN_DIR/compose.log)"
   REPLICAS=2 # the compose file runs two
   GATEWAY_ADDR=$(compose port fake-gateway 8081 2>>"$RUN_DIR/compose.log" | tail -n1)
@@ -376,7 +378,7 @@ compose_up() {
     SERVICE_SEEN[i]=$(service_instance "$i")
     service_wait "$i" 60
   done
-  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs)"
+  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs), shipping-service and fake-carrier"
 }
 
 # ---------------------------------------------------------------- payment-service replicas
