@@ -214,7 +214,7 @@ func TestDLQListAndReplay(t *testing.T) {
 }
 
 func TestInboxPrune(t *testing.T) {
-	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
+	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered, migrations.Outbox)
 	t.Setenv("DATABASE_URL", url)
 	err := gdb.Exec(`
 		INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)

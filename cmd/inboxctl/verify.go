@@ -126,7 +126,7 @@ func verifyRuns(ctx context.Context, opts service.Options, cfg service.Config, g
 			return verify.Report{}, fmt.Errorf("carrier database: %w", err)
 		}
 		defer database.Close(carrier)
-		src.Pipeline = &verify.Pipeline{Shipping: shipping, Carrier: carrier}
+		src.Pipeline = &verify.Pipeline{Shipping: shipping, Carrier: carrier, Producer: cfg.Consumer}
 	}
 	return verify.Verify(ctx, src, runs)
 }

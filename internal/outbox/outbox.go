@@ -48,13 +48,17 @@ type Message struct {
 // Outbox adds messages to the outbox table of one producer (the service).
 // Safe for concurrent use.
 type Outbox struct {
-	producer string
-	wake     chan struct{}
+	producer  string
+	exchanges []string // those the relay declares; nil takes any
+	wake      chan struct{}
 }
 
-// New returns the outbox of producer, the service's name.
-func New(producer string) *Outbox {
-	return &Outbox{producer: producer, wake: make(chan struct{}, 1)}
+// New returns the outbox of producer, the service's name. With exchanges
+// (the service's Publishes, which the relay declares), Enqueue refuses a
+// message to any other but the default exchange: the broker would close the
+// relay's channel on it (404) at every try.
+func New(producer string, exchanges ...string) *Outbox {
+	return &Outbox{producer: producer, exchanges: exchanges, wake: make(chan struct{}, 1)}
 }
 
 // Producer is the name the outbox's rows carry.
@@ -80,6 +84,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 	for i, m := range msgs {
 		if err := m.validate(); err != nil {
 			return nil, fmt.Errorf("outbox message %d: %w", i, err)
+		}
+		if m.Exchange != "" && o.exchanges != nil && !slices.Contains(o.exchanges, m.Exchange) {
+			return nil, fmt.Errorf("outbox message %d: exchange %q is not one the service publishes to (Options.Publishes: %q)", i, m.Exchange, o.exchanges)
 		}
 	}
 	seqs, heads, err := o.sequence(ctx, tx, msgs)
@@ -131,7 +138,8 @@ func (m Message) validate() error {
 }
 
 // sequence raises the sequence of every ordering key of msgs, keys in sorted
-// order (so that concurrent transactions lock key rows in one order), and
+// order within this call (one transaction's calls lock their keys in the
+// order of the calls: see the deadlocks in docs/outbox.md), and
 // returns each ordered message's number and whether it is its key's head:
 // the first of the key not yet sent, due now.
 func (o *Outbox) sequence(ctx context.Context, tx *gorm.DB, msgs []Message) (map[int]int64, map[int]bool, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync"
@@ -407,3 +408,11 @@ func TestLinkCutWhileWaitingForConfirmsReconnects(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, "both marked sent", func() (bool, error) { return e.count("status = 'sent'") == 2, nil })
 }
+
+// eventually waits for cond, as testenv.Eventually does, for a bool condition.
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	testenv.Eventually(t, timeout, what, func() (bool, error) { return cond(), nil })
+}
+
+func (e *env) logger() *slog.Logger { return testenv.Logger(e.t) }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
@@ -95,6 +96,7 @@ type Relay struct {
 	metrics *Metrics
 	log     *slog.Logger
 	notify  chan struct{} // tell the other replicas
+	remote  chan struct{} // another replica committed rows (NOTIFY)
 	// state for readiness: "" while connected, else why not.
 	state atomic.Pointer[string]
 }
@@ -111,7 +113,7 @@ func NewRelay(cfg RelayConfig, store *Store, ob *Outbox, m *Metrics, log *slog.L
 		return nil, fmt.Errorf("outbox relay: batch %d and max attempts %d must be at least 1", cfg.Batch, cfg.MaxAttempts)
 	}
 	r := &Relay{cfg: cfg, store: store, outbox: ob, metrics: m, log: log.With("component", "outbox relay"),
-		notify: make(chan struct{}, 1)}
+		notify: make(chan struct{}, 1), remote: make(chan struct{}, 1)}
 	r.setState("starting")
 	return r, nil
 }
@@ -137,7 +139,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopHelpers()
 	channel := database.Channel("outbox", r.store.Producer())
 	if r.cfg.ListenURL != "" {
-		helpers.Go(func() { database.Listen(hctx, r.cfg.ListenURL, r.cfg.Name+" listen", channel, r.outbox.Wake, r.log) })
+		// A NOTIFY wakes the relay without sending one in turn (its own comes
+		// back to it too).
+		helpers.Go(func() {
+			database.Listen(hctx, r.cfg.ListenURL, r.cfg.Name+" listen", channel, func() { signal(r.remote) }, r.log)
+		})
 	}
 	helpers.Go(func() {
 		database.NotifyThrottled(hctx, r.notify, notifyEvery, func(ctx context.Context) error {
@@ -275,13 +281,14 @@ func (r *Relay) session(ctx context.Context) error {
 			if err := r.publish(ctx, l, token, claimed); err != nil {
 				return err
 			}
-			if len(claimed) == r.cfg.Batch {
-				continue // more may be due
-			}
+			// More may be due: the rest of a full batch, or the successors
+			// of the ordered rows just marked sent.
+			continue
 		}
 		select {
-		case <-r.outbox.wake:
-			r.poke()
+		case <-r.outbox.wake: // this process committed rows: tell the others
+			signal(r.notify)
+		case <-r.remote:
 		case <-time.After(r.cfg.PollInterval):
 		case e := <-l.connClosed:
 			return fmt.Errorf("connection closed: %v", e)
@@ -293,10 +300,10 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 }
 
-// poke tells the other replicas' relays through NOTIFY.
-func (r *Relay) poke() {
+// signal sends on a wake-up channel of room one, never blocking.
+func signal(ch chan struct{}) {
 	select {
-	case r.notify <- struct{}{}:
+	case ch <- struct{}{}:
 	default:
 	}
 }
@@ -326,11 +333,12 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 		}
 		confirms[i] = dc
 	}
-	var sent, unconfirmed []Claimed
-	nacked := map[int]bool{}
+	var sent []Claimed
+	pending := map[int]bool{} // no confirm: the link failed first
+	refused := map[int]string{}
 	for i, dc := range confirms {
 		if dc == nil {
-			unconfirmed = append(unconfirmed, batch[i])
+			pending[i] = true
 			continue
 		}
 		acked, err := dc.WaitContext(pctx)
@@ -339,23 +347,19 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 			if linkErr == nil {
 				linkErr = fmt.Errorf("confirm of outbox row %s: %w", batch[i].ID, err)
 			}
-			unconfirmed = append(unconfirmed, batch[i])
+			pending[i] = true
 		case !acked:
-			nacked[i] = true
+			refused[i] = "the broker refused it (basic.nack)"
 		default:
 			sent = append(sent, batch[i])
 		}
 	}
 	if l.ch.IsClosed() {
-		// A closing channel resolves every pending confirm as a nack: those
-		// rows were not refused, their link failed.
-		for i := range nacked {
-			unconfirmed = append(unconfirmed, batch[i])
-		}
-		clear(nacked)
-		if linkErr == nil {
-			linkErr = errors.New("the channel closed before every confirm came")
-		}
+		linkErr = r.closedOn(l, batch, pending, refused, linkErr)
+	}
+	var unconfirmed []Claimed
+	for i := range pending {
+		unconfirmed = append(unconfirmed, batch[i])
 	}
 	// The broker sends the return of a mandatory publish before its confirm:
 	// every return of the confirmed ones is in the channel now.
@@ -382,16 +386,53 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 		}
 	}
 	r.metrics.publishSeconds.WithLabelValues(r.store.Producer()).Observe(time.Since(began).Seconds())
-	r.settle(token, batch, taken, unconfirmed, nacked, returned)
+	r.settle(token, batch, taken, unconfirmed, refused, returned)
 	return linkErr
 }
 
+// closedOn sorts out a batch whose channel closed before every confirm came:
+// the library resolves the pending confirms as nacks, but those rows were not
+// refused, their link failed, and they go back without an attempt. Except
+// when the broker closed the channel on a publish of the batch itself (an
+// exchange that does not exist, 404; no permission, 403; a message over the
+// size limit, 406): then the first row left without a confirm is the one it
+// refused, and it spends an attempt, so that it is parked in the end instead
+// of closing the channel at every try while the rows behind it wait.
+func (r *Relay) closedOn(l *link, batch []Claimed, pending map[int]bool, refused map[int]string, linkErr error) error {
+	for i := range refused {
+		pending[i] = true
+		delete(refused, i)
+	}
+	var closeErr *amqp.Error
+	select {
+	case closeErr = <-l.chClosed:
+	default:
+	}
+	if closeErr == nil || !closeErr.Server || closeErr.Code == amqp.ConnectionForced {
+		if linkErr == nil {
+			linkErr = errors.New("the channel closed before every confirm came")
+		}
+		return linkErr
+	}
+	first := -1
+	for i := range pending {
+		if first < 0 || i < first {
+			first = i
+		}
+	}
+	if first >= 0 {
+		delete(pending, first)
+		refused[first] = fmt.Sprintf("the broker closed the channel on it: %d %s", closeErr.Code, closeErr.Reason)
+	}
+	return fmt.Errorf("channel closed by the broker on a publish of outbox row %s: %w", batch[max(first, 0)].ID, closeErr)
+}
+
 // settle records what became of a batch, detached from shutdown.
-func (r *Relay) settle(token int64, batch, taken, unconfirmed []Claimed, nacked map[int]bool, returned map[string]amqp.Return) {
+func (r *Relay) settle(token int64, batch, taken, unconfirmed []Claimed, refused map[int]string, returned map[string]amqp.Return) {
 	sctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	p := r.store.Producer()
-	if n, err := r.store.MarkSent(sctx, token, taken); err != nil {
+	if n, err := r.markSent(sctx, token, taken); err != nil {
 		r.log.Error("rows confirmed by the broker but not marked sent: they will be published again, with the same ids, once their lease ends",
 			"rows", len(taken), "err", err)
 	} else {
@@ -405,12 +446,32 @@ func (r *Relay) settle(token int64, batch, taken, unconfirmed []Claimed, nacked 
 		if ret, ok := returned[c.ID]; ok {
 			reason, cause = ReasonUnroutable, fmt.Sprintf("returned by the broker: %d %s (no queue is bound to %s with key %s)",
 				ret.ReplyCode, ret.ReplyText, c.Exchange, c.RoutingKey)
-		} else if nacked[i] {
-			reason, cause = ReasonRefused, "the broker refused it (basic.nack)"
+		} else if why, ok := refused[i]; ok {
+			reason, cause = ReasonRefused, why
 		} else {
 			continue
 		}
 		r.fail(sctx, token, c, reason, cause)
+	}
+}
+
+// markSent marks the confirmed rows, trying again at once when the
+// database broke a deadlock against it or a lock wait timed out: a
+// transaction that emits to several ordering keys in separate Enqueue calls
+// locks them in the order of its calls, the mark in key order, and
+// PostgreSQL ends such a cycle by aborting one side. Given up, the rows are
+// published again once their lease ends.
+func (r *Relay) markSent(ctx context.Context, token int64, rows []Claimed) (int, error) {
+	for try := 1; ; try++ {
+		n, err := r.store.MarkSent(ctx, token, rows)
+		var pg *pgconn.PgError
+		if err == nil || try == 5 || !errors.As(err, &pg) || (pg.Code != "40P01" && pg.Code != "55P03") {
+			return n, err
+		}
+		r.log.Warn("marking rows sent lost a deadlock or a lock wait; marking them again", "rows", len(rows), "try", try, "err", err)
+		if !sleep(ctx, time.Duration(try)*20*time.Millisecond) {
+			return 0, err
+		}
 	}
 }
 

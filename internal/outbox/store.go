@@ -93,9 +93,10 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 
 // markSent settles the confirmed rows of a claim in one transaction: each is
 // sent, and each ordered one moves its key on and makes the key's next row
-// due. Keys are updated in sorted order, as Enqueue locks them, so the two
-// never deadlock. A row whose lease passed to another relay meanwhile is
-// left to it.
+// due. Keys are updated in sorted order, as one Enqueue call locks them; a
+// transaction that enqueues in several calls may lock them in another order,
+// and the two can deadlock (the relay marks again: Relay.markSent). A row
+// whose lease passed to another relay meanwhile is left to it.
 func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int, error) {
 	if len(sent) == 0 {
 		return 0, nil

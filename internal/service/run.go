@@ -99,7 +99,7 @@ func newOutbox(opts Options, k *Kit) ([]Task, error) {
 		return nil, nil
 	}
 	cfg := k.Config
-	k.Outbox = outbox.New(cfg.Consumer)
+	k.Outbox = outbox.New(cfg.Consumer, opts.Publishes...)
 	sqlDB, err := k.DB.DB()
 	if err != nil {
 		return nil, err
@@ -295,8 +295,9 @@ func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task,
 
 // serve runs the HTTP server, the consumer, the inbox pruner and the tasks
 // (the outbox relay) until ctx is cancelled, the server fails or a task
-// fails, then stops the consumer (it waits for in-flight messages) and the
-// tasks together, the pruner (its batch in flight rolls back), and the server
+// fails, then stops the consumer (it waits for in-flight messages), the
+// pruner (its batch in flight rolls back), the tasks once the consumer has
+// stopped (the relay publishes what the drain committed), and the server
 // last, so readiness stays observable during the drain. A task still running
 // when the stop's budget (SHUTDOWN_TIMEOUT from the stop) is spent is left:
 // what it leased comes back by itself (the relay's rows, when their lease ends).
@@ -322,11 +323,15 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *
 	log.Info("serving", "addr", ln.Addr().String())
 	var pruning sync.WaitGroup
 	pruning.Go(func() { pruner.Run(ctx) })
+	// The tasks outlive the consumer's drain: the relay publishes what the
+	// last messages committed.
+	taskCtx, stopTasks := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopTasks()
 	taskErrs := make(chan error, len(tasks))
 	var running sync.WaitGroup
 	for _, t := range tasks {
 		running.Go(func() {
-			if err := t.Run(ctx); err != nil && ctx.Err() == nil {
+			if err := t.Run(taskCtx); err != nil && taskCtx.Err() == nil {
 				taskErrs <- fmt.Errorf("%s: %w", t.Name, err)
 				cancel()
 			}
@@ -336,6 +341,7 @@ func serve(ctx context.Context, srv *http.Server, rt *consumer.Runtime, pruner *
 	log.Info("consumer stopped; shutting down")
 	cancel()
 	pruning.Wait()
+	stopTasks()
 	waitUntil(&running, <-stopBy, log)
 	close(taskErrs)
 	errs := []error{rtErr}

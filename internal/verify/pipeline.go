@@ -14,6 +14,7 @@ import (
 type Pipeline struct {
 	Shipping *gorm.DB
 	Carrier  *gorm.DB
+	Producer string // the payment service's outbox rows: its consumer name
 }
 
 // PipelineReport is what verify finds downstream of the payments.
@@ -80,7 +81,7 @@ func (r *Report) checkPipeline(ctx context.Context, src Sources, runs []Run, f f
 		}
 	}
 	if err := src.Payments.WithContext(ctx).Raw(`SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'parked')
-		FROM outbox`).Row().Scan(&p.OutboxPending, &p.OutboxParked); err != nil {
+		FROM outbox WHERE producer = ?`, src.Pipeline.Producer).Row().Scan(&p.OutboxPending, &p.OutboxParked); err != nil {
 		return fmt.Errorf("read the outbox: %w", err)
 	}
 	for _, s := range [][]string{p.PaidNotShipped, p.ShippedNotPaid, p.PickedUpTwice, p.ShippedWithoutPick} {

@@ -22,9 +22,8 @@ CREATE TABLE outbox_keys (
 --           ordered one blocks its key until an operator retries it
 --           (outbox retry).
 -- A pending row is due when available_at has passed. An ordered row that is
--- not its key's head waits at available_at = 'infinity': the due index holds
--- only what may be published now, and the mark of a head as sent makes its
--- successor due. A claim leases rows by moving available_at to the lease's end
+-- not its key's head waits at available_at = 'infinity', beyond the range
+-- the claim scans, and the mark of a head as sent makes its successor due. A claim leases rows by moving available_at to the lease's end
 -- (lease_token says whose), so a relay that died gives them back by itself.
 -- Sent rows are pruned after INBOX_RETENTION; unsent rows never.
 CREATE TABLE outbox (

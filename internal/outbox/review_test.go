@@ -1,0 +1,141 @@
+package outbox
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// From an outside review: each of these failed before its fix.
+
+// A row whose publish makes the broker close the channel (an exchange that
+// does not exist: 404) spends an attempt each time and is parked in the end;
+// the rows behind it are published meanwhile. Before, the batch went back
+// without an attempt and the same row closed the channel again, forever.
+func TestRowTheBrokerClosesTheChannelOnIsParked(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.emit(nil, Message{Exchange: "not-declared", RoutingKey: key, Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // older than the rest: first in every claim
+	msgs := make([]Message, 20)
+	for i := range msgs {
+		msgs[i] = event(i, "")
+	}
+	if _, err := e.emit(nil, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	e.relay(e.amqp, nil)
+	if got := e.received(20); len(got) != 20 {
+		t.Fatalf("received %d of the 20 rows behind it", len(got))
+	}
+	eventually(t, "the row parked after its attempts, the rest sent", 30*time.Second, func() bool {
+		return e.count("status = 'parked' AND exchange = 'not-declared' AND attempts = 3") == 1 && e.count("status = 'sent'") == 20
+	})
+	parked, err := e.store.ListParked(context.Background(), 1)
+	if err != nil || len(parked) != 1 || parked[0].Reason != ReasonRefused {
+		t.Fatalf("parked %+v (%v), want the row refused", parked, err)
+	}
+}
+
+// Enqueue refuses an exchange the service does not publish to, instead of
+// leaving a row the broker will refuse.
+func TestEnqueueRefusesAnExchangeNotPublished(t *testing.T) {
+	e := newEnv(t)
+	e.outbox = New("producer", exchange)
+	if _, err := e.emit(nil, Message{Exchange: "elsewhere", RoutingKey: key, Body: []byte(`{}`)}); err == nil {
+		t.Fatal("Enqueue took an exchange the service does not publish to")
+	}
+	if _, err := e.emit(nil, event(1, ""), Message{Exchange: "", RoutingKey: queue, Body: []byte(`{}`)}); err != nil {
+		t.Fatalf("Enqueue refused a declared exchange or the default one: %v", err)
+	}
+}
+
+// An idle relay waits for its poll: its own NOTIFY, coming back to its
+// LISTEN, no longer sends another (before: a claim and a NOTIFY every 50 ms).
+func TestIdleRelayStaysIdle(t *testing.T) {
+	e := newEnv(t)
+	e.relay(e.amqp, func(c *RelayConfig) { c.PollInterval = 10 * time.Second })
+	if _, err := e.emit(nil, event(1, "")); err != nil {
+		t.Fatal(err)
+	}
+	e.received(1)
+	time.Sleep(time.Second)
+	sqlDB, err := e.db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	commits := func() int64 {
+		var n int64
+		if err := sqlDB.QueryRow(`SELECT pg_stat_clear_snapshot()`).Scan(new(any)); err != nil {
+			t.Fatal(err)
+		}
+		if err := sqlDB.QueryRow(`SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := commits()
+	time.Sleep(5 * time.Second)
+	n := commits() - before
+	t.Logf("idle relay (poll 10s): %d transactions in 5 s", n)
+	if n > 20 {
+		t.Errorf("%d transactions in 5 s of an idle relay: it wakes itself", n)
+	}
+}
+
+// A backlog of one ordering key drains at once: marking a head sent makes
+// its successor due and the relay claims again, with no wake-up from
+// anywhere (before: one row per poll interval).
+func TestHotKeyBacklogDrainsWithoutWakeUps(t *testing.T) {
+	e := newEnv(t)
+	const n = 10
+	for i := range n {
+		if _, err := e.emit(nil, event(i, "hot")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	began := time.Now()
+	e.relay(e.amqp, func(c *RelayConfig) { c.PollInterval = 10 * time.Second; c.ListenURL = "" })
+	got := e.received(n)
+	t.Logf("%d rows of one key in %s", len(got), time.Since(began).Round(time.Millisecond))
+	if time.Since(began) > 8*time.Second {
+		t.Errorf("the key's rows waited for the poll interval")
+	}
+}
+
+// A transaction that enqueues to two keys in two calls (the group commit
+// calls Enqueue once per message) locks them in the order of its calls,
+// MarkSent in key order: a deadlock, which PostgreSQL breaks by aborting one
+// side. The mark is done again at once, and both sides succeed.
+func TestMarkSentSurvivesADeadlockWithEnqueue(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.emit(nil, event(1, "a"), event(2, "b")); err != nil {
+		t.Fatal(err)
+	}
+	claimed, token, err := e.store.Claim(ctx, 10, 30*time.Second)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(claimed), err)
+	}
+	tx := e.db.Begin()
+	defer tx.Rollback()
+	if _, err := e.outbox.Enqueue(ctx, tx, event(5, "b")); err != nil {
+		t.Fatal(err)
+	}
+	r := &Relay{store: e.store, log: e.logger()}
+	var wg sync.WaitGroup
+	var markErr error
+	wg.Go(func() { _, markErr = r.markSent(ctx, token, claimed) })
+	time.Sleep(300 * time.Millisecond) // the mark holds "a" and waits for "b"
+	_, enqErr := e.outbox.Enqueue(ctx, tx, event(6, "a"))
+	if enqErr == nil {
+		enqErr = tx.Commit().Error
+	}
+	wg.Wait()
+	if markErr != nil {
+		t.Errorf("mark sent: %v", markErr)
+	}
+	t.Logf("enqueue: %v (a loser is put back by the runtime without spending an attempt)", enqErr)
+}
