@@ -23,6 +23,11 @@ import (
 
 // withStore opens the service's database and runs f on its buffered inbox.
 func withStore(ctx context.Context, opts service.Options, f func(cfg service.Config, s *buffered.Store) error) error {
+	return withDB(ctx, opts, func(cfg service.Config, db *gorm.DB) error { return f(cfg, buffered.New(db, cfg.Consumer)) })
+}
+
+// withDB loads the service's configuration, opens its database and runs f.
+func withDB(ctx context.Context, opts service.Options, f func(cfg service.Config, db *gorm.DB) error) error {
 	cfg, err := service.LoadConfig(opts)
 	if err != nil {
 		return err
@@ -32,7 +37,7 @@ func withStore(ctx context.Context, opts service.Options, f func(cfg service.Con
 		return err
 	}
 	defer database.Close(db)
-	return f(cfg, buffered.New(db, cfg.Consumer))
+	return f(cfg, db)
 }
 
 // openDB opens a small pool of the service's database for one command.

@@ -10,7 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/database"
+	"gorm.io/gorm"
+
 	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/service"
 )
@@ -34,20 +35,13 @@ func outboxCommand(ctx context.Context, opts service.Options, args []string, std
 
 // withOutbox opens the service's database and runs f on its outbox.
 func withOutbox(ctx context.Context, opts service.Options, f func(cfg service.Config, s *outbox.Store) error) error {
-	cfg, err := service.LoadConfig(opts)
-	if err != nil {
-		return err
-	}
-	db, err := openDB(ctx, opts, cfg)
-	if err != nil {
-		return err
-	}
-	defer database.Close(db)
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	return f(cfg, outbox.NewStore(sqlDB, cfg.Consumer))
+	return withDB(ctx, opts, func(cfg service.Config, db *gorm.DB) error {
+		sqlDB, err := db.DB()
+		if err != nil {
+			return err
+		}
+		return f(cfg, outbox.NewStore(sqlDB, cfg.Consumer))
+	})
 }
 
 func outboxStatus(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {

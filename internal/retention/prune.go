@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Result is what one prune run did.
@@ -141,34 +143,53 @@ DELETE FROM inbox_keys k
 WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq AND k.lease_token IS NULL
 	AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = k.consumer AND m.ordering_key = k.ordering_key)`
 
-// deleteFinished prunes the buffered inbox with the run's cutoff.
-func (p *Pruner) deleteFinished(ctx context.Context, conn *sql.Conn, res *Result) error {
+// keyedTable is a table of rows with ordering keys that retention prunes in
+// batches: the buffered inbox's messages, the outbox's rows. Each batch
+// deletes the oldest finished rows (returning their keys), then the keys left
+// with none.
+type keyedTable struct {
+	what       string // for errors: "buffered messages", "sent outbox rows"
+	deleteRows string // $1 consumer, $2 cutoff, $3 batch size; RETURNING the key
+	deleteKeys string // $1 consumer, $2 the batch's keys
+	rows, keys *int64
+	pruned     func() prometheus.Counter
+}
+
+// deleteKeyed prunes t with the run's cutoff.
+func (p *Pruner) deleteKeyed(ctx context.Context, conn *sql.Conn, res *Result, t keyedTable) error {
 	for batch := 1; ; batch++ {
 		began := time.Now()
-		keys, err := p.deleteMessages(ctx, conn, res.Cutoff)
+		keys, err := p.deleteReturningKeys(ctx, conn, t.deleteRows, res.Cutoff)
 		if err != nil {
-			return fmt.Errorf("prune buffered messages of %s: batch %d: %w", p.cfg.Consumer, batch, err)
+			return fmt.Errorf("prune %s of %s: batch %d: %w", t.what, p.cfg.Consumer, batch, err)
 		}
-		r, err := conn.ExecContext(ctx, deleteIdleKeys, p.cfg.Consumer, keys)
+		r, err := conn.ExecContext(ctx, t.deleteKeys, p.cfg.Consumer, keys)
 		if err != nil {
-			return fmt.Errorf("prune ordering keys of %s: %w", p.cfg.Consumer, err)
+			return fmt.Errorf("prune the ordering keys of the %s of %s: %w", t.what, p.cfg.Consumer, err)
 		}
 		gone, _ := r.RowsAffected()
-		res.DeletedMessages += int64(len(keys))
-		res.DeletedKeys += gone
+		*t.rows += int64(len(keys))
+		*t.keys += gone
 		res.LongestBatch = max(res.LongestBatch, time.Since(began))
-		p.metrics.prunedBuffered.WithLabelValues(p.cfg.Consumer).Add(float64(len(keys)))
+		t.pruned().Add(float64(len(keys)))
 		if len(keys) < p.cfg.BatchSize {
 			return nil
 		}
 		if !sleep(ctx, p.cfg.Pause) {
-			return fmt.Errorf("prune buffered messages of %s: %w", p.cfg.Consumer, ctx.Err())
+			return fmt.Errorf("prune %s of %s: %w", t.what, p.cfg.Consumer, ctx.Err())
 		}
 	}
 }
 
-func (p *Pruner) deleteMessages(ctx context.Context, conn *sql.Conn, cutoff time.Time) ([]string, error) {
-	rows, err := conn.QueryContext(ctx, deleteFinishedBatch, p.cfg.Consumer, cutoff, p.cfg.BatchSize)
+// deleteFinished prunes the buffered inbox.
+func (p *Pruner) deleteFinished(ctx context.Context, conn *sql.Conn, res *Result) error {
+	return p.deleteKeyed(ctx, conn, res, keyedTable{what: "buffered messages", deleteRows: deleteFinishedBatch, deleteKeys: deleteIdleKeys,
+		rows: &res.DeletedMessages, keys: &res.DeletedKeys,
+		pruned: func() prometheus.Counter { return p.metrics.prunedBuffered.WithLabelValues(p.cfg.Consumer) }})
+}
+
+func (p *Pruner) deleteReturningKeys(ctx context.Context, conn *sql.Conn, query string, cutoff time.Time) ([]string, error) {
+	rows, err := conn.QueryContext(ctx, query, p.cfg.Consumer, cutoff, p.cfg.BatchSize)
 	if err != nil {
 		return nil, err
 	}
@@ -289,45 +310,9 @@ DELETE FROM outbox_keys k
 WHERE k.producer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.producer = k.producer AND o.ordering_key = k.ordering_key)`
 
-// deleteSent prunes the outbox's sent rows with the run's cutoff.
+// deleteSent prunes the outbox's sent rows.
 func (p *Pruner) deleteSent(ctx context.Context, conn *sql.Conn, res *Result) error {
-	for batch := 1; ; batch++ {
-		began := time.Now()
-		keys, err := p.deleteSentRows(ctx, conn, res.Cutoff)
-		if err != nil {
-			return fmt.Errorf("prune sent outbox rows of %s: batch %d: %w", p.cfg.Consumer, batch, err)
-		}
-		r, err := conn.ExecContext(ctx, deleteIdleOutboxKeys, p.cfg.Consumer, keys)
-		if err != nil {
-			return fmt.Errorf("prune outbox ordering keys of %s: %w", p.cfg.Consumer, err)
-		}
-		gone, _ := r.RowsAffected()
-		res.DeletedSent += int64(len(keys))
-		res.DeletedOutboxKeys += gone
-		res.LongestBatch = max(res.LongestBatch, time.Since(began))
-		p.metrics.prunedOutbox.WithLabelValues(p.cfg.Consumer).Add(float64(len(keys)))
-		if len(keys) < p.cfg.BatchSize {
-			return nil
-		}
-		if !sleep(ctx, p.cfg.Pause) {
-			return fmt.Errorf("prune sent outbox rows of %s: %w", p.cfg.Consumer, ctx.Err())
-		}
-	}
-}
-
-func (p *Pruner) deleteSentRows(ctx context.Context, conn *sql.Conn, cutoff time.Time) ([]string, error) {
-	rows, err := conn.QueryContext(ctx, deleteSentBatch, p.cfg.Consumer, cutoff, p.cfg.BatchSize)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var keys []string
-	for rows.Next() {
-		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, err
-		}
-		keys = append(keys, k)
-	}
-	return keys, rows.Err()
+	return p.deleteKeyed(ctx, conn, res, keyedTable{what: "sent outbox rows", deleteRows: deleteSentBatch, deleteKeys: deleteIdleOutboxKeys,
+		rows: &res.DeletedSent, keys: &res.DeletedOutboxKeys,
+		pruned: func() prometheus.Counter { return p.metrics.prunedOutbox.WithLabelValues(p.cfg.Consumer) }})
 }
