@@ -19,6 +19,7 @@ if [[ $MODE == local ]]; then
 fi
 
 unsent() { psql_payments "SELECT count(*) FROM outbox WHERE status = 'pending'"; }
+# shellcheck disable=SC2317 # called through wait_until
 backlog_of() { local n; n=$(unsent 2>/dev/null) || return 1; ((n >= $1)); }
 
 stack_up 1
