@@ -27,6 +27,8 @@ func (b *bench) runConfig(ctx context.Context, name string) result {
 		c = b.newService(true, false).buffered()
 	case "service-buffered-latency":
 		c = b.newService(true, true).buffered()
+	case "pipeline":
+		c = b.newPipeline()
 	default:
 		return result{name: name, err: fmt.Errorf("unknown configuration %q", name)}
 	}

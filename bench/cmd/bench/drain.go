@@ -26,6 +26,7 @@ type result struct {
 	lat      quantiles
 	rss      int64 // bytes; 0 if not measured
 	conns    scratchdb.Connections
+	note     string // what the configuration measured beyond the table's columns
 	err      error
 }
 
@@ -66,6 +67,9 @@ func (b *bench) runConsumer(ctx context.Context, name string, c consumer) (r res
 	defer cleanup()
 	defer c.stop()
 	r.err = b.measure(ctx, st, c, &r)
+	if n, ok := c.(interface{ note() string }); ok && r.err == nil {
+		r.note = n.note()
+	}
 	return r
 }
 

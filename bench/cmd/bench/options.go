@@ -47,7 +47,7 @@ type options struct {
 // configNames are the configurations, in the order they run: the plain
 // consumer before the others, which the table relates to it.
 var configNames = []string{"pgbench", "amqp091", "watermill", "service", "service-gc", "service-latency", "service-gc-latency",
-	"service-buffered", "service-buffered-latency"}
+	"service-buffered", "service-buffered-latency", "pipeline"}
 
 const usage = `Usage: bench [flags]
 
@@ -67,6 +67,9 @@ Configurations (-configs, comma-separated, or all):
   service-buffered    payment-service with the buffered inbox (INBOX_MODE=buffered), gateway at 0 ms
   service-buffered-latency
                       payment-service with the buffered inbox, gateway at -latency
+  pipeline            payment-service with group commit, gateway at 0 ms, emitting OrderPaid
+                      through its outbox to shipping-service and the fake carrier: the
+                      relay's rate and the payment commit→shipment latency
 
 Flags:
 `

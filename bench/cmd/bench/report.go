@@ -76,6 +76,9 @@ func newTable(o options, m machine, results []result) table {
 			messages = r.drained
 		}
 		t.rows = append(t.rows, t.row(r, plain))
+		if r.note != "" {
+			t.notes = append(t.notes, r.label+": "+r.note)
+		}
 	}
 	t.header = fmt.Sprintf("bench: %d orders per configuration", o.messages)
 	if messages > 0 {

@@ -33,6 +33,8 @@ type orderPlaced struct {
 	AmountCents int64     `json:"amount_cents"`
 	Currency    string    `json:"currency"`
 	PlacedAt    time.Time `json:"placed_at"`
+	// ShippingAddress is optional; the pipeline's shipping service needs it.
+	ShippingAddress string `json:"shipping_address"`
 }
 
 // Batch is a range of orders of one run.
@@ -57,6 +59,8 @@ func (b Batch) Messages() []Message {
 			AmountCents: 100 + rng.Int64N(99900),
 			Currency:    [...]string{"EUR", "EUR", "EUR", "USD", "GBP"}[rng.IntN(5)],
 			PlacedAt:    time.Now().UTC(),
+			// From n, not the random numbers: the amounts of a seed stay the same.
+			ShippingAddress: fmt.Sprintf("%d Bench Street, Berlin", n+1),
 		}
 		body, err := json.Marshal(o)
 		if err != nil {
