@@ -22,7 +22,7 @@ import (
 // env is one test's vhost, with an exchange and a queue bound to it, and a
 // database with the outbox schema.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	amqp   string
 	db     *gorm.DB
 	dbURL  string
@@ -36,7 +36,7 @@ const (
 	queue    = "downstream"
 )
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{t: t, amqp: testenv.VHost(t)}
 	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Outbox)

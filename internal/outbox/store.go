@@ -91,6 +91,12 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	return out, token, nil
 }
 
+// keySeq is an ordered row's key and sequence number.
+type keySeq struct {
+	key string
+	seq int64
+}
+
 // markSent settles the confirmed rows of a claim in one transaction: each is
 // sent, and each ordered one moves its key on and makes the key's next row
 // due. Keys are updated in sorted order, as one Enqueue call locks them; a
@@ -116,10 +122,6 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 	if err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 	}
-	type keySeq struct {
-		key string
-		seq int64
-	}
 	var ordered []keySeq
 	n := 0
 	for rows.Next() {
@@ -137,11 +139,8 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 	}
-	slices.SortFunc(ordered, func(a, b keySeq) int { return strings.Compare(a.key, b.key) })
-	for _, ks := range ordered {
-		if err := s.advance(ctx, tx, ks.key, ks.seq); err != nil {
-			return 0, err
-		}
+	if err := s.advance(ctx, tx, ordered); err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: commit: %w", len(sent), err)
@@ -149,15 +148,33 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 	return n, nil
 }
 
-// advance moves a key past its sent head seq and makes the next row due.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, key string, seq int64) error {
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox_keys SET next_seq = $3 + 1
-		WHERE producer = $1 AND ordering_key = $2 AND next_seq = $3`, s.producer, key, seq); err != nil {
-		return fmt.Errorf("move outbox key %q on: %w", key, err)
+// advance moves each key past its sent head and makes the key's next row
+// due, with three statements whatever the number of keys: the keys' rows are
+// locked first, in sorted order (as Enqueue locks them; the order of an
+// UPDATE … FROM's join is the planner's), then moved on together, then their
+// successors made due together.
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) error {
+	if len(ordered) == 0 {
+		return nil
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox SET available_at = now()
-		WHERE producer = $1 AND ordering_key = $2 AND seq = $3 + 1 AND status = 'pending'`, s.producer, key, seq); err != nil {
-		return fmt.Errorf("make the next message of outbox key %q due: %w", key, err)
+	slices.SortFunc(ordered, func(a, b keySeq) int { return strings.Compare(a.key, b.key) })
+	keys, seqs := make([]string, len(ordered)), make([]int64, len(ordered))
+	for i, ks := range ordered {
+		keys[i], seqs[i] = ks.key, ks.seq
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM outbox_keys WHERE producer = $1 AND ordering_key = ANY($2::text[])
+		ORDER BY ordering_key FOR UPDATE`, s.producer, keys); err != nil {
+		return fmt.Errorf("lock %d outbox keys: %w", len(keys), err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE outbox_keys k SET next_seq = v.seq + 1
+		FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
+		WHERE k.producer = $1 AND k.ordering_key = v.key AND k.next_seq = v.seq`, s.producer, keys, seqs); err != nil {
+		return fmt.Errorf("move %d outbox keys on: %w", len(keys), err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE outbox o SET available_at = now()
+		FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
+		WHERE o.producer = $1 AND o.ordering_key = v.key AND o.seq = v.seq + 1 AND o.status = 'pending'`, s.producer, keys, seqs); err != nil {
+		return fmt.Errorf("make the next messages of %d outbox keys due: %w", len(keys), err)
 	}
 	return nil
 }
