@@ -96,5 +96,7 @@ func Service() service.Options {
 			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
 		},
 		LogAttrs: service.JSONAttrs("order_id"),
+		// In the buffered mode, one order's events are processed in order.
+		OrderingKey: service.JSONField("order_id"),
 	}
 }

@@ -52,13 +52,17 @@ func withQueue(opts service.Options, f func(q *deadletter.Queue, limit ageLimit)
 // retries may take retries of that.
 type ageLimit struct {
 	max, keyTTL, retries time.Duration
+	none                 bool // the service makes no outside calls
 }
 
 func newAgeLimit(cfg service.Config) ageLimit {
-	return ageLimit{max: cfg.ReplayMaxAge(), keyTTL: cfg.IdempotencyKeyTTL, retries: cfg.LongestRetrySpan()}
+	return ageLimit{max: cfg.ReplayMaxAge(), keyTTL: cfg.IdempotencyKeyTTL, retries: cfg.LongestRetrySpan(), none: cfg.NoOutsideCalls()}
 }
 
 func (l ageLimit) String() string {
+	if l.none {
+		return "no limit (the service makes no outside calls)"
+	}
 	return fmt.Sprintf("%s (IDEMPOTENCY_KEY_TTL %s less %s that a replay's retries may take)", l.max, l.keyTTL, l.retries)
 }
 

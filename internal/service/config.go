@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"strconv"
 	"time"
@@ -44,6 +45,9 @@ type Config struct {
 	IdempotencyKeyTTL time.Duration `envconfig:"IDEMPOTENCY_KEY_TTL" default:"24h" desc:"how long the services you call remember an idempotency key (Stripe: 24h); the retries must end within it and dlq replay refuses older dead letters"`
 	Buffered
 	Outbox
+	// noOutsideCalls: the service declares Options.NoOutsideCalls, and
+	// IdempotencyKeyTTL is 0 (no key lifetime to respect).
+	noOutsideCalls bool
 }
 
 // Outbox is the outbox relay's (a service with Options.Publishes).
@@ -175,7 +179,7 @@ func (c *Config) validateTimeouts(v *Checks) {
 	// A retry that calls out after the callee forgot the key repeats the side
 	// effect: a card charged twice.
 	span := c.LongestRetrySpan()
-	v.Require(v.Failed(append(c.RetryVariables(), "HANDLER_TIMEOUT")...) || c.IdempotencyKeyTTL > span, "IDEMPOTENCY_KEY_TTL",
+	v.Require(c.noOutsideCalls || v.Failed(append(c.RetryVariables(), "HANDLER_TIMEOUT")...) || c.IdempotencyKeyTTL > span, "IDEMPOTENCY_KEY_TTL",
 		"is %s, but the retries of %s and HANDLER_TIMEOUT=%s may take %s "+
 			"(every delay in full and every run up to HANDLER_TIMEOUT): a retry after the key expired would repeat "+
 			"its side effect; shorten the retries or set IDEMPOTENCY_KEY_TTL to what the services you call promise",
@@ -246,10 +250,17 @@ func (c Config) ShortestRetrySpan() time.Duration {
 	return time.Duration(float64(horizon) * (1 - consumer.RetryJitter))
 }
 
+// NoOutsideCalls reports whether the service declared that it calls no
+// service that remembers idempotency keys (Options.NoOutsideCalls).
+func (c Config) NoOutsideCalls() bool { return c.noOutsideCalls }
+
 // ReplayMaxAge is the oldest a dead letter may be for dlq replay to move it
 // back without --force: the replay's own retries must end while the services
 // it calls still remember its idempotency keys.
 func (c Config) ReplayMaxAge() time.Duration {
+	if c.noOutsideCalls {
+		return math.MaxInt64 // no key to outlive
+	}
 	return c.IdempotencyKeyTTL - c.LongestRetrySpan()
 }
 

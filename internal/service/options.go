@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 
@@ -70,9 +71,52 @@ type Options struct {
 	Tasks func(k *Kit) ([]Task, error)
 	// OrderingKey names a message's ordering key in the buffered mode
 	// (INBOX_MODE=buffered): messages of one key are processed one at a time,
-	// in the order they were stored. Nil, or "" for a body, makes each such
-	// message a key of its own. It must not fail.
+	// in the order they were stored; "" for a body makes that message a key
+	// of its own. It must not fail. Without it the buffered mode refuses to
+	// start unless the service declares Unordered.
 	OrderingKey func(body []byte) string
+	// Unordered declares that the service needs no order between its
+	// messages: the buffered mode then runs without an OrderingKey, every
+	// message a key of its own.
+	Unordered bool
+	// Requires pins the kit settings the service depends on. An unset
+	// variable takes the pinned value; one set to the same value is fine; one
+	// that contradicts it refuses to start, naming the variable and both
+	// values.
+	Requires Requirements
+	// NoOutsideCalls declares that the handler calls no service that
+	// remembers idempotency keys (its effects are its database writes): the
+	// key-expiry guard is off, IDEMPOTENCY_KEY_TTL does not apply (setting
+	// it refuses to start) and dlq replay has no age limit.
+	NoOutsideCalls bool
+}
+
+// Requirements are kit settings a service pins (Options.Requires).
+type Requirements struct {
+	// Mode is the inbox mode, ModeInline or ModeBuffered (INBOX_MODE); ""
+	// leaves it to the environment. A service that needs order per key
+	// requires ModeBuffered.
+	Mode string
+	// SingleActiveConsumer requires SINGLE_ACTIVE_CONSUMER=true: one
+	// replica consumes the work queue at a time, in the broker's order.
+	SingleActiveConsumer bool
+}
+
+// apply pins the required settings into cfg, and records a failure for
+// each variable the environment sets to another value.
+func (r Requirements) apply(name string, cfg *Config, v *Checks) {
+	if r.Mode != "" {
+		_, set := os.LookupEnv("INBOX_MODE")
+		v.Require(!set || cfg.InboxMode == r.Mode, "INBOX_MODE",
+			"is %q, but %s requires %q (Options.Requires): unset INBOX_MODE or set it to %q", cfg.InboxMode, name, r.Mode, r.Mode)
+		cfg.InboxMode = r.Mode
+	}
+	if r.SingleActiveConsumer {
+		_, set := os.LookupEnv("SINGLE_ACTIVE_CONSUMER")
+		v.Require(!set || cfg.SingleActiveConsumer, "SINGLE_ACTIVE_CONSUMER",
+			"is false, but %s requires true (Options.Requires): unset SINGLE_ACTIVE_CONSUMER or set it to true", name)
+		cfg.SingleActiveConsumer = true
+	}
 }
 
 // Kit is what a handler may use: the loaded configuration, the service's
@@ -109,6 +153,10 @@ func (o *Options) validate() error {
 		return errors.New("service options: NewHandler is nil")
 	case slices.Contains(o.Publishes, ""):
 		return errors.New("service options: Publishes names an empty exchange")
+	case o.Requires.Mode != "" && o.Requires.Mode != ModeInline && o.Requires.Mode != ModeBuffered:
+		return fmt.Errorf("service options: Requires.Mode is %q, want %q or %q", o.Requires.Mode, ModeInline, ModeBuffered)
+	case o.Unordered && o.OrderingKey != nil:
+		return errors.New("service options: Unordered and an OrderingKey contradict each other")
 	}
 	return nil
 }
@@ -132,6 +180,16 @@ func LoadConfig(opts Options) (Config, error) {
 	}
 	cfg.derive(opts)
 	var v Checks
+	opts.Requires.apply(opts.Name, &cfg, &v)
+	if opts.NoOutsideCalls {
+		_, set := os.LookupEnv("IDEMPOTENCY_KEY_TTL")
+		v.Require(!set, "IDEMPOTENCY_KEY_TTL", "is set, but %s declares no outside calls (Options.NoOutsideCalls): "+
+			"no idempotency key is kept anywhere, so it does not apply; unset it", opts.Name)
+		cfg.IdempotencyKeyTTL, cfg.noOutsideCalls = 0, true
+	}
+	v.Require(cfg.InboxMode != ModeBuffered || opts.OrderingKey != nil || opts.Unordered, "INBOX_MODE",
+		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
+			"give Options.OrderingKey, declare Options.Unordered, or use the inline mode", opts.Name)
 	cfg.validate(&v)
 	if len(opts.Publishes) > 0 && !v.Failed("DB_MAX_CONNS", "DB_COMMITTERS") {
 		// The relay claims and marks on one more.

@@ -20,7 +20,8 @@ func shippingOptions(s *shippingSettings) Options {
 		Check: func(cfg *Config, v *Checks) {
 			v.Require(s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT", "must be below HANDLER_TIMEOUT")
 		},
-		NewHandler: func(*Kit) (consumer.Handler, error) { return nil, nil },
+		NewHandler:  func(*Kit) (consumer.Handler, error) { return nil, nil },
+		OrderingKey: JSONField("order_id"),
 	}
 }
 
@@ -205,5 +206,94 @@ func TestLogValueMasksTaggedSecrets(t *testing.T) {
 	}
 	if v := LogValue(&settings{APIKey: "k-123"}); v["CARRIER_API_KEY"] != "***" {
 		t.Fatalf("CARRIER_API_KEY logged as %q", v["CARRIER_API_KEY"])
+	}
+}
+
+// A service pins the kit settings it depends on: an unset variable takes the
+// pinned value, a contradicting one refuses to start naming both values.
+func TestRequiredSettingsArePinned(t *testing.T) {
+	opts := shippingOptions(&shippingSettings{})
+	opts.Requires = Requirements{Mode: ModeBuffered, SingleActiveConsumer: true}
+	cfg, err := LoadConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.InboxMode != ModeBuffered || !cfg.SingleActiveConsumer {
+		t.Fatalf("unset variables: INBOX_MODE %q, SINGLE_ACTIVE_CONSUMER %v; want the pinned buffered, true", cfg.InboxMode, cfg.SingleActiveConsumer)
+	}
+	t.Run("repeated", func(t *testing.T) {
+		t.Setenv("INBOX_MODE", "buffered")
+		t.Setenv("SINGLE_ACTIVE_CONSUMER", "true")
+		if _, err := LoadConfig(opts); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, c := range []struct{ variable, value, want string }{
+		{"INBOX_MODE", "inline", `is "inline", but shipping-service requires "buffered"`},
+		{"SINGLE_ACTIVE_CONSUMER", "false", "is false, but shipping-service requires true"},
+	} {
+		t.Run(c.variable, func(t *testing.T) {
+			t.Setenv(c.variable, c.value)
+			_, err := LoadConfig(opts)
+			if err == nil || !strings.Contains(err.Error(), c.variable+": "+c.want) {
+				t.Fatalf("err = %v, want %s: %s", err, c.variable, c.want)
+			}
+		})
+	}
+	bad := opts
+	bad.Requires.Mode = "later"
+	if _, err := LoadConfig(bad); err == nil || !strings.Contains(err.Error(), "Requires.Mode") {
+		t.Errorf("Requires.Mode later: err = %v", err)
+	}
+}
+
+// The buffered mode gives order per key only with an OrderingKey: a service
+// with none refuses to run in it unless it declares itself unordered.
+func TestBufferedModeRefusesAServiceWithoutOrder(t *testing.T) {
+	t.Setenv("INBOX_MODE", "buffered")
+	opts := shippingOptions(&shippingSettings{})
+	opts.OrderingKey = nil
+	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "INBOX_MODE: is buffered, but shipping-service gives no OrderingKey") {
+		t.Fatalf("err = %v, want a refusal naming INBOX_MODE and OrderingKey", err)
+	}
+	opts.Unordered = true
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatalf("declared unordered: %v", err)
+	}
+	opts.OrderingKey = JSONField("order_id")
+	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "Unordered and an OrderingKey") {
+		t.Fatalf("both: err = %v", err)
+	}
+	t.Setenv("INBOX_MODE", "inline")
+	opts.OrderingKey, opts.Unordered = nil, false
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatalf("inline needs no ordering key: %v", err)
+	}
+}
+
+// A service with no outside calls has no key lifetime: its retries are not
+// bounded by one, the guard is off (KeyTTL 0), replay has no age limit, and
+// an IDEMPOTENCY_KEY_TTL in its environment is refused as meaningless.
+func TestServiceWithoutOutsideCallsHasNoKeyLifetime(t *testing.T) {
+	opts := shippingOptions(&shippingSettings{})
+	opts.NoOutsideCalls = true
+	t.Setenv("RETRY_DELAYS", "24h")
+	t.Setenv("MAX_ATTEMPTS", "3")
+	t.Setenv("INBOX_RETENTION", "96h")
+	cfg, err := LoadConfig(opts)
+	if err != nil {
+		t.Fatalf("two days of retries with no key to outlive: %v", err)
+	}
+	if cfg.IdempotencyKeyTTL != 0 || !cfg.NoOutsideCalls() || cfg.ReplayMaxAge() < 100*365*24*time.Hour {
+		t.Errorf("key TTL %s, no outside calls %v, replay max age %s; want 0, true, unbounded",
+			cfg.IdempotencyKeyTTL, cfg.NoOutsideCalls(), cfg.ReplayMaxAge())
+	}
+	t.Setenv("IDEMPOTENCY_KEY_TTL", "49h")
+	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "IDEMPOTENCY_KEY_TTL: is set, but shipping-service declares no outside calls") {
+		t.Fatalf("err = %v, want IDEMPOTENCY_KEY_TTL refused", err)
+	}
+	opts.NoOutsideCalls = false
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatalf("with outside calls and a 49h key: %v", err)
 	}
 }
