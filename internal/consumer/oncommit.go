@@ -35,3 +35,12 @@ func (h *commitHooks) committed() {
 		f()
 	}
 }
+
+// CommitHooks gives writes run in a transaction of the caller's own (a test
+// harness, a backfill) what the runtime gives them: run the writes with the
+// returned context, then call committed once the transaction has committed,
+// and never if it rolled back. Each call starts a fresh set.
+func CommitHooks(ctx context.Context) (run context.Context, committed func()) {
+	h := &commitHooks{}
+	return h.run(ctx), h.committed
+}

@@ -26,6 +26,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/rabbit"
+	"github.com/inbox-template/payment-service/internal/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
@@ -651,5 +652,38 @@ func TestPaymentsEmitTheirEvents(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, "its outbox row marked sent", func() (bool, error) {
 			return count(t, s.db, "outbox", "id = ? AND status = 'sent'", d.MessageId) == 1, nil
 		})
+	}
+}
+
+// The payment handler's writes pass the harness's check: run once rolled
+// back and once committed, they give the same outcome, and only the
+// committed run leaves a payment and its event; the card is charged once.
+func TestPaymentWritesMayRunTwice(t *testing.T) {
+	s := newStack(t)
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db, outbox.New("payment-service"))
+	for _, c := range []struct {
+		order orders.OrderPlaced
+		want  consumer.Outcome
+	}{
+		{order("o-twice", 1250), consumer.OutcomeProcessed},
+		{order("o-twice-declined", 1002), "declined"},
+	} {
+		body, err := json.Marshal(c.order)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := servicetest.CheckWrites(t, s.db, h, consumer.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
+		if err != nil || out != c.want {
+			t.Fatalf("order %s: %q, %v; want %q", c.order.OrderID, out, err, c.want)
+		}
+		if n := count(t, s.db, "payments", "order_id = ?", c.order.OrderID); n != 1 {
+			t.Errorf("order %s: %d payments, want the committed run's 1", c.order.OrderID, n)
+		}
+		if n := count(t, s.db, "outbox", "convert_from(body, 'UTF8')::jsonb->>'order_id' = ?", c.order.OrderID); n != 1 {
+			t.Errorf("order %s: %d outbox rows, want the committed run's 1", c.order.OrderID, n)
+		}
+		if n := count(t, s.gatewayDB, "charges", "order_id = ?", c.order.OrderID); n != 1 {
+			t.Errorf("order %s: %d charges, want 1", c.order.OrderID, n)
+		}
 	}
 }

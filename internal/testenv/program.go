@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -163,6 +164,23 @@ func (pr *Process) Wait(t testing.TB, timeout time.Duration) int {
 	}
 }
 
+// Exited reports whether the process has exited (a crash point fired, a
+// signal), without waiting.
+func (pr *Process) Exited() bool {
+	select {
+	case <-pr.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Metric reads one of the process's metrics (testenv.Metric on its address).
+func (pr *Process) Metric(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	return Metric(t, pr.Addr, name, labels...)
+}
+
 // Signal sends sig to the process.
 func (pr *Process) Signal(t testing.TB, sig syscall.Signal) {
 	t.Helper()
@@ -175,7 +193,18 @@ func (pr *Process) Signal(t testing.TB, sig syscall.Signal) {
 // dies there at its next message.
 func (pr *Process) ArmCrash(t testing.TB, point string) {
 	t.Helper()
-	resp, err := http.Post("http://"+pr.Addr+"/faults/crash?at="+point, "", nil)
+	pr.ArmCrashWith(t, point, 0)
+}
+
+// ArmCrashWith arms a crash point to fire at each message with probability
+// p (0 < p <= 1), or at the next one (p = 0), as the chaos run does.
+func (pr *Process) ArmCrashWith(t testing.TB, point string, p float64) {
+	t.Helper()
+	u := "http://" + pr.Addr + "/faults/crash?at=" + point
+	if p > 0 {
+		u += "&probability=" + strconv.FormatFloat(p, 'f', -1, 64)
+	}
+	resp, err := http.Post(u, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

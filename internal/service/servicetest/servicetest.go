@@ -1,0 +1,220 @@
+// Package servicetest runs a service built on the kit inside its own tests,
+// against the real broker and database, and checks its writes the way the
+// runtime runs them:
+//
+//	func TestRefunds(t *testing.T) {
+//		s := servicetest.Start(t, refunds.Service())
+//		s.Publish(amqp.Publishing{MessageId: "m-1", Body: []byte(`{"order_id":"o-1"}`)})
+//		s.WaitOutcome(consumer.OutcomeProcessed, 1)
+//		if n := s.Count("SELECT count(*) FROM refunds"); n != 1 { … }
+//	}
+//
+// Start runs the service in the test process through service.Run, so a
+// test sees its logs, metrics and database, and its tests need no build
+// step. A crash point ends the process it fires in: test crashes with
+// testenv.Program, which runs the service's binary. Tests that use Start
+// must not be parallel (it sets the environment with t.Setenv).
+package servicetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/service"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// Stack is one service running on a vhost and a database of its own.
+type Stack struct {
+	t       testing.TB
+	AMQPURL string
+	DBURL   string
+	// Addr is the service's HTTP_ADDR: /readyz, /metrics, /faults.
+	Addr string
+	// Config is the configuration the service loaded.
+	Config service.Config
+	Logs   *testenv.Buffer
+	stop   func()
+}
+
+// Start runs opts until the test ends, on a new vhost and a new database,
+// with env (NAME=value) over the test defaults: retry delays of 100ms and
+// 500ms, a 10s stop, the suite's group commit setting. It returns once the
+// service is ready. The service's logs are shown if the test fails.
+func Start(t testing.TB, opts service.Options, env ...string) *Stack {
+	t.Helper()
+	s := &Stack{t: t, AMQPURL: testenv.VHost(t), DBURL: testenv.Postgres(t), Addr: testenv.FreeAddr(t), Logs: &testenv.Buffer{}}
+	vars := append([]string{
+		"AMQP_URL=" + s.AMQPURL, "DATABASE_URL=" + s.DBURL, "HTTP_ADDR=" + s.Addr,
+		"RETRY_DELAYS=100ms,500ms", "BUFFER_RETRY_DELAYS=100ms,500ms", "SHUTDOWN_TIMEOUT=10s", "LOG_LEVEL=info",
+	}, testenv.GroupCommitVars()...)
+	for _, kv := range append(vars, env...) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			t.Fatalf("servicetest.Start: %q is not NAME=value", kv)
+		}
+		t.Setenv(k, v)
+	}
+	cfg, err := service.LoadConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Config = cfg
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.Run(ctx, opts, nil, s.Logs) }()
+	stopped := false
+	s.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", opts.Name, err)
+			}
+		case <-time.After(time.Minute):
+			t.Errorf("%s did not stop within a minute", opts.Name)
+		}
+	}
+	t.Cleanup(func() {
+		s.stop()
+		if t.Failed() {
+			t.Logf("--- %s logs:\n%s", opts.Name, s.Logs)
+		}
+	})
+	testenv.Eventually(t, time.Minute, opts.Name+" ready", func() (bool, error) {
+		select {
+		case err := <-done:
+			stopped = true
+			return false, fmt.Errorf("%s ended before it was ready: %v\n%s", opts.Name, err, s.Logs)
+		default:
+		}
+		return ready(s.Addr), nil
+	})
+	return s
+}
+
+var probe = &http.Client{Timeout: 5 * time.Second}
+
+// ready reports whether /readyz answers 200.
+func ready(addr string) bool {
+	resp, err := probe.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Stop stops the service now and waits for its graceful stop.
+func (s *Stack) Stop() { s.stop() }
+
+// Publish sends msgs to the exchange and routing key the service consumes,
+// with confirms (persistent, JSON unless a content type is set).
+func (s *Stack) Publish(msgs ...amqp.Publishing) {
+	s.t.Helper()
+	testenv.Publish(s.t, s.AMQPURL, s.Config.Exchange, s.Config.RoutingKey, msgs...)
+}
+
+// Outcome is how many messages the service settled with outcome so far
+// (consumer_messages_total).
+func (s *Stack) Outcome(outcome consumer.Outcome) int {
+	s.t.Helper()
+	return int(testenv.Metric(s.t, s.Addr, "consumer_messages_total", "outcome", string(outcome)))
+}
+
+// WaitOutcome waits until at least n messages were settled with outcome.
+func (s *Stack) WaitOutcome(outcome consumer.Outcome, n int) {
+	s.t.Helper()
+	testenv.Eventually(s.t, time.Minute, fmt.Sprintf("%d messages %s", n, outcome), func() (bool, error) {
+		return s.Outcome(outcome) >= n, nil
+	})
+}
+
+// DeadLetters takes every message from the dead-letter queue and returns
+// each one's reason by message id.
+func (s *Stack) DeadLetters() map[string]string {
+	s.t.Helper()
+	out := map[string]string{}
+	testenv.WithChannel(s.t, s.AMQPURL, func(ch *amqp.Channel) error {
+		for {
+			d, ok, err := ch.Get(s.Config.DeadLetterQueue, true)
+			if err != nil || !ok {
+				return err
+			}
+			reason, _ := d.Headers[consumer.HeaderDeadLetterReason].(string)
+			out[d.MessageId] = reason
+		}
+	})
+	return out
+}
+
+// Count runs a count query on the service's database.
+func (s *Stack) Count(query string, args ...any) int {
+	s.t.Helper()
+	return testenv.Count(s.t, s.DBURL, query, args...)
+}
+
+// CheckWrites runs h on msg as the runtime does, with no transaction open,
+// then its writes twice on db: first in a transaction that rolls back, then
+// in one that commits. The runtime may run a message's writes more than
+// once (a batch-mate failed, and the batch ran again), so both runs must
+// give the same outcome and the same success; CheckWrites fails t if not.
+// It returns what the committed run gave (OutcomeProcessed for nil writes),
+// or the handler's error.
+func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Message) (consumer.Outcome, error) {
+	t.Helper()
+	ctx := context.Background()
+	writes, err := h.Handle(ctx, msg)
+	if err != nil {
+		return "", err
+	}
+	if writes == nil {
+		return consumer.OutcomeProcessed, nil
+	}
+	run := func(commit bool) (consumer.Outcome, error) {
+		tx := db.WithContext(ctx).Begin()
+		if tx.Error != nil {
+			t.Fatal(tx.Error)
+		}
+		rctx, committed := consumer.CommitHooks(ctx)
+		out, err := writes(rctx, tx)
+		if !commit || err != nil {
+			if rb := tx.Rollback().Error; rb != nil && !errors.Is(rb, gorm.ErrInvalidTransaction) {
+				t.Fatal(rb)
+			}
+			return out, err
+		}
+		if err := tx.Commit().Error; err != nil {
+			return out, fmt.Errorf("commit: %w", err)
+		}
+		committed()
+		return out, nil
+	}
+	first, firstErr := run(false)
+	out, err := run(true)
+	switch {
+	case (firstErr == nil) != (err == nil):
+		t.Errorf("message %s: the writes failed in one run and not in the other (rolled back: %v; committed: %v): "+
+			"they must depend on the database alone", msg.ID, firstErr, err)
+	case first != out:
+		t.Errorf("message %s: the writes gave %q, then %q after a rollback: they must do nothing but write through tx "+
+			"(no counting, no calls out)", msg.ID, first, out)
+	}
+	if err == nil && out == "" {
+		out = consumer.OutcomeProcessed
+	}
+	return out, err
+}

@@ -1,0 +1,163 @@
+package servicetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/service"
+	"github.com/inbox-template/payment-service/internal/service/servicetest"
+	"github.com/inbox-template/payment-service/internal/testenv"
+)
+
+// A ledger service: one row per entry, whatever the message id.
+var ledgerSchema = migrations.NewSet("ledger", fstest.MapFS{"00001_ledger.sql": {Data: []byte(
+	"-- +goose Up\nCREATE TABLE ledger (entry text PRIMARY KEY, amount bigint NOT NULL);\n-- +goose Down\nDROP TABLE ledger;\n")}})
+
+type entry struct {
+	Entry  string `json:"entry"`
+	Amount int64  `json:"amount"`
+}
+
+func ledgerHandler(_ context.Context, msg consumer.Message) (consumer.Writes, error) {
+	var e entry
+	if err := json.Unmarshal(msg.Body, &e); err != nil || e.Entry == "" {
+		return nil, consumer.Permanent("malformed_entry", fmt.Errorf("entry: %v", err))
+	}
+	if e.Amount < 0 {
+		return nil, consumer.Permanent("negative_amount", errors.New("a ledger entry is never negative"))
+	}
+	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+		res := tx.WithContext(ctx).Exec(`INSERT INTO ledger (entry, amount) VALUES (?, ?) ON CONFLICT (entry) DO NOTHING`, e.Entry, e.Amount)
+		if res.Error != nil {
+			return "", res.Error
+		}
+		if res.RowsAffected == 0 {
+			return consumer.OutcomeDuplicate, nil
+		}
+		return consumer.OutcomeProcessed, nil
+	}, nil
+}
+
+func ledger() service.Options {
+	return service.Options{
+		Name: "ledger", Event: "entry-made", Exchange: "ledger", RoutingKey: "entry.made",
+		Migrations:     []migrations.Set{ledgerSchema},
+		NoOutsideCalls: true,
+		OrderingKey:    service.JSONField("entry"),
+		NewHandler: func(*service.Kit) (consumer.Handler, error) {
+			return consumer.HandlerFunc(ledgerHandler), nil
+		},
+	}
+}
+
+func body(e string, amount int64) []byte {
+	return fmt.Appendf(nil, `{"entry":%q,"amount":%d}`, e, amount)
+}
+
+// Start runs the service for real: a duplicate by message id and by entry
+// are both suppressed, and a poison message is dead-lettered (inline) or
+// parked (buffered) with its reason.
+func TestStackRunsTheServiceOnTheRealBrokerAndDatabase(t *testing.T) {
+	for _, mode := range []string{service.ModeInline, service.ModeBuffered} {
+		t.Run(mode, func(t *testing.T) {
+			s := servicetest.Start(t, ledger(), "INBOX_MODE="+mode)
+			s.Publish(
+				amqp.Publishing{MessageId: "m-1", Body: body("e-1", 10)},
+				amqp.Publishing{MessageId: "m-1", Body: body("e-1", 10)}, // the producer's duplicate
+				amqp.Publishing{MessageId: "m-2", Body: body("e-1", 10)}, // the same entry under a new id
+				amqp.Publishing{MessageId: "m-3", Body: body("e-2", -5)},
+			)
+			s.WaitOutcome(consumer.OutcomeProcessed, 1)
+			s.WaitOutcome(consumer.OutcomeDuplicate, 2)
+			if mode == service.ModeBuffered {
+				// The buffered mode acked it when it stored it: it parks it.
+				s.WaitOutcome(consumer.OutcomeParked, 1)
+				if n := s.Count("SELECT count(*) FROM inbox_messages WHERE status = 'parked' AND park_reason = 'negative_amount'"); n != 1 {
+					t.Errorf("%d parked negative_amount, want 1", n)
+				}
+			} else {
+				dead := map[string]string{}
+				testenv.Eventually(t, 30*time.Second, "the negative entry dead-lettered", func() (bool, error) {
+					for id, reason := range s.DeadLetters() {
+						dead[id] = reason
+					}
+					return len(dead) > 0, nil
+				})
+				if len(dead) != 1 || dead["m-3"] != "negative_amount" {
+					t.Errorf("dead letters %v, want m-3 negative_amount", dead)
+				}
+			}
+			if n := s.Count("SELECT count(*) FROM ledger"); n != 1 {
+				t.Errorf("%d ledger rows, want 1", n)
+			}
+			if got := s.Outcome(consumer.OutcomeProcessed); got != 1 {
+				t.Errorf("%d processed, want 1", got)
+			}
+		})
+	}
+}
+
+// recorder stands for a test, keeping what CheckWrites reported.
+type recorder struct {
+	testing.TB
+	errs []string
+}
+
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+
+// CheckWrites runs the writes once rolled back and once committed: good
+// writes give the same outcome both times and commit once; writes that
+// count give themselves away.
+func TestCheckWritesRunsTheWritesTwice(t *testing.T) {
+	db, _ := testenv.MigratedDB(t, ledgerSchema)
+	msg := consumer.Message{ID: "m-1", Body: body("e-1", 10)}
+	out, err := servicetest.CheckWrites(t, db, consumer.HandlerFunc(ledgerHandler), msg)
+	if err != nil || out != consumer.OutcomeProcessed {
+		t.Fatalf("CheckWrites = %q, %v; want processed", out, err)
+	}
+	var n int64
+	if err := db.Table("ledger").Count(&n).Error; err != nil || n != 1 {
+		t.Fatalf("%d ledger rows (%v), want the committed run's 1", n, err)
+	}
+	if out, _ := servicetest.CheckWrites(t, db, consumer.HandlerFunc(ledgerHandler), msg); out != consumer.OutcomeDuplicate {
+		t.Errorf("again: %q, want duplicate", out)
+	}
+	if _, err := servicetest.CheckWrites(t, db, consumer.HandlerFunc(ledgerHandler), consumer.Message{ID: "m-2", Body: body("e-2", -1)}); !isReason(err, "negative_amount") {
+		t.Errorf("a refused message: err %v, want negative_amount", err)
+	}
+
+	// Writes that count in memory: the second run differs from the first.
+	runs := 0
+	counting := consumer.HandlerFunc(func(context.Context, consumer.Message) (consumer.Writes, error) {
+		return func(context.Context, *gorm.DB) (consumer.Outcome, error) {
+			runs++
+			if runs > 1 {
+				return consumer.OutcomeDuplicate, nil
+			}
+			return consumer.OutcomeProcessed, nil
+		}, nil
+	})
+	r := &recorder{TB: t}
+	servicetest.CheckWrites(r, db, counting, consumer.Message{ID: "m-3"})
+	if len(r.errs) != 1 || !strings.Contains(r.errs[0], `gave "processed", then "duplicate"`) {
+		t.Errorf("counting writes: reported %q, want one report of the two outcomes", r.errs)
+	}
+}
+
+func isReason(err error, reason string) bool {
+	var pe *consumer.PermanentError
+	return errors.As(err, &pe) && pe.Reason == reason
+}
