@@ -132,7 +132,11 @@ func TestShipsEachOrderOnce(t *testing.T) {
 // books with the same key and the carrier replays its answer.
 func TestCrashAfterCarrierBook(t *testing.T) {
 	s := startStack(t)
-	s.proc.ArmCrash(t, "after-carrier-book")
+	// Armed for every message (probability 1): the first booking kills it.
+	s.proc.ArmCrashWith(t, "after-carrier-book", 1)
+	if s.proc.Exited() {
+		t.Fatal("the service exited before any message")
+	}
 	var msgs []amqp.Publishing
 	for i := range 10 {
 		msgs = append(msgs, paid(fmt.Sprintf("c-%d", i), fmt.Sprintf("co-%d", i)))
@@ -151,5 +155,11 @@ func TestCrashAfterCarrierBook(t *testing.T) {
 	booked, replays := s.carrier.counts()
 	if booked != 10 || replays < 1 {
 		t.Fatalf("%d booked, %d replays: want 10 bookings, the crashed one replayed", booked, replays)
+	}
+	// The restarted process is not armed: it applied what was left, and its
+	// metrics say so.
+	if s.proc.Exited() || s.proc.Metric(t, "consumer_messages_total", "outcome", "processed") < 1 {
+		t.Errorf("after the restart: exited %v, processed %v; want running, at least 1",
+			s.proc.Exited(), s.proc.Metric(t, "consumer_messages_total", "outcome", "processed"))
 	}
 }
