@@ -2,9 +2,12 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // From an outside review: each of these failed before its fix.
@@ -138,4 +141,69 @@ func TestMarkSentSurvivesADeadlockWithEnqueue(t *testing.T) {
 		t.Errorf("mark sent: %v", markErr)
 	}
 	t.Logf("enqueue: %v (a loser is put back by the runtime without spending an attempt)", enqErr)
+}
+
+// Enqueue locks one call's keys in Go's byte order; the mark must lock them
+// in the same order, whatever the column's collation: in a database that is
+// not C (the postgres image: en_US.utf8) "B" < "a" in bytes but "a" < "B" in
+// en-US, and one Enqueue call with both keys deadlocked against the mark.
+func TestMarkLocksKeysInEnqueuesOrderUnderAnyCollation(t *testing.T) {
+	for _, collate := range []string{"", "en-US-x-icu"} {
+		t.Run("collate="+collate, func(t *testing.T) {
+			if err := markAgainstOneEnqueueCall(t, collate); err != nil {
+				t.Fatalf("one Enqueue call deadlocked against the mark: %v", err)
+			}
+		})
+	}
+}
+
+// markAgainstOneEnqueueCall lines up a mark of keys "B" and "a" and one
+// Enqueue call to both behind a lock on "a", and returns a deadlock error of
+// either. collate, if set, is the ordering_key column's collation.
+func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
+	e := newEnv(t)
+	ctx := context.Background()
+	sqlDB, _ := e.db.DB()
+	if collate != "" {
+		if _, err := sqlDB.Exec(`ALTER TABLE outbox_keys ALTER COLUMN ordering_key TYPE text COLLATE "` + collate + `"`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.emit(nil, event(1, "B"), event(2, "a")); err != nil {
+		t.Fatal(err)
+	}
+	claimed, token, err := e.store.Claim(ctx, 10, 30*time.Second)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d, %v", len(claimed), err)
+	}
+	// X holds "a" so that the mark and the enqueue line up behind it.
+	x, err := sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Exec(`SELECT 1 FROM outbox_keys WHERE ordering_key = 'a' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var markErr, enqErr error
+	wg.Go(func() { _, markErr = e.store.MarkSent(ctx, token, claimed) })
+	time.Sleep(300 * time.Millisecond)
+	tx := e.db.Begin()
+	defer tx.Rollback()
+	wg.Go(func() {
+		if _, enqErr = e.outbox.Enqueue(ctx, tx, event(3, "B"), event(4, "a")); enqErr == nil {
+			enqErr = tx.Commit().Error
+		}
+	})
+	time.Sleep(300 * time.Millisecond)
+	_ = x.Commit()
+	wg.Wait()
+	t.Logf("collate %q: mark: %v; enqueue: %v", collate, markErr, enqErr)
+	for _, err := range []error{markErr, enqErr} {
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) && pg.Code == "40P01" {
+			return err
+		}
+	}
+	return nil
 }

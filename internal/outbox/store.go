@@ -99,7 +99,7 @@ type keySeq struct {
 
 // markSent settles the confirmed rows of a claim in one transaction: each is
 // sent, and each ordered one moves its key on and makes the key's next row
-// due. Keys are updated in sorted order, as one Enqueue call locks them; a
+// due. Keys are locked in byte order, as one Enqueue call locks them; a
 // transaction that enqueues in several calls may lock them in another order,
 // and the two can deadlock (the relay marks again: Relay.markSent). A row
 // whose lease passed to another relay meanwhile is left to it.
@@ -150,9 +150,10 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 
 // advance moves each key past its sent head and makes the key's next row
 // due, with three statements whatever the number of keys: the keys' rows are
-// locked first, in sorted order (as Enqueue locks them; the order of an
-// UPDATE … FROM's join is the planner's), then moved on together, then their
-// successors made due together.
+// locked first, in byte order (as Enqueue locks them: COLLATE "C", since the
+// column's collation may sort otherwise, and the order of an UPDATE … FROM's
+// join is the planner's), then moved on together, then their successors made
+// due together.
 func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) error {
 	if len(ordered) == 0 {
 		return nil
@@ -163,7 +164,7 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) error
 		keys[i], seqs[i] = ks.key, ks.seq
 	}
 	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM outbox_keys WHERE producer = $1 AND ordering_key = ANY($2::text[])
-		ORDER BY ordering_key FOR UPDATE`, s.producer, keys); err != nil {
+		ORDER BY ordering_key COLLATE "C" FOR UPDATE`, s.producer, keys); err != nil {
 		return fmt.Errorf("lock %d outbox keys: %w", len(keys), err)
 	}
 	if _, err := tx.ExecContext(ctx, `UPDATE outbox_keys k SET next_seq = v.seq + 1
