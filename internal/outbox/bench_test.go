@@ -15,8 +15,8 @@ import (
 // into a quorum queue, side by side: unordered rows, and ordered rows of a
 // key each (the payment service's OrderPaid: one row per order, the key its
 // head, so every mark moves a key on). It reports events/s and the test
-// process's CPU per event (the relay's; PostgreSQL and RabbitMQ are other
-// processes).
+// process's CPU per event: the relay's and the loop's polling for the count
+// of rows sent (PostgreSQL and RabbitMQ are other processes).
 //
 //	go test -run '^$' -bench RelayDrain -benchtime 3x ./internal/outbox
 func BenchmarkRelayDrain(b *testing.B) {
