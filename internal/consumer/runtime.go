@@ -310,11 +310,15 @@ func (r *Runtime) setReady(ok bool) {
 // mend: a queue or exchange of the topology that the broker holds with other
 // arguments (a *rabbit.MismatchError), after stopping as at a shutdown.
 func (r *Runtime) Run(ctx context.Context) error {
-	// The committers outlive every session: workers draining at shutdown still commit.
+	// The committers outlive every session: workers draining at shutdown
+	// still commit. Each mode starts its own: the inline mode's committers
+	// and look-up readers, the buffered mode's finishers (below).
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
 	var committers sync.WaitGroup
-	r.commits.run(commitCtx, r.cfg.Committers, &committers)
-	r.lookups.run(commitCtx, LookupReaders, &committers)
+	if r.proc == nil {
+		r.commits.run(commitCtx, r.cfg.Committers, &committers)
+		r.lookups.run(commitCtx, LookupReaders, &committers)
+	}
 	defer func() { stopCommits(); committers.Wait() }()
 	defer context.AfterFunc(ctx, r.markStopping)()
 	ctx, stop := context.WithCancel(ctx) // a fatal error stops the processing too
