@@ -21,7 +21,7 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 		name       string
 		d          amqp.Delivery
 		wantKey    string
-		wantReason string
+		wantReason Reason
 	}{
 		{"message_id property wins", amqp.Delivery{MessageId: "m1", Body: []byte("id:b1")}, "m1", ""},
 		{"body id when no property", amqp.Delivery{Body: []byte("id:b1")}, "b1", ""},

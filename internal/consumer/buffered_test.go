@@ -319,7 +319,7 @@ func TestBufferedRetryBudgetEndsParked(t *testing.T) {
 	}), bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 }))
 	e.publishEvents([]string{"k"}, 2)
 	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
-	if got := counterValue(rt.metrics.parked.WithLabelValues("test", ReasonRetriesExhausted)); got != 1 || rt.count(OutcomeRetried) != 2 {
+	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 || rt.count(OutcomeRetried) != 2 {
 		t.Errorf("parked %d (retries_exhausted), retried %d: want 1 and 2", got, rt.count(OutcomeRetried))
 	}
 	fixed.Store(true)
@@ -432,7 +432,7 @@ func TestBufferedKeyExpiredIsParkedNotRunAgain(t *testing.T) {
 	})
 	e.publishEvents([]string{"k"}, 1)
 	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
-	if got := counterValue(rt.metrics.parked.WithLabelValues("test", ReasonKeyExpired)); got != 1 || runs.Load() != 1 {
+	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonKeyExpired))); got != 1 || runs.Load() != 1 {
 		t.Errorf("parked %d for an expired key after %d runs: want 1 after 1", got, runs.Load())
 	}
 }

@@ -21,15 +21,20 @@ var ErrPaused = errors.New("dependency unavailable for every message")
 // attempt, stops consuming (readiness fails with Cause), and resumes by itself
 // after a backoff.
 type PauseError struct {
-	Cause string // short and stable: "gateway_misconfigured"
+	Cause Cause
 	Err   error
 }
 
+// Cause names what a pause waits for: readiness shows it, and it is the cause
+// label of consumer_pauses_total. Like a Reason, a short, stable snake_case
+// word ("gateway_misconfigured").
+type Cause string
+
 func (e *PauseError) Error() string {
 	if e.Err == nil {
-		return e.Cause
+		return string(e.Cause)
 	}
-	return e.Cause + ": " + e.Err.Error()
+	return string(e.Cause) + ": " + e.Err.Error()
 }
 
 // Unwrap returns the cause.
@@ -38,8 +43,16 @@ func (e *PauseError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrPaused) true.
 func (e *PauseError) Is(target error) bool { return target == ErrPaused }
 
-// Pause marks err as a fault of a dependency that fails for every message.
-func Pause(cause string, err error) error { return &PauseError{Cause: cause, Err: err} }
+// Pause marks err as a fault of a dependency that fails for every message. A
+// cause not of the form of a word becomes CauseInvalid, the cause given kept
+// in the error's text.
+func Pause(cause Cause, err error) error {
+	if !validWord(string(cause)) {
+		err = fmt.Errorf("the handler's pause cause %q is not a snake_case word: %w", string(cause), err)
+		cause = CauseInvalid
+	}
+	return &PauseError{Cause: cause, Err: err}
+}
 
 // step is where in the flow of a message an error arose.
 type step string
@@ -70,16 +83,18 @@ func failedAt(s step, err error) error {
 	return &stepError{step: s, err: err}
 }
 
-// Pause causes the runtime reports.
+// Pause causes the runtime reports (untyped, like the reasons).
 const (
 	CauseDatabase = "database"
 	// CauseFailing: the handler failed PauseAfterFailures times in a row.
 	CauseFailing = "handler_failing"
+	// CauseInvalid: the handler gave Pause a cause not of the form of one.
+	CauseInvalid = "invalid_cause"
 )
 
 // pauseCause says whether a failure is the infrastructure's rather than the
 // message's, and names it; "" means the message failed.
-func pauseCause(err error) string {
+func pauseCause(err error) Cause {
 	var pe *PauseError
 	if errors.As(err, &pe) {
 		return pe.Cause
@@ -156,6 +171,6 @@ func connectionFault(err error) bool {
 }
 
 // errPausedSession ends a session so that consumption pauses.
-type errPausedSession struct{ cause string }
+type errPausedSession struct{ cause Cause }
 
 func (e errPausedSession) Error() string { return fmt.Sprintf("paused: %s", e.cause) }

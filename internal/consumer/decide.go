@@ -37,8 +37,8 @@ func (a action) String() string {
 // verdict is decide's answer.
 type verdict struct {
 	act    action
-	reason string // actDeadLetter: the dead-letter (park) reason
-	cause  string // actPause: the pause cause
+	reason Reason // actDeadLetter: the dead-letter (park) reason
+	cause  Cause  // actPause: the pause cause
 }
 
 // failure is what decide needs to know about a failed run. The two facts
@@ -51,7 +51,7 @@ type failure struct {
 	stopping    bool // the runtime is stopping and cut the run short
 	attempt     int  // this run, 1-based, of the message's budget
 	maxAttempts int
-	cause       func() string
+	cause       func() Cause
 	inARow      func() bool
 }
 

@@ -16,7 +16,7 @@ func TestDecide(t *testing.T) {
 	cases := []struct {
 		name     string
 		f        failure
-		cause    string
+		cause    Cause
 		inARow   bool
 		want     verdict
 		asked    bool // whether the run of failures counted this one
@@ -44,7 +44,7 @@ func TestDecide(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			causeAsked, counted := false, false
-			c.f.cause = func() string { causeAsked = true; return c.cause }
+			c.f.cause = func() Cause { causeAsked = true; return c.cause }
 			c.f.inARow = func() bool { counted = true; return c.inARow }
 			if got := decide(c.f); got != c.want {
 				t.Errorf("decide = %+v (%s), want %+v (%s)", got, got.act, c.want, c.want.act)

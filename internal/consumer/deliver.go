@@ -84,7 +84,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, maxAttempts int) failure {
 	return failure{
 		err: err, stopping: ctx.Err() != nil, attempt: attempt, maxAttempts: maxAttempts,
-		cause:  func() string { return r.infrastructure(ctx, err) },
+		cause:  func() Cause { return r.infrastructure(ctx, err) },
 		inARow: func() bool { return r.failingInARow(id, err) },
 	}
 }
@@ -99,7 +99,7 @@ func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, ma
 // handler looks for a recorded payment) fail like the runtime's when
 // PostgreSQL goes away, and its outside calls fail with the same network
 // errors; only the database's answer tells the two apart.
-func (r *Runtime) infrastructure(ctx context.Context, err error) string {
+func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
 	if cause := pauseCause(err); cause != "" {
 		return cause
 	}
@@ -196,7 +196,7 @@ func publishedAt(d amqp.Delivery) time.Time {
 
 // admit applies the checks every handler needs before a body is trusted and
 // resolves the dedupe key. A non-empty reason dead-letters the delivery.
-func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason string, err error) {
+func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
 		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
 	}
@@ -342,7 +342,7 @@ func (r *Runtime) logAttrs(body []byte) (attrs []slog.Attr) {
 	return r.cfg.LogAttrs(body)
 }
 
-func permanentReason(err error) string {
+func permanentReason(err error) Reason {
 	var pe *PermanentError
 	if errors.As(err, &pe) && pe.Reason != "" {
 		return pe.Reason

@@ -96,7 +96,9 @@ type Handler interface {
 // against a concurrent message for the same entity (a unique key with
 // ON CONFLICT DO NOTHING, say), returning OutcomeDuplicate when the effect is
 // already there under another message id: the inbox row still commits. A nil
-// Writes commits the inbox row alone. Writes may run more than once: when a
+// Writes commits the inbox row alone. Writes that return no outcome and no
+// error are refused: the message is dead-lettered (parked) with
+// ReasonNoOutcome and nothing of them commits. Writes may run more than once: when a
 // message committed with them fails, the batch runs again (with a savepoint
 // per message, then a transaction per message); only the last run commits, so
 // they must do nothing but write through tx.

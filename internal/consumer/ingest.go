@@ -330,6 +330,6 @@ func dataFault(err error) bool {
 // unblocked; the ingest must go on storing and acking meanwhile (the messages
 // it takes off the queue are what clears the alarm), as inline the other
 // workers do while one waits. The session waits for these before it closes.
-func (r *Runtime) deadLetterAside(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *messageLog) {
+func (r *Runtime) deadLetterAside(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	s.aside.Go(func() { r.deadLetter(ctx, s, d, msg, reason, cause, log) })
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"runtime/debug"
 	"time"
 
@@ -29,6 +30,10 @@ func Recover(onPanic func(msg Message, v any, stack []byte)) Middleware {
 	}
 }
 
+// recoverWrites contains a panic of the writes, and refuses writes that
+// return neither an outcome nor an error: an empty outcome used to count as
+// processed, silently; now the message is dead-lettered (parked) with
+// ReasonNoOutcome, nothing of its writes committed, and the log says which.
 func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack []byte)) Writes {
 	return func(ctx context.Context, tx *gorm.DB) (out Outcome, err error) {
 		defer func() {
@@ -37,9 +42,17 @@ func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack
 				out, err = "", panicError(v)
 			}
 		}()
-		return w(ctx, tx)
+		out, err = w(ctx, tx)
+		if err == nil && out == "" {
+			return "", errNoOutcome
+		}
+		return out, err
 	}
 }
+
+// errNoOutcome is the error of writes that returned no outcome and no error.
+var errNoOutcome = Permanent(ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
+	"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
 
 // Timeout bounds one handler call, outside calls included. Keep it well below
 // RabbitMQ's consumer acknowledgement timeout, or the broker closes the channel

@@ -27,8 +27,8 @@ type processor struct {
 	notify chan struct{} // tell the other replicas
 	// pauseReq is set by a worker that finds the infrastructure at fault;
 	// pausedFor names a pause in progress (nil when none), for readiness.
-	pauseReq  atomic.Pointer[string]
-	pausedFor atomic.Pointer[string]
+	pauseReq  atomic.Pointer[Cause]
+	pausedFor atomic.Pointer[Cause]
 	// unreleased holds the releases the database refused (it was down):
 	// retried when a pause ends, before claiming again.
 	unreleasedMu sync.Mutex
@@ -39,7 +39,7 @@ type processor struct {
 // release is a claimed message to give back without spending its attempt.
 type release struct {
 	claimed buffered.Claimed
-	cause   string
+	cause   string // the error that made it give the message back
 }
 
 // claimBatch bounds the keys one claim leases.
@@ -244,16 +244,16 @@ func (p *processor) waitForWork(ctx context.Context, skipped int) (int, bool) {
 // but locked; it doubles with every claim in a row that skips one.
 const skippedRetry = 10 * time.Millisecond
 
-func (p *processor) requestPause(cause string) {
+func (p *processor) requestPause(cause Cause) {
 	p.pauseReq.Store(&cause)
 	poke(p.wake)
 }
 
 // pause stops claiming for a growing backoff, and for the database until its
 // check passes; workers in flight finish meanwhile.
-func (p *processor) pause(ctx context.Context, cause string, b *backoff) bool {
+func (p *processor) pause(ctx context.Context, cause Cause, b *backoff) bool {
 	r := p.rt
-	r.metrics.pauses.WithLabelValues(r.cfg.Name, cause).Inc()
+	r.metrics.pauses.WithLabelValues(r.cfg.Name, string(cause)).Inc()
 	p.pausedFor.Store(&cause)
 	defer p.pausedFor.Store(nil)
 	wait := b.next()
@@ -390,11 +390,11 @@ func (p *processor) failed(c buffered.Claimed, err error, log *messageLog) {
 }
 
 // park blocks the message's key until an operator retries, skips or exports it.
-func (p *processor) park(c buffered.Claimed, reason string, cause error, log *messageLog) {
+func (p *processor) park(c buffered.Claimed, reason Reason, cause error, log *messageLog) {
 	r := p.rt
 	sctx, cancel := r.settleContext()
 	defer cancel()
-	ok, err := p.cfg.Store.Park(sctx, c.Lease, reason, cause.Error())
+	ok, err := p.cfg.Store.Park(sctx, c.Lease, string(reason), cause.Error())
 	switch {
 	case err != nil:
 		log.get().Error("could not park the message; the lease will expire and it is run again", "err", err, "cause", cause)
@@ -402,7 +402,7 @@ func (p *processor) park(c buffered.Claimed, reason string, cause error, log *me
 		log.get().Warn("the lease passed to another worker; the message is not parked", "reason", reason)
 	default:
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeParked)).Inc()
-		r.metrics.parked.WithLabelValues(r.cfg.Name, reason).Inc()
+		r.metrics.parked.WithLabelValues(r.cfg.Name, string(reason)).Inc()
 		log.get().Error("message parked: its key waits for an operator (inboxctl inbox retry, skip or export)",
 			"reason", reason, "attempt", c.Attempts, "err", cause)
 	}

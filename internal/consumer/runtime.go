@@ -177,7 +177,7 @@ type Runtime struct {
 	held     atomic.Int64
 	progress atomic.Int64
 	// pausedFor names the cause of a pause in progress, nil when not paused.
-	pausedFor atomic.Pointer[string]
+	pausedFor atomic.Pointer[Cause]
 	// stopBy is when a graceful stop must be over, set once when the stop
 	// begins (markStopping), which closes stopping.
 	stopOnce sync.Once
@@ -349,7 +349,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		var paused errPausedSession
 		if errors.As(err, &paused) {
-			r.metrics.pauses.WithLabelValues(r.cfg.Name, paused.cause).Inc()
+			r.metrics.pauses.WithLabelValues(r.cfg.Name, string(paused.cause)).Inc()
 			r.pausedFor.Store(&paused.cause)
 			wait := backoff.next()
 			r.log.Error("paused: not the messages' fault; held ones were put back without spending an attempt",
@@ -374,7 +374,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 // its check passes (with growing waits in between). A dependency the runtime
 // cannot check is tried again by resuming: if it still fails, the next pause
 // waits longer.
-func (r *Runtime) waitToResume(ctx context.Context, cause string, wait time.Duration, b *backoff) error {
+func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Duration, b *backoff) error {
 	if !sleep(ctx, wait) {
 		return ctx.Err()
 	}

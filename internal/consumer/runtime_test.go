@@ -94,7 +94,7 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 	tests := []struct {
 		id, body string
 		mutate   func(*amqp.Publishing)
-		reason   string
+		reason   Reason
 	}{
 		{"p-big", strings.Repeat("x", 1025), nil, ReasonBodyTooLarge},
 		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, ReasonUnsupportedContent},
@@ -119,7 +119,7 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 		}
 	}
 	for _, tt := range tests {
-		if got := reasons[tt.id+tt.body]; got != tt.reason {
+		if got := reasons[tt.id+tt.body]; got != string(tt.reason) {
 			t.Errorf("message %.20q %.20q: reason %q, want %q", tt.id, tt.body, got, tt.reason)
 		}
 	}
@@ -215,7 +215,7 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 	}
 	// The copy is visible in the queue just before the runtime acks and counts it.
 	mismatches := func() int {
-		return counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, ReasonPayloadMismatch))
+		return counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, string(ReasonPayloadMismatch)))
 	}
 	waitFor(t, "the dead letter counted", func() bool { return mismatches() == 1 })
 	got := mismatches()
@@ -273,7 +273,7 @@ func TestPauseCause(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want string
+		want Cause
 	}{
 		{"dependency", fmt.Errorf("charge: %w", Pause("gateway_misconfigured", errors.New("401"))), "gateway_misconfigured"},
 		{"read-only", failedAt(stepCommit, &pgconn.PgError{Code: "25006"}), CauseDatabase},

@@ -32,7 +32,7 @@ type session struct {
 	// at fault; cause names it.
 	pause     chan struct{}
 	pauseOnce sync.Once
-	cause     string
+	cause     Cause
 	// end is closed once by the first step that ends the session without a
 	// pause; ended says why. A copy that came back unrouted (a queue of the
 	// topology was deleted: the next session declares it again), or a
@@ -93,7 +93,7 @@ func (s *session) requestEnd(reason error) {
 	s.endOnce.Do(func() { s.ended = reason; close(s.end) })
 }
 
-func (s *session) requestPause(cause string) {
+func (s *session) requestPause(cause Cause) {
 	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
 }
 

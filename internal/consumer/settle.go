@@ -95,9 +95,9 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // deadLetter publishes the message to the dead-letter exchange with the reason
 // and last error in its headers, then acks the original. A broker-side reject
 // could not add those headers.
-func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason string, cause error, log *messageLog) {
+func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	pub := republish(d, msg)
-	pub.Headers[HeaderDeadLetterReason] = reason
+	pub.Headers[HeaderDeadLetterReason] = string(reason)
 	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
 	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
@@ -110,7 +110,7 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 		return
 	}
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
-	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, reason).Inc()
+	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, string(reason)).Inc()
 	log.get().Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
 }
 

@@ -167,7 +167,7 @@ func TestReplayedCopyWaitingPastTheKeyLifetimeDoesNotCallOutAgain(t *testing.T) 
 					return m.Settled("test", consumer.OutcomeParked) == 1, nil
 				})
 				parked, err := store.ListParked(context.Background(), buffered.Selector{All: true}, 10)
-				if err != nil || len(parked) != 1 || parked[0].Reason != consumer.ReasonKeyExpired {
+				if err != nil || len(parked) != 1 || parked[0].Reason != string(consumer.ReasonKeyExpired) {
 					t.Errorf("parked %+v (%v), want the copy with reason %s", parked, err, consumer.ReasonKeyExpired)
 				}
 			}

@@ -83,7 +83,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 	if err != nil {
 		var invalid *orders.InvalidError
 		if errors.As(err, &invalid) {
-			return nil, consumer.Permanent(invalid.Reason, err)
+			return nil, consumer.Permanent(consumer.Reason(invalid.Reason), err)
 		}
 		return nil, consumer.Permanent("invalid_event", err)
 	}

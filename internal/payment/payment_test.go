@@ -317,9 +317,9 @@ func TestPoisonMessages(t *testing.T) {
 		{"zero-amount", "application/json", strings.Replace(valid, "100", "0", 1), orders.ReasonInvalidAmount, false},
 		{"negative-amount", "application/json", strings.Replace(valid, "100", "-5", 1), orders.ReasonInvalidAmount, false},
 		{"currency", "application/json", strings.Replace(valid, "EUR", "EURO", 1), orders.ReasonInvalidCurrency, false},
-		{"no-id", "application/json", `{"order_id":"o"}`, consumer.ReasonMissingID, true},
-		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, consumer.ReasonBodyTooLarge, false},
-		{"content-type", "text/plain", valid, consumer.ReasonUnsupportedContent, false},
+		{"no-id", "application/json", `{"order_id":"o"}`, string(consumer.ReasonMissingID), true},
+		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, string(consumer.ReasonBodyTooLarge), false},
+		{"content-type", "text/plain", valid, string(consumer.ReasonUnsupportedContent), false},
 		// Valid JSON and UTF-8, but PostgreSQL text refuses NUL: invalid at once, not retried.
 		{"nul-in-order-id", "application/json", strings.Replace(valid, `"o"`, `"o\u0000x"`, 1), orders.ReasonInvalidField, false},
 	}
@@ -425,7 +425,7 @@ func TestConflictingRepublishIsDeadLettered(t *testing.T) {
 				s.publishOrder("msg-other", other)
 			}
 			reasons := s.drainDLQ(1)
-			if reasons["msg-other"] != payment.ReasonOrderConflict {
+			if reasons["msg-other"] != string(payment.ReasonOrderConflict) {
 				t.Fatalf("dead letters %v, want msg-other with %s", reasons, payment.ReasonOrderConflict)
 			}
 			waitOutcome(t, m, "processed", 1)
@@ -513,7 +513,7 @@ func TestRetriesMustOutlastTheGatewaysInFlightWindow(t *testing.T) {
 			payments := count(t, s.db, "payments", "order_id = ?", o.OrderID)
 			switch tt.want {
 			case "dead_lettered":
-				if reasons := s.drainDLQ(1); reasons["msg-stuck"] != consumer.ReasonRetriesExhausted || payments != 0 || inFlight != 1 {
+				if reasons := s.drainDLQ(1); reasons["msg-stuck"] != string(consumer.ReasonRetriesExhausted) || payments != 0 || inFlight != 1 {
 					t.Fatalf("dead letters %v, %d payments, charge in flight %d: want msg-stuck retries_exhausted while its charge was in flight, and no payment",
 						reasons, payments, inFlight)
 				}

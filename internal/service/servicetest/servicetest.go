@@ -214,7 +214,8 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 			"(no counting, no calls out)", msg.ID, first, out)
 	}
 	if err == nil && out == "" {
-		out = consumer.OutcomeProcessed
+		t.Errorf("message %s: the writes returned no outcome and no error: the runtime dead-letters such a message "+
+			"(%s); return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of your own", msg.ID, consumer.ReasonNoOutcome)
 	}
 	return out, err
 }

@@ -159,5 +159,5 @@ func TestCheckWritesRunsTheWritesTwice(t *testing.T) {
 
 func isReason(err error, reason string) bool {
 	var pe *consumer.PermanentError
-	return errors.As(err, &pe) && pe.Reason == reason
+	return errors.As(err, &pe) && string(pe.Reason) == reason
 }
