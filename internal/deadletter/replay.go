@@ -58,6 +58,10 @@ type ReplayOptions struct {
 	// for a limited time, and a replay after they forgot the keys repeats
 	// side effects that may have happened already (a card charged twice).
 	MaxAge time.Duration
+	// NoAgeLimit replays messages of any age, unknown included, and ignores
+	// MaxAge: for a service whose handler calls no service that remembers
+	// idempotency keys (service.Options.NoOutsideCalls).
+	NoAgeLimit bool
 	// Force replays messages older than MaxAge all the same (not those at the
 	// replay cap). Only for messages whose side effects are known not to have
 	// happened, or whose keys the services still know.
@@ -99,7 +103,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 	if opts.MaxReplays < 1 {
 		return rep, errors.New("replay: the replay cap must be at least 1")
 	}
-	if opts.MaxAge <= 0 {
+	if opts.MaxAge <= 0 && !opts.NoAgeLimit {
 		return rep, errors.New("replay: the age limit must be positive")
 	}
 	get, err := q.conn.Channel()
@@ -141,7 +145,7 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 
 func (q *Queue) visit(ctx context.Context, rep *ReplayReport, sel Selector, opts ReplayOptions, pub *rabbit.Publisher, d amqp.Delivery) error {
 	m := describe(d, q.attrs)
-	tooOld := m.OlderThan(opts.MaxAge, time.Now())
+	tooOld := !opts.NoAgeLimit && m.OlderThan(opts.MaxAge, time.Now())
 	switch {
 	case !sel.matches(m):
 		rep.Skipped++

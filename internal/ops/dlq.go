@@ -114,7 +114,7 @@ func printListing(w io.Writer, queue string, l deadletter.Listing, maxAge ageLim
 			cell += "*"
 			undated = true
 		}
-		if m.OlderThan(maxAge.max, now) {
+		if !maxAge.none && m.OlderThan(maxAge.max, now) {
 			cell += " too old"
 			tooOld = true
 		}
@@ -140,13 +140,18 @@ func printListingJSON(w io.Writer, queue string, l deadletter.Listing, maxAge ag
 		TooOld     bool  `json:"too_old"` // dlq replay refuses it without --force
 	}
 	out := struct {
-		Queue            string    `json:"queue"`
-		Depth            int       `json:"depth"`
-		ReplayMaxAgeSecs int64     `json:"replay_max_age_seconds"`
+		Queue string `json:"queue"`
+		Depth int    `json:"depth"`
+		// null: no age limit (the service makes no outside calls)
+		ReplayMaxAgeSecs *int64    `json:"replay_max_age_seconds"`
 		Messages         []message `json:"messages"`
-	}{Queue: queue, Depth: l.Depth, ReplayMaxAgeSecs: int64(maxAge.max.Seconds()), Messages: []message{}}
+	}{Queue: queue, Depth: l.Depth, Messages: []message{}}
+	if !maxAge.none {
+		secs := int64(maxAge.max.Seconds())
+		out.ReplayMaxAgeSecs = &secs
+	}
 	for _, m := range l.Messages {
-		out.Messages = append(out.Messages, message{m, int64(m.Age(now).Seconds()), m.OlderThan(maxAge.max, now)})
+		out.Messages = append(out.Messages, message{m, int64(m.Age(now).Seconds()), !maxAge.none && m.OlderThan(maxAge.max, now)})
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -173,7 +178,7 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 		return fmt.Errorf("dlq replay: --max-replays must be at least 1, got %d", opts.MaxReplays)
 	}
 	return withQueue(svc, func(q *deadletter.Queue, maxAge ageLimit) error {
-		opts.MaxAge = maxAge.max
+		opts.MaxAge, opts.NoAgeLimit = maxAge.max, maxAge.none
 		rep, err := q.Replay(ctx, sel, opts)
 		printReplay(stdout, rep, opts, maxAge, time.Now())
 		if err != nil {

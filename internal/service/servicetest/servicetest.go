@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -48,15 +49,23 @@ type Stack struct {
 
 // Start runs opts until the test ends, on a new vhost and a new database,
 // with env (NAME=value) over the test defaults: retry delays of 100ms and
-// 500ms, a 10s stop, the suite's group commit setting. It returns once the
-// service is ready. The service's logs are shown if the test fails.
+// 500ms, a 10s stop, the suite's group commit setting. Every other variable
+// the service reads (the kit's and its Settings') is unset for it, so that
+// neither the shell nor an earlier Start in the same test leaks into it. It
+// returns once the service is ready. The service's logs are shown if the test
+// fails. The Stack's URLs and address are the ones the service runs with, env
+// included.
 func Start(t testing.TB, opts service.Options, env ...string) *Stack {
 	t.Helper()
-	s := &Stack{t: t, AMQPURL: testenv.VHost(t), DBURL: testenv.Postgres(t), Addr: testenv.FreeAddr(t), Logs: &testenv.Buffer{}}
+	s := &Stack{t: t, Logs: &testenv.Buffer{}}
 	vars := append([]string{
-		"AMQP_URL=" + s.AMQPURL, "DATABASE_URL=" + s.DBURL, "HTTP_ADDR=" + s.Addr,
+		"AMQP_URL=" + testenv.VHost(t), "DATABASE_URL=" + testenv.Postgres(t), "HTTP_ADDR=" + testenv.FreeAddr(t),
 		"RETRY_DELAYS=100ms,500ms", "BUFFER_RETRY_DELAYS=100ms,500ms", "SHUTDOWN_TIMEOUT=10s", "LOG_LEVEL=info",
 	}, testenv.GroupCommitVars()...)
+	for _, v := range opts.Describe() {
+		t.Setenv(v.Name, "") // restored when the test ends
+		os.Unsetenv(v.Name)
+	}
 	for _, kv := range append(vars, env...) {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -69,6 +78,7 @@ func Start(t testing.TB, opts service.Options, env ...string) *Stack {
 		t.Fatal(err)
 	}
 	s.Config = cfg
+	s.AMQPURL, s.DBURL, s.Addr = cfg.AMQPURL, cfg.URL, cfg.HTTPAddr
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- service.Run(ctx, opts, nil, s.Logs) }()
@@ -171,40 +181,24 @@ func (s *Stack) Count(query string, args ...any) int {
 // then its writes twice on db: first in a transaction that rolls back, then
 // in one that commits. The runtime may run a message's writes more than
 // once (a batch-mate failed, and the batch ran again), so both runs must
-// give the same outcome and the same success; CheckWrites fails t if not.
-// It returns what the committed run gave (OutcomeProcessed for nil writes),
-// or the handler's error.
+// give the same outcome and the same success; CheckWrites fails t if not,
+// and if the writes return no outcome. What it cannot see is a side effect
+// that leaves the outcome alone (a counter in memory, a call out): keep the
+// writes to tx. It returns what the committed run gave (OutcomeProcessed
+// for nil writes), or the handler's error; a panic of either is returned as
+// an error, as the runtime contains it.
 func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Message) (consumer.Outcome, error) {
 	t.Helper()
 	ctx := context.Background()
-	writes, err := h.Handle(ctx, msg)
+	writes, err := handle(ctx, h, msg)
 	if err != nil {
 		return "", err
 	}
 	if writes == nil {
 		return consumer.OutcomeProcessed, nil
 	}
-	run := func(commit bool) (consumer.Outcome, error) {
-		tx := db.WithContext(ctx).Begin()
-		if tx.Error != nil {
-			t.Fatal(tx.Error)
-		}
-		rctx, committed := consumer.CommitHooks(ctx)
-		out, err := writes(rctx, tx)
-		if !commit || err != nil {
-			if rb := tx.Rollback().Error; rb != nil && !errors.Is(rb, gorm.ErrInvalidTransaction) {
-				t.Fatal(rb)
-			}
-			return out, err
-		}
-		if err := tx.Commit().Error; err != nil {
-			return out, fmt.Errorf("commit: %w", err)
-		}
-		committed()
-		return out, nil
-	}
-	first, firstErr := run(false)
-	out, err := run(true)
+	first, firstErr := runWrites(ctx, t, db, writes, false)
+	out, err := runWrites(ctx, t, db, writes, true)
 	switch {
 	case (firstErr == nil) != (err == nil):
 		t.Errorf("message %s: the writes failed in one run and not in the other (rolled back: %v; committed: %v): "+
@@ -218,4 +212,49 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 			"(%s); return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of your own", msg.ID, consumer.ReasonNoOutcome)
 	}
 	return out, err
+}
+
+// errPanicked is the error CheckWrites returns for a handler or writes that
+// panicked (the runtime retries such a message, and counts the panic).
+var errPanicked = errors.New("panicked")
+
+// handle calls the handler, a panic turned into an error as the runtime does.
+func handle(ctx context.Context, h consumer.Handler, msg consumer.Message) (w consumer.Writes, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			w, err = nil, fmt.Errorf("handler %w: %v", errPanicked, v)
+		}
+	}()
+	return h.Handle(ctx, msg)
+}
+
+// runWrites runs the writes in a transaction of their own that commits only
+// if commit is set and they succeed; it rolls back otherwise, a panic of the
+// writes included (returned as an error).
+func runWrites(ctx context.Context, t testing.TB, db *gorm.DB, writes consumer.Writes, commit bool) (out consumer.Outcome, err error) {
+	t.Helper()
+	tx := db.WithContext(ctx).Begin()
+	if tx.Error != nil {
+		t.Fatal(tx.Error)
+	}
+	done := false
+	defer func() {
+		if v := recover(); v != nil {
+			out, err = "", fmt.Errorf("writes %w: %v", errPanicked, v)
+		}
+		if !done {
+			_ = tx.Rollback().Error
+		}
+	}()
+	rctx, committed := consumer.CommitHooks(ctx)
+	out, err = writes(rctx, tx)
+	if !commit || err != nil {
+		return out, err
+	}
+	done = true
+	if err := tx.Commit().Error; err != nil {
+		return out, fmt.Errorf("commit: %w", err)
+	}
+	committed()
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package servicetest_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/ops"
 	"github.com/inbox-template/payment-service/internal/service"
 	"github.com/inbox-template/payment-service/internal/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/testenv"
@@ -160,4 +162,78 @@ func TestCheckWritesRunsTheWritesTwice(t *testing.T) {
 func isReason(err error, reason string) bool {
 	var pe *consumer.PermanentError
 	return errors.As(err, &pe) && string(pe.Reason) == reason
+}
+
+// From an outside review: each of these failed before its fix.
+
+// Each Start sees only the variables it is given: the first Start's
+// INBOX_MODE used to leak into the second.
+func TestStartIsolatesEachServiceFromTheEnvironment(t *testing.T) {
+	t.Setenv("INBOX_MODE", "buffered") // the developer's shell
+	first := servicetest.Start(t, ledger(), "INBOX_MODE=buffered", "PREFETCH=150")
+	first.Stop()
+	second := servicetest.Start(t, ledger())
+	if second.Config.InboxMode != service.ModeInline || second.Config.Prefetch != 192 {
+		t.Errorf("second Start: INBOX_MODE %q, PREFETCH %d; want the defaults inline and 192", second.Config.InboxMode, second.Config.Prefetch)
+	}
+}
+
+// The Stack's URLs are the ones the service runs with, an override included:
+// Count used to read the test's own database while the service wrote another.
+func TestStackFollowsTheOverriddenURLs(t *testing.T) {
+	db := testenv.Postgres(t)
+	s := servicetest.Start(t, ledger(), "DATABASE_URL="+db)
+	if s.DBURL != db || s.Config.URL != db {
+		t.Fatalf("Stack.DBURL %s, service on %s; want both %s", s.DBURL, s.Config.URL, db)
+	}
+	s.Publish(amqp.Publishing{MessageId: "m-1", Body: body("e-1", 1)})
+	s.WaitOutcome(consumer.OutcomeProcessed, 1)
+	if n := s.Count("SELECT count(*) FROM ledger"); n != 1 {
+		t.Errorf("Count sees %d ledger rows in the service's database, want 1", n)
+	}
+}
+
+// A panic of the handler or of the writes comes back as an error, as the
+// runtime contains it, and the writes' transaction is rolled back.
+func TestCheckWritesContainsPanics(t *testing.T) {
+	db, _ := testenv.MigratedDB(t, ledgerSchema)
+	panicking := map[string]consumer.Handler{
+		"handler": consumer.HandlerFunc(func(context.Context, consumer.Message) (consumer.Writes, error) { panic("boom") }),
+		"writes": consumer.HandlerFunc(func(context.Context, consumer.Message) (consumer.Writes, error) {
+			return func(context.Context, *gorm.DB) (consumer.Outcome, error) { panic("boom") }, nil
+		}),
+	}
+	for name, h := range panicking {
+		if _, err := servicetest.CheckWrites(t, db, h, consumer.Message{ID: "m"}); err == nil || !strings.Contains(err.Error(), "panicked: boom") {
+			t.Errorf("%s panic: err %v", name, err)
+		}
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := sqlDB.Stats().InUse; n != 0 {
+		t.Errorf("%d connections in use: a transaction was left open", n)
+	}
+}
+
+// A service with no outside calls replays a dead letter of any age, unknown
+// included; it used to be refused as "too old" with a warning of repeated
+// side effects the service cannot have.
+func TestReplayWithoutOutsideCallsHasNoAgeLimit(t *testing.T) {
+	s := servicetest.Start(t, ledger())
+	s.Stop()
+	// No timestamp, no dead-lettering time: of unknown age.
+	testenv.Publish(t, s.AMQPURL, "", s.Config.DeadLetterQueue, amqp.Publishing{MessageId: "old", Body: body("e-9", 1)})
+	var list bytes.Buffer
+	if err := ops.Run(context.Background(), ledger(), []string{"dlq", "list", "--json"}, nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(list.String(), `"replay_max_age_seconds": null`) || strings.Contains(list.String(), `"too_old": true`) {
+		t.Errorf("dlq list --json: want no age limit and nothing too old:\n%s", list.String())
+	}
+	var out bytes.Buffer
+	if err := ops.Run(context.Background(), ledger(), []string{"dlq", "replay", "--all"}, nil, &out); err != nil || !strings.Contains(out.String(), "1 replayed") {
+		t.Errorf("dlq replay --all: %v\n%s", err, out.String())
+	}
 }
