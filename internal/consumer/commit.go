@@ -87,7 +87,7 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 // apply runs a job's writes after its claim, keeping the outcome they report.
 func (c *committer) apply(ctx context.Context, j *commitJob) func(tx *gorm.DB) error {
 	return func(tx *gorm.DB) error {
-		c.stage(StageClaimed)
+		c.stage(StageInboxInsert)
 		j.out = ""
 		if j.writes == nil {
 			return nil

@@ -53,7 +53,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	}
 	out, err := r.apply(ctx, &msg)
 	if err == nil {
-		r.stage(StageCommitted)
+		r.stage(StageCommit)
 		r.ack(d, msg, out, log)
 		return
 	}
@@ -280,7 +280,7 @@ func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog
 		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return
 	}
-	r.stage(StageAcked)
+	r.stage(StageAck)
 	r.counted(msg, out, log)
 }
 

@@ -132,18 +132,20 @@ func Chain(h Handler, mws ...Middleware) Handler {
 // Config.OnStage, for fault injection and tracing.
 type Stage string
 
-// Stages, in the order a message passes them. A handler's own points (after an
-// outside call) lie before StageClaimed: the transaction opens only once the
-// handler has returned its writes.
+// Stages, in the order a message passes them. Each is named as its crash
+// point is (faults.After…, the same string): StageInboxInsert is
+// "after-inbox-insert". A handler's own points (after an outside call) lie
+// before StageInboxInsert: the transaction opens only once the handler has
+// returned its writes.
 //
 // In the buffered mode the first three are the ingest's (the message stored,
 // the transaction still open; committed, not acked; acked), and two more are
 // the processing's: a message claimed, its handler not yet run; its writes
 // and status committed.
 const (
-	StageClaimed   Stage = "after-inbox-insert"   // inbox row inserted, transaction still open
-	StageCommitted Stage = "after-commit"         // effects (buffered: the stored message) committed, delivery not yet acked
-	StageAcked     Stage = "after-ack"            // delivery acked
-	StageLeased    Stage = "after-claim"          // buffered: a stored message claimed, the handler not yet run
-	StageProcessed Stage = "after-process-commit" // buffered: the handler's writes and the processed status committed
+	StageInboxInsert   Stage = "after-inbox-insert"   // inbox row inserted (buffered: the message stored), transaction still open
+	StageCommit        Stage = "after-commit"         // effects (buffered: the stored message) committed, delivery not yet acked
+	StageAck           Stage = "after-ack"            // delivery acked
+	StageClaim         Stage = "after-claim"          // buffered: a stored message claimed, the handler not yet run
+	StageProcessCommit Stage = "after-process-commit" // buffered: the handler's writes and the processed status committed
 )

@@ -218,7 +218,7 @@ func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tr
 		in[i] = it.in
 	}
 	tctx, cancel := context.WithTimeout(ctx, applyMargin)
-	results, err := r.buffer.Store.Ingest(tctx, in, func() { r.stage(StageClaimed) })
+	results, err := r.buffer.Store.Ingest(tctx, in, func() { r.stage(StageInboxInsert) })
 	cancel()
 	if err != nil {
 		r.storeFailed(ctx, s, items, failedAt(stepCommit, err), tries)
@@ -230,10 +230,10 @@ func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tr
 		case errors.Is(results[i].Err, buffered.ErrPayloadMismatch):
 			r.deadLetterAside(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
 		case results[i].Fresh:
-			r.stage(StageCommitted)
+			r.stage(StageCommit)
 			r.ack(it.d, it.msg, OutcomeStored, it.log)
 		default:
-			r.stage(StageCommitted)
+			r.stage(StageCommit)
 			r.ack(it.d, it.msg, OutcomeDuplicate, it.log)
 		}
 	}

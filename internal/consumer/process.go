@@ -288,11 +288,11 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 			age.Round(time.Second), r.cfg.KeyTTL), log)
 		return
 	}
-	r.stage(StageLeased)
+	r.stage(StageClaim)
 	out, err := p.apply(ctx, msg, c)
 	switch {
 	case err == nil:
-		r.stage(StageProcessed)
+		r.stage(StageProcessCommit)
 		if !msg.PublishedAt.IsZero() {
 			r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
 		}

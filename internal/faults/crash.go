@@ -24,15 +24,16 @@ import (
 // Point names a place in the flow of a message.
 type Point string
 
-// The runtime's crash points, in the order a message passes them. A service
+// The runtime's crash points, in the order a message passes them: each is
+// the stage of the same name (consumer.Stage…, the same string). A service
 // declares its own, around its side effects, with After.
 const (
-	AfterInboxInsert = Point(consumer.StageClaimed)   // inbox row inserted, transaction open
-	AfterCommit      = Point(consumer.StageCommitted) // committed, not acked: the classic duplicate
-	AfterAck         = Point(consumer.StageAcked)     // acked: nothing to redo
+	AfterInboxInsert = Point(consumer.StageInboxInsert) // inbox row inserted, transaction open
+	AfterCommit      = Point(consumer.StageCommit)      // committed, not acked: the classic duplicate
+	AfterAck         = Point(consumer.StageAck)         // acked: nothing to redo
 	// The buffered mode's processing (its ingest passes the three above).
-	AfterClaim         = Point(consumer.StageLeased)    // a stored message claimed, its handler not yet run
-	AfterProcessCommit = Point(consumer.StageProcessed) // the handler's writes and the processed status committed
+	AfterClaim         = Point(consumer.StageClaim)         // a stored message claimed, its handler not yet run
+	AfterProcessCommit = Point(consumer.StageProcessCommit) // the handler's writes and the processed status committed
 	// The outbox relay's (a service that publishes, service.Options.Publishes):
 	// a batch confirmed by the broker, not yet marked sent. It is published
 	// again, with the same ids, after the restart.
