@@ -78,25 +78,24 @@ var migrationFiles embed.FS
 // Service describes the shipping service to the kit. Its queues are derived:
 // shipping-service.order-paid, shipping-service.dlx, ….
 func Service() service.Options {
-	var s Settings
-	return service.Options{
+	return service.WithSettings(service.Options{
 		Name:       "shipping-service",
 		Event:      "order-paid",
 		Exchange:   "payments",
 		RoutingKey: "order.paid",
-		Settings:   &s,
-		Check: func(cfg *service.Config, v *service.Checks) {
-			v.URL("CARRIER_URL", s.CarrierURL, "http", "https")
-			v.Require(s.CarrierTimeout > 0 && s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT",
-				"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.CarrierTimeout)
-		},
 		Migrations: []migrations.Set{migrations.NewSet("shipping", migrations.Must(migrationFiles, "migrations"))},
-		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
-			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
-			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
-		},
-		LogAttrs: service.JSONAttrs("order_id"),
+		LogAttrs:   service.JSONAttrs("order_id"),
 		// In the buffered mode, one order's events are processed in order.
 		OrderingKey: service.JSONField("order_id"),
-	}
+	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
+		carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
+		return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
+	})
+}
+
+// Check validates the settings against the kit's configuration.
+func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
+	v.URL("CARRIER_URL", s.CarrierURL, "http", "https")
+	v.Require(s.CarrierTimeout > 0 && s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT",
+		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.CarrierTimeout)
 }

@@ -28,8 +28,7 @@ const AfterGatewayCharge faults.Point = "after-gateway-charge"
 // Service describes the payment service to the kit: it consumes OrderPlaced
 // from the orders exchange under the names it was released with.
 func Service() service.Options {
-	var s Settings
-	return service.Options{
+	return service.WithSettings(service.Options{
 		Name:               "payment-service",
 		Event:              "order-placed",
 		Exchange:           "orders",
@@ -37,14 +36,7 @@ func Service() service.Options {
 		Queue:              "payments.order-placed",
 		DeadLetterExchange: "payments.dlx",
 		Database:           "payments",
-		Settings:           &s,
-		Check:              s.check,
 		Migrations:         []migrations.Set{Migrations},
-		NewHandler: func(k *service.Kit) (consumer.Handler, error) {
-			// One keep-alive connection per worker: each may be in a gateway call.
-			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB, k.Outbox), nil
-		},
 		// OrderPaid and PaymentDeclined leave through the outbox (events.go).
 		Publishes: []string{ExchangePayments},
 		// A message without a message_id property is deduped by its event_id.
@@ -52,11 +44,15 @@ func Service() service.Options {
 		LogAttrs:    service.JSONAttrs("order_id"),
 		// The buffered mode processes the events of one order one at a time.
 		OrderingKey: service.JSONField("order_id"),
-	}
+	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
+		// One keep-alive connection per worker: each may be in a gateway call.
+		client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
+		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB, k.Outbox), nil
+	})
 }
 
-// check validates the settings against each other and the kit's.
-func (s *Settings) check(cfg *service.Config, v *service.Checks) {
+// Check validates the settings against each other and the kit's.
+func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
 	v.URL("GATEWAY_URL", s.GatewayURL, "http", "https")
 	v.Require(s.GatewayTimeout > 0 && s.GatewayTimeout < cfg.HandlerTimeout, "GATEWAY_TIMEOUT",
 		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.GatewayTimeout)

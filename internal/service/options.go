@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -42,6 +43,8 @@ type Options struct {
 
 	// Settings points to the handler's own configuration struct, loaded from
 	// the environment with envconfig next to the kit's (GATEWAY_URL, say).
+	// WithSettings sets it, typed; set by hand it must be a pointer to a
+	// struct.
 	Settings any
 	// Check validates Settings against the kit's configuration, adding a
 	// failure per variable to v (a timeout that must stay below
@@ -89,6 +92,9 @@ type Options struct {
 	// key-expiry guard is off, IDEMPOTENCY_KEY_TTL does not apply (setting
 	// it refuses to start) and dlq replay has no age limit.
 	NoOutsideCalls bool
+
+	// invalid says why the options were built wrong (WithSettings).
+	invalid string
 }
 
 // Requirements are kit settings a service pins (Options.Requires).
@@ -149,8 +155,12 @@ func (o *Options) validate() error {
 		return errors.New("service options: Name is empty")
 	case o.Event == "" && o.Queue == "":
 		return errors.New("service options: Event is empty and no Queue is given")
+	case o.invalid != "":
+		return errors.New("service options: " + o.invalid)
 	case o.NewHandler == nil:
 		return errors.New("service options: NewHandler is nil")
+	case o.Settings != nil && !pointerToStruct(o.Settings):
+		return fmt.Errorf("service options: Settings must be a pointer to a struct (&Settings{}), got %T", o.Settings)
 	case slices.Contains(o.Publishes, ""):
 		return errors.New("service options: Publishes names an empty exchange")
 	case o.Requires.Mode != "" && o.Requires.Mode != ModeInline && o.Requires.Mode != ModeBuffered:
@@ -227,6 +237,11 @@ func (c *Config) derive(opts Options) {
 	if c.DeadLetterQueue == "" {
 		c.DeadLetterQueue = c.Queue + ".dlq"
 	}
+}
+
+func pointerToStruct(v any) bool {
+	t := reflect.TypeOf(v)
+	return t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct && !reflect.ValueOf(v).IsNil()
 }
 
 func (o *Options) database() string {

@@ -297,3 +297,51 @@ func TestServiceWithoutOutsideCallsHasNoKeyLifetime(t *testing.T) {
 		t.Fatalf("with outside calls and a 49h key: %v", err)
 	}
 }
+
+// checkedSettings validate themselves (SettingsChecker).
+type checkedSettings struct {
+	CarrierTimeout time.Duration `envconfig:"CARRIER_TIMEOUT" default:"3s"`
+}
+
+func (s *checkedSettings) Check(cfg *Config, v *Checks) {
+	v.Require(s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT", "must be below HANDLER_TIMEOUT")
+}
+
+// WithSettings loads the settings, checks them with their Check method and
+// hands them to the handler's constructor typed.
+func TestWithSettingsHandsTheHandlerTypedSettings(t *testing.T) {
+	base := shippingOptions(nil)
+	base.Settings, base.Check, base.NewHandler = nil, nil, nil
+	var got *checkedSettings
+	opts := WithSettings(base, func(k *Kit, s *checkedSettings) (consumer.Handler, error) {
+		got = s
+		return nil, nil
+	})
+	t.Setenv("CARRIER_TIMEOUT", "2s")
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opts.NewHandler(&Kit{}); err != nil || got == nil || got.CarrierTimeout != 2*time.Second {
+		t.Fatalf("the handler got %+v (%v), want CARRIER_TIMEOUT 2s", got, err)
+	}
+	t.Setenv("CARRIER_TIMEOUT", "20s")
+	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "CARRIER_TIMEOUT: must be below HANDLER_TIMEOUT") {
+		t.Errorf("Check not called: err = %v", err)
+	}
+	twice := WithSettings(shippingOptions(&shippingSettings{}), func(*Kit, *checkedSettings) (consumer.Handler, error) { return nil, nil })
+	if _, err := LoadConfig(twice); err == nil || !strings.Contains(err.Error(), "leave them unset") {
+		t.Errorf("WithSettings over a NewHandler: err = %v", err)
+	}
+}
+
+// Settings set by hand must be a pointer to a struct: a value used to
+// compile and fail inside envconfig.
+func TestSettingsByValueAreRefused(t *testing.T) {
+	for _, s := range []any{shippingSettings{}, (*shippingSettings)(nil), new(int)} {
+		opts := shippingOptions(nil)
+		opts.Settings = s
+		if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "Settings must be a pointer to a struct") {
+			t.Errorf("Settings %T: err = %v", s, err)
+		}
+	}
+}
