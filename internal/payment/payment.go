@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/gateway"
 	"github.com/inbox-template/payment-service/internal/orders"
 	"github.com/inbox-template/payment-service/internal/outbox"
@@ -60,14 +61,15 @@ type Charger interface {
 // Handler charges each order once, records the payment and emits its event.
 type Handler struct {
 	gateway Charger
-	db      *gorm.DB // for the read of a recorded payment; writes go through the runtime's tx
+	db      database.Reader // the read of a recorded payment; writes go through the runtime's tx
 	outbox  *outbox.Outbox
 }
 
 // NewHandler returns a handler that charges through gw, reads the payments
-// already recorded in db, and emits OrderPaid or PaymentDeclined through ob
-// with each payment it records (nil emits nothing).
-func NewHandler(gw Charger, db *gorm.DB, ob *outbox.Outbox) *Handler {
+// already recorded through db (read-only transactions), and emits OrderPaid
+// or PaymentDeclined through ob with each payment it records (nil emits
+// nothing).
+func NewHandler(gw Charger, db database.Reader, ob *outbox.Outbox) *Handler {
 	return &Handler{gateway: gw, db: db, outbox: ob}
 }
 
@@ -93,8 +95,10 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 	// one still in flight is caught by the gateway's key and the unique
 	// order_id below.
 	var paid Payment
-	err = h.db.WithContext(ctx).Raw(`SELECT amount_cents, currency, customer_id FROM payments WHERE order_id = ?`, ev.OrderID).
-		Row().Scan(&paid.AmountCents, &paid.Currency, &paid.CustomerID)
+	err = h.db.Read(ctx, func(tx *gorm.DB) error {
+		return tx.Raw(`SELECT amount_cents, currency, customer_id FROM payments WHERE order_id = ?`, ev.OrderID).
+			Row().Scan(&paid.AmountCents, &paid.Currency, &paid.CustomerID)
+	})
 	switch {
 	case err == nil:
 		paid.OrderID = ev.OrderID

@@ -107,7 +107,7 @@ func (s *stack) service() *consumer.Metrics {
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
 	ob := outbox.New(cfg.Name)
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db, ob)
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), ob)
 	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
@@ -660,7 +660,7 @@ func TestPaymentsEmitTheirEvents(t *testing.T) {
 // committed run leaves a payment and its event; the card is charged once.
 func TestPaymentWritesMayRunTwice(t *testing.T) {
 	s := newStack(t)
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), s.db, outbox.New("payment-service"))
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), outbox.New("payment-service"))
 	for _, c := range []struct {
 		order orders.OrderPlaced
 		want  consumer.Outcome

@@ -47,7 +47,7 @@ func Service() service.Options {
 	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
 		// One keep-alive connection per worker: each may be in a gateway call.
 		client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.DB, k.Outbox), nil
+		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.Reader, k.Outbox), nil
 	})
 }
 

@@ -15,6 +15,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/faults"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/outbox"
@@ -125,12 +126,18 @@ func (r Requirements) apply(name string, cfg *Config, v *Checks) {
 	}
 }
 
-// Kit is what a handler may use: the loaded configuration, the service's
+// Kit is what a handler may use: the loaded configuration, reads of the service's
 // database, its logger and metrics registry, and the crash points (nil unless
 // FAULTS_ENABLED; wrap a side effect with faults.After to declare one).
 type Kit struct {
-	Config  Config
-	DB      *gorm.DB
+	Config Config
+	// DB is the service's pool, for its background tasks (Options.Tasks);
+	// nil in the Kit handed to NewHandler: a handler writes only through the
+	// tx of its writes, and reads through Reader.
+	DB *gorm.DB
+	// Reader runs a handler's reads (in Handle, before its writes) in
+	// read-only transactions on the pool.
+	Reader  database.Reader
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
 	Crasher *faults.Crasher

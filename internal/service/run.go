@@ -63,7 +63,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 	}
 	defer checker.Close()
 	reg := newRegistry()
-	k := &Kit{Config: cfg, DB: db, Log: log, Metrics: reg}
+	k := &Kit{Config: cfg, DB: db, Reader: database.NewReader(db), Log: log, Metrics: reg}
 	if cfg.FaultsEnabled {
 		// nil unless FAULTS_ENABLED: every crash point is then a no-op
 		k.Crasher = faults.NewCrasher()
@@ -167,7 +167,9 @@ func Schemas(opts Options) []migrations.Set {
 }
 
 func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
-	h, err := opts.NewHandler(k)
+	hk := *k
+	hk.DB = nil // a handler reads through Reader and writes through its writes' tx
+	h, err := opts.NewHandler(&hk)
 	if err != nil {
 		return nil, fmt.Errorf("build the handler: %w", err)
 	}

@@ -237,3 +237,33 @@ func TestReplayWithoutOutsideCallsHasNoAgeLimit(t *testing.T) {
 		t.Errorf("dlq replay --all: %v\n%s", err, out.String())
 	}
 }
+
+// A handler is handed no pool (it writes only through its writes' tx) but a
+// Reader; the service's background tasks get the pool.
+func TestHandlersGetAReaderAndNoPool(t *testing.T) {
+	opts := ledger()
+	var handlerKit, taskKit *service.Kit
+	opts.NewHandler = func(k *service.Kit) (consumer.Handler, error) {
+		handlerKit = k
+		return consumer.HandlerFunc(ledgerHandler), nil
+	}
+	opts.Tasks = func(k *service.Kit) ([]service.Task, error) {
+		taskKit = k
+		return nil, nil
+	}
+	s := servicetest.Start(t, opts)
+	if handlerKit == nil || handlerKit.DB != nil {
+		t.Fatalf("the handler's Kit has a pool: %v", handlerKit)
+	}
+	if taskKit == nil || taskKit.DB == nil {
+		t.Fatalf("the tasks' Kit has no pool")
+	}
+	s.Publish(amqp.Publishing{MessageId: "m-1", Body: body("e-1", 7)})
+	s.WaitOutcome(consumer.OutcomeProcessed, 1)
+	var amount int64
+	if err := handlerKit.Reader.Read(context.Background(), func(tx *gorm.DB) error {
+		return tx.Raw(`SELECT amount FROM ledger WHERE entry = 'e-1'`).Scan(&amount).Error
+	}); err != nil || amount != 7 {
+		t.Errorf("the handler's Reader read %d (%v), want 7", amount, err)
+	}
+}
