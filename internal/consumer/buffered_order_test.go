@@ -12,8 +12,8 @@ import (
 
 // The buffered ingest keeps the broker's order through whatever ends its
 // session: a graceful stop that hands the queue to another replica, a wait
-// on a lock, a message the store refuses. (The database outage is in
-// buffered_faults_test.go.)
+// on a lock, a message the store refuses. (The database outage runs in
+// both modes in faults_test.go.)
 
 // A replica stopped gracefully while it ingests a backlog hands the queue to
 // the next one (single active consumer) without storing anything out of

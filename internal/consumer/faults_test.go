@@ -66,23 +66,34 @@ func brokerLog(t *testing.T) func() string {
 
 // Three times during a 2000-message stream the broker closes every connection
 // of the vhost. Deliveries of a dead channel are never settled on a new one, so
-// the broker never sees an unknown delivery tag, and every message is applied once.
+// the broker never sees an unknown delivery tag, and every message is applied
+// once. The buffered mode stores with a transaction per message, so that its
+// ingest takes a while, and processes from the table meanwhile.
 func TestConnectionsClosedUnderLoad(t *testing.T) {
-	e := newEnv(t)
-	const n = 2000
-	e.publishMany(n, "load")
-	since := brokerLog(t)
-	rt := e.start(recordHandler(nil), func(c *Config) { c.Workers = 8; c.Prefetch = 32 })
-	for _, at := range []int{400, 900, 1400} {
-		waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= at })
-		testenv.Ctl(t, "close_all_connections", "-p", e.vhost, "fault test: connections dropped")
-	}
-	e.assertAllAppliedOnce(n, 2*time.Minute)
-	if rt.reconnects() < 3 {
-		t.Errorf("%d reconnects, want at least 3", rt.reconnects())
-	}
-	assertOwnChannels(t, rt, since)
-	t.Logf("reconnects %d, duplicates suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		const n = 2000
+		e.publishMany(n, "load")
+		since := brokerLog(t)
+		rt := e.start(recordHandler(nil), func(c *Config) {
+			m.config(e.db, e.dbURL, nil)(c)
+			if m.buffered() {
+				c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 32, 1, 0
+			} else {
+				c.Workers, c.Prefetch = 8, 32
+			}
+		})
+		for _, at := range []int{400, 900, 1400} {
+			waitFor(t, "progress", func() bool { return m.taken(e, rt) >= at })
+			testenv.Ctl(t, "close_all_connections", "-p", e.vhost, "fault test: connections dropped")
+		}
+		e.assertAllAppliedOnce(n, 2*time.Minute)
+		if rt.reconnects() < 3 {
+			t.Errorf("%d reconnects, want at least 3", rt.reconnects())
+		}
+		assertOwnChannels(t, rt, since)
+		t.Logf("reconnects %d, duplicates suppressed %d", rt.reconnects(), rt.count(OutcomeDuplicate))
+	})
 }
 
 // assertOwnChannels checks that neither the service's log nor the broker's
@@ -171,52 +182,80 @@ func TestBlackholedBrokerLinkIsDetectedByHeartbeat(t *testing.T) {
 	}
 }
 
-// PostgreSQL is unreachable for 30 s mid-stream: the runtime pauses instead of
-// spending retry budgets, so nothing is dead-lettered, and resumes by itself.
+// PostgreSQL is unreachable for 20 s while events of 20 keys are applied:
+// the runtime pauses instead of spending retry budgets (the buffered ingest
+// leaves what it could not store unacked for the broker to take back in
+// order, its processing releases what it held), stays unready throughout,
+// and resumes by itself; nothing is dead-lettered, parked or applied twice,
+// and in the buffered mode every key is applied in the order published.
 func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
-	e := newEnv(t)
-	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
-	db := openPool(t, proxiedURL(t, e.dbURL, proxy.Listen), 2*time.Second)
-	const n = 400
-	e.publishMany(n, "outage")
-	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) { c.MaxAttempts = 2 })
-	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 50 })
-	proxy.Stop()
-	waitFor(t, "not ready during the outage", func() bool { return rt.Ready() != nil })
-	time.Sleep(30 * time.Second)
-	if rt.Ready() == nil {
-		t.Error("ready while the database is unreachable")
-	}
-	if err := proxy.Start(); err != nil {
-		t.Fatal(err)
-	}
-	e.assertAllAppliedOnce(n, 2*time.Minute)
-	if rt.pauses() < 1 || rt.count(OutcomeDeadLettered) != 0 {
-		t.Errorf("pauses %d, dead letters %d: want a pause and no dead letter", rt.pauses(), rt.count(OutcomeDeadLettered))
-	}
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
+		dbURL := proxiedURL(t, e.dbURL, proxy.Listen)
+		db := openPool(t, dbURL, 2*time.Second)
+		keys := keyNames(20)
+		const perKey = 20
+		e.publishEvents(keys, perKey)
+		handler := orderedHandler(func(Message, event) error { time.Sleep(3 * time.Millisecond); return nil })
+		rt := e.startWith(handler, e.url, db, func(c *Config) {
+			m.config(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 })(c)
+			c.MaxAttempts = 2
+			if m.buffered() {
+				c.GroupCommitMax, c.GroupCommitWait = 1, 0
+			}
+		})
+		waitFor(t, "progress", func() bool { return e.appliedTotal() >= 50 })
+		proxy.Stop()
+		waitFor(t, "not ready during the outage", func() bool { return rt.Ready() != nil })
+		time.Sleep(20 * time.Second)
+		if rt.Ready() == nil {
+			t.Error("ready while the database is unreachable")
+		}
+		if err := proxy.Start(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
+			return e.appliedTotal() >= len(keys)*perKey, nil
+		})
+		m.assertEventsApplied(e, keys, perKey)
+		if rt.pauses() < 1 || rt.count(OutcomeDeadLettered) != 0 {
+			t.Errorf("pauses %d, dead letters %d: want a pause and no dead letter", rt.pauses(), rt.count(OutcomeDeadLettered))
+		}
+	})
 }
 
-// Backends are killed in the middle of inbox transactions: each one rolls back
-// whole, so no inbox row exists without its effect and nothing applies twice.
+// Backends are killed in the middle of the runtime's transactions (inline:
+// the inbox transactions; buffered: ingest, claim and final ones): each rolls
+// back whole (or its lease expires), so no inbox row exists without its
+// effect, nothing is lost and nothing applied twice.
 func TestBackendsTerminatedMidTransaction(t *testing.T) {
-	e := newEnv(t)
-	const n = 600
-	e.publishMany(n, "kill")
-	ctx := context.Background()
-	// The runtime gets a pool of its own, and only its backends are killed: the
-	// test's own reads must not be hit.
-	db, err := database.Open(ctx, database.Options{URL: e.dbURL, MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "victim"}, testenv.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = database.Close(db) })
-	rt := e.startWith(slowHandler(3*time.Millisecond), e.url, db, func(c *Config) { c.Workers = 8; c.Prefetch = 16; c.MaxAttempts = 10 })
-	killed := e.killVictimBackends(n)
-	e.assertAllAppliedOnce(n, 2*time.Minute)
-	if killed == 0 {
-		t.Fatal("no backend was terminated: the test proved nothing")
-	}
-	t.Logf("terminated %d backends; retried %d, pauses %d", killed, rt.count(OutcomeRetried), rt.pauses())
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		const n = 800
+		e.publishMany(n, "kill")
+		ctx := context.Background()
+		// The runtime gets a pool of its own, and only its backends are killed: the
+		// test's own reads must not be hit.
+		db, err := database.Open(ctx, database.Options{URL: e.dbURL, MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "victim"}, testenv.Logger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = database.Close(db) })
+		rt := e.startWith(slowHandler(3*time.Millisecond), e.url, db, func(c *Config) {
+			m.config(db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 20 })(c)
+			c.Workers, c.Prefetch, c.MaxAttempts = 8, 16, 10
+			if m.buffered() {
+				c.GroupCommitMax = min(c.GroupCommitMax, 4)
+			}
+		})
+		killed := e.killVictimBackends(n)
+		e.assertAllAppliedOnce(n, 2*time.Minute)
+		if killed == 0 {
+			t.Fatal("no backend was terminated: the test proved nothing")
+		}
+		t.Logf("terminated %d backends; retried %d, requeued %d, pauses %d", killed, rt.count(OutcomeRetried), rt.count(OutcomeRequeued), rt.pauses())
+	})
 }
 
 // PostgreSQL goes silent (a blackhole, not a refusal): no worker hangs until

@@ -29,29 +29,18 @@ func batchServers(t *testing.T) int {
 // (before, it started the inline ones too, idle).
 func TestOnlyTheRunningModeStartsItsServers(t *testing.T) {
 	const committers = 3
-	cases := []struct {
-		mode string
-		want int
-	}{
-		{"inline", committers + LookupReaders},
-		{"buffered", committers},
-	}
-	for _, c := range cases {
-		t.Run(c.mode, func(t *testing.T) {
-			before := batchServers(t)
-			var r *runtime
-			if c.mode == "buffered" {
-				e := newBufferedEnv(t, nil)
-				mode := bufferedMode(e.db, e.dbURL, nil)
-				r = e.start(recordHandler(nil), func(cfg *Config) { mode(cfg); cfg.Committers = committers })
-			} else {
-				e := newEnv(t)
-				r = e.start(recordHandler(nil), func(cfg *Config) { cfg.Committers = committers })
-			}
-			if got := batchServers(t) - before; got != c.want {
-				t.Errorf("%s mode runs %d batch servers, want %d", c.mode, got, c.want)
-			}
-			r.shutdown(t)
-		})
-	}
+	eachMode(t, func(t *testing.T, m modeCase) {
+		want := committers + LookupReaders
+		if m.buffered() {
+			want = committers
+		}
+		before := batchServers(t)
+		e := m.newEnv(t)
+		mode := m.config(e.db, e.dbURL, nil)
+		r := e.start(recordHandler(nil), func(cfg *Config) { mode(cfg); cfg.Committers = committers })
+		if got := batchServers(t) - before; got != want {
+			t.Errorf("%s mode runs %d batch servers, want %d", m.name, got, want)
+		}
+		r.shutdown(t)
+	})
 }
