@@ -129,6 +129,12 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 	return nil
 }
 
+// publishRecorder is a configuration that wants the paced phase's messages
+// with their publish times (the pipeline: publish→shipment per order).
+type publishRecorder interface {
+	published(msgs []load.Message)
+}
+
 // pacedPhase is what the paced phase did.
 type pacedPhase struct {
 	since time.Time     // when publishing began
@@ -156,6 +162,9 @@ func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p 
 		return ph, err
 	}
 	published := time.Now()
+	if r, ok := c.(publishRecorder); ok {
+		r.published(msgs)
+	}
 	_, done, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout)
 	if err != nil {
 		return ph, err

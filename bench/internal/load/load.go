@@ -23,6 +23,9 @@ const TimestampHeader = "timestamp_in_ms"
 type Message struct {
 	ID   string
 	Body []byte
+	// PublishedAt is set by Publish: when the message was handed to the
+	// broker (its timestamp header).
+	PublishedAt time.Time
 }
 
 // orderPlaced is the event's contract (internal/orders of the template).
@@ -156,6 +159,7 @@ func publishAll(ctx context.Context, ch *amqp.Channel, exchange, routingKey stri
 		if err != nil {
 			return fmt.Errorf("publish message %d of %d: %w", i+1, len(msgs), err)
 		}
+		msgs[i].PublishedAt = now
 		pending = append(pending, dc)
 	}
 	for _, dc := range pending {
