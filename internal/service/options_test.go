@@ -345,3 +345,27 @@ func TestSettingsByValueAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// The start-up log shows what applies to the service.
+func TestStartingValuesShowWhatApplies(t *testing.T) {
+	opts := shippingOptions(&shippingSettings{})
+	cfg, err := LoadConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := startingValues(opts, &cfg)
+	if _, ok := v["OUTBOX_BATCH"]; ok {
+		t.Error("OUTBOX_BATCH shown for a service that publishes nothing")
+	}
+	if v["IDEMPOTENCY_KEY_TTL"] != "24h0m0s" || v["CARRIER_TIMEOUT"] != "3s" {
+		t.Errorf("IDEMPOTENCY_KEY_TTL %q, CARRIER_TIMEOUT %q", v["IDEMPOTENCY_KEY_TTL"], v["CARRIER_TIMEOUT"])
+	}
+	opts.Publishes, opts.NoOutsideCalls = []string{"shipments"}, true
+	if cfg, err = LoadConfig(opts); err != nil {
+		t.Fatal(err)
+	}
+	v = startingValues(opts, &cfg)
+	if _, ok := v["IDEMPOTENCY_KEY_TTL"]; ok || v["OUTBOX_BATCH"] != "100" {
+		t.Errorf("with Publishes and NoOutsideCalls: IDEMPOTENCY_KEY_TTL shown %v, OUTBOX_BATCH %q", ok, v["OUTBOX_BATCH"])
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,7 +49,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return fmt.Errorf("unknown arguments %q; usage: %s [healthcheck]", args, opts.Name)
 	}
 	log := logging.New(stdout, cfg.LogLevel, opts.Name)
-	log.Info("starting", "config", LogValue(&cfg, opts.Settings))
+	log.Info("starting", "config", startingValues(opts, &cfg))
 	db, err := openDatabase(ctx, opts, cfg, log)
 	if err != nil {
 		return err
@@ -384,4 +385,17 @@ func localURL(addr string) string {
 		host = "127.0.0.1"
 	}
 	return "http://" + net.JoinHostPort(host, port)
+}
+
+// startingValues is the configuration the start-up log shows: what applies
+// to this service (no OUTBOX_* for one that publishes nothing, no
+// IDEMPOTENCY_KEY_TTL for one with no outside calls), secrets masked.
+func startingValues(opts Options, cfg *Config) map[string]string {
+	v := LogValue(cfg, opts.Settings)
+	for name := range v {
+		if (len(opts.Publishes) == 0 && strings.HasPrefix(name, "OUTBOX_")) || (opts.NoOutsideCalls && name == "IDEMPOTENCY_KEY_TTL") {
+			delete(v, name)
+		}
+	}
+	return v
 }
