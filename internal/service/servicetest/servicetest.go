@@ -171,6 +171,56 @@ func (s *Stack) DeadLetters() map[string]string {
 	return out
 }
 
+// Events is a queue of the test's own, bound to an exchange the service
+// publishes to (Options.Publishes): what its outbox relay published.
+type Events struct {
+	s     *Stack
+	queue string
+}
+
+// Bind declares a queue bound to exchange with key ("#" for everything) and
+// returns it; bind before publishing what makes the service emit. The queue
+// goes with the test's vhost.
+func (s *Stack) Bind(exchange, key string) *Events {
+	s.t.Helper()
+	ev := &Events{s: s, queue: testenv.Name("events")}
+	testenv.WithChannel(s.t, s.AMQPURL, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(ev.queue, true, false, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(ev.queue, key, exchange, false, nil)
+	})
+	return ev
+}
+
+// Take waits until n events have arrived and returns them, taking them off
+// the queue; it fails the test after a minute.
+func (ev *Events) Take(n int) []amqp.Delivery {
+	ev.s.t.Helper()
+	var got []amqp.Delivery
+	testenv.WithChannel(ev.s.t, ev.s.AMQPURL, func(ch *amqp.Channel) error {
+		deadline := time.Now().Add(time.Minute)
+		for len(got) < n {
+			d, ok, err := ch.Get(ev.queue, true)
+			switch {
+			case err != nil:
+				return err
+			case ok:
+				got = append(got, d)
+			case time.Now().After(deadline):
+				return fmt.Errorf("%d of %d events arrived within a minute", len(got), n)
+			default:
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		return nil
+	})
+	return got
+}
+
 // Count runs a count query on the service's database.
 func (s *Stack) Count(query string, args ...any) int {
 	s.t.Helper()

@@ -17,6 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/consumer"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/ops"
+	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/service"
 	"github.com/inbox-template/payment-service/internal/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/testenv"
@@ -266,4 +267,47 @@ func TestHandlersGetAReaderAndNoPool(t *testing.T) {
 	}); err != nil || amount != 7 {
 		t.Errorf("the handler's Reader read %d (%v), want 7", amount, err)
 	}
+}
+
+// A service that emits through its outbox: Bind and Take read what its relay
+// published, each event once, its outbox id as the message id.
+func TestEventsReadWhatTheServicePublished(t *testing.T) {
+	opts := ledger()
+	opts.Publishes = []string{"ledger-events"}
+	opts.NewHandler = func(k *service.Kit) (consumer.Handler, error) {
+		return consumer.HandlerFunc(func(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
+			w, err := ledgerHandler(ctx, msg)
+			if err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+				out, err := w(ctx, tx)
+				if err != nil || out != consumer.OutcomeProcessed {
+					return out, err
+				}
+				_, err = k.Outbox.Enqueue(ctx, tx, outbox.Message{Exchange: "ledger-events", RoutingKey: "entry.recorded", Body: msg.Body})
+				return out, err
+			}, nil
+		}), nil
+	}
+	s := servicetest.Start(t, opts)
+	events := s.Bind("ledger-events", "#")
+	s.Publish(amqp.Publishing{MessageId: "m-1", Body: body("e-1", 1)}, amqp.Publishing{MessageId: "m-2", Body: body("e-1", 1)},
+		amqp.Publishing{MessageId: "m-3", Body: body("e-2", 2)})
+	got := events.Take(2)
+	ids := map[string]bool{}
+	for _, d := range got {
+		ids[d.MessageId] = true
+		if d.RoutingKey != "entry.recorded" {
+			t.Errorf("event routed %q", d.RoutingKey)
+		}
+	}
+	if len(ids) != 2 {
+		t.Errorf("events %v: want two with distinct ids (the duplicate entry emits nothing)", ids)
+	}
+	// The relay marks its rows after the broker's confirm, which may come
+	// after the events are in the queue.
+	testenv.Eventually(t, 30*time.Second, "both outbox rows marked sent", func() (bool, error) {
+		return s.Count("SELECT count(*) FROM outbox WHERE status = 'sent'") == 2, nil
+	})
 }
