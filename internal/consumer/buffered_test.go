@@ -330,33 +330,6 @@ func TestBufferedRetryBudgetEndsParked(t *testing.T) {
 	e.assertInOrder([]string{"k"}, 2)
 }
 
-// A dependency that fails every message alike (consumer.Pause) releases the
-// message without spending an attempt and pauses processing, which readiness
-// names; ingest goes on.
-func TestBufferedDependencyPauseSpendsNoAttempt(t *testing.T) {
-	e := newBufferedEnv(t, nil)
-	var broken atomic.Bool
-	broken.Store(true)
-	rt := e.start(orderedHandler(func(Message, event) error {
-		if broken.Load() {
-			return Pause("gateway_misconfigured", errTransient)
-		}
-		return nil
-	}), bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 }))
-	e.publishEvents(keyNames(5), 4)
-	waitFor(t, "readiness to name the pause", func() bool {
-		err := rt.Ready()
-		return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
-	})
-	waitFor(t, "all stored while paused", func() bool { return rt.count(OutcomeStored) == 20 })
-	broken.Store(false)
-	testenv.Eventually(t, time.Minute, "all applied after the pause", func() (bool, error) { return e.appliedTotal() == 20, nil })
-	if n := e.statusCount(buffered.StatusParked); n != 0 {
-		t.Errorf("%d parked: a pause must not spend the budget", n)
-	}
-	waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
-}
-
 // The buffer's gauges follow the table.
 func TestBufferedGauges(t *testing.T) {
 	e := newBufferedEnv(t, nil)

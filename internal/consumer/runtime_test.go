@@ -305,35 +305,48 @@ func TestPauseCause(t *testing.T) {
 	}
 }
 
-// A dependency that fails every message alike (the handler says so with
-// Pause: a gateway answering 401) pauses consumption; the held messages spend
-// no attempt and are neither retried nor dead-lettered, and everything is
-// processed once the dependency is back.
+// A dependency that fails every message alike (consumer.Pause) puts the
+// message back without spending an attempt and pauses consuming (buffered:
+// processing; its ingest goes on storing), which readiness names; once the
+// dependency is back every message is applied, none retried, dead-lettered
+// or parked.
 func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
-	e := newEnv(t)
-	var broken atomic.Bool
-	broken.Store(true)
-	rt := e.start(HandlerFunc(func(ctx context.Context, m Message) (Writes, error) {
-		if broken.Load() {
-			return nil, Pause("gateway_misconfigured", errors.New("gateway answered 401 Unauthorized"))
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		var broken atomic.Bool
+		broken.Store(true)
+		rt := e.start(orderedHandler(func(Message, event) error {
+			if broken.Load() {
+				return Pause("gateway_misconfigured", errors.New("gateway answered 401 Unauthorized"))
+			}
+			return nil
+		}), func(c *Config) {
+			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 })(c)
+			c.MaxAttempts, c.ReconnectMaxWait = 1, 300*time.Millisecond
+		})
+		keys := keyNames(5)
+		e.publishEvents(keys, 4)
+		waitFor(t, "readiness to name the cause", func() bool {
+			err := rt.Ready()
+			return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
+		})
+		if m.acksAtIngest {
+			waitFor(t, "all stored while paused", func() bool { return rt.count(OutcomeStored) == 20 })
 		}
-		return recordWrites(m), nil
-	}), func(c *Config) { c.MaxAttempts = 1; c.ReconnectMaxWait = 300 * time.Millisecond })
-	e.publishMany(20, "p")
-	waitFor(t, "readiness to name the cause", func() bool {
-		err := rt.Ready()
-		return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
+		broken.Store(false)
+		testenv.Eventually(t, time.Minute, "all applied after the pause", func() (bool, error) { return e.appliedTotal() == 20, nil })
+		m.assertEventsApplied(e, keys, 4)
+		if rt.count(OutcomeRetried) != 0 || rt.count(OutcomeDeadLettered) != 0 {
+			t.Errorf("retried %d, dead-lettered %d: a pause must not spend the budget", rt.count(OutcomeRetried), rt.count(OutcomeDeadLettered))
+		}
+		if !m.acksAtIngest && rt.count(OutcomeRequeued) == 0 {
+			t.Error("nothing requeued: the held deliveries were not put back")
+		}
+		if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n < 1 {
+			t.Errorf("pauses{cause=gateway_misconfigured} = %d", n)
+		}
+		waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
 	})
-	broken.Store(false)
-	e.assertAllAppliedOnce(20, time.Minute)
-	if rt.count(OutcomeRetried) != 0 || rt.count(OutcomeDeadLettered) != 0 || rt.count(OutcomeRequeued) == 0 {
-		t.Errorf("retried %d, dead-lettered %d, requeued %d: want only requeues", rt.count(OutcomeRetried),
-			rt.count(OutcomeDeadLettered), rt.count(OutcomeRequeued))
-	}
-	if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n < 1 {
-		t.Errorf("pauses{cause=gateway_misconfigured} = %d", n)
-	}
-	waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
 }
 
 // The dead-letter queue is gone (deleted by hand): the broker would confirm
