@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -95,22 +96,45 @@ func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, ma
 // its check after an unknown error of a database step or a connection fault
 // of the handler's. "" means the message failed.
 //
-// The handler's connection faults need the check: its own reads (the payment
-// handler looks for a recorded payment) fail like the runtime's when
-// PostgreSQL goes away, and its outside calls fail with the same network
-// errors; only the database's answer tells the two apart.
+// The handler's connection faults and database errors need the check: its
+// own reads (the payment handler looks for a recorded payment) fail like the
+// runtime's when PostgreSQL goes away, and its outside calls fail with the
+// same network errors; and some SQLSTATEs that are the database's when the
+// runtime meets them may be the handler's own doing (handlerMayCause). Only
+// the database's answer tells them apart: without it, a handler writing
+// through its read-only Reader was put back without an attempt, the check
+// passed, and it failed again, a pause loop.
 func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
-	if cause := pauseCause(err); cause != "" {
-		return cause
-	}
 	var se *stepError
-	if !errors.As(err, &se) || (se.step == stepHandler && !connectionFault(err)) {
-		return ""
+	fromHandler := errors.As(err, &se) && se.step == stepHandler
+	cause := pauseCause(err)
+	switch {
+	case cause != "" && !(fromHandler && handlerMayCause(err)):
+		return cause
+	case se == nil, fromHandler && cause == "" && !connectionFault(err):
+		return "" // the message failed
 	}
 	if r.pingDatabase(ctx) != nil {
 		return CauseDatabase
 	}
 	return ""
+}
+
+// handlerMayCause reports an SQLSTATE that is the database's trouble when the
+// runtime's own statements meet it, but that a handler's own statement can
+// cause by itself: a write through its read-only Reader (25006: a standby's
+// answer), a table or column of its own it lacks or may not read. A
+// handler's reads never write, so a standby cannot be the cause there.
+func handlerMayCause(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	switch pg.Code {
+	case "25006", "42501", "42P01", "42703":
+		return true
+	}
+	return false
 }
 
 // pingDatabase tells a database outage from a failure of the message. Error

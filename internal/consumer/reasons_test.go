@@ -9,6 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/buffered"
+	"github.com/inbox-template/payment-service/internal/database"
 )
 
 // A reason or a cause becomes a metric label and a header: one made from an
@@ -75,6 +76,34 @@ func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
 		}
 		if n := e.effects("m-1"); n != 0 || rt.count(OutcomeProcessed) != 0 {
 			t.Errorf("%d effects committed, %d processed; want none", n, rt.count(OutcomeProcessed))
+		}
+	})
+}
+
+// From an outside review: a handler that writes through its read-only Reader
+// gets 25006, the SQLSTATE of a standby after a failover; from the runtime's
+// own step that is the database's fault, from the handler's it is the
+// message's unless the database fails its check. It used to pause
+// consumption with cause database, put the message back, resume (the check
+// passed) and fail again, forever; now the message spends its attempts.
+func TestHandlersDatabaseErrorIsConfirmedByTheCheck(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		reader := database.NewReader(e.db)
+		h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+			return nil, reader.Read(ctx, func(tx *gorm.DB) error {
+				return tx.Exec(`INSERT INTO effects (message_id, body) VALUES (?, ?)`, msg.ID, "x").Error
+			})
+		})
+		rt := e.start(h, m.config(e.db, e.dbURL, nil))
+		e.publish("m-1", `{"key":"k","n":1}`)
+		if m.acksAtIngest {
+			waitFor(t, "the message parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
+		} else {
+			waitFor(t, "the message dead-lettered", func() bool { return rt.count(OutcomeDeadLettered) == 1 })
+		}
+		if rt.pauses() != 0 {
+			t.Errorf("%d pauses: the handler's own 25006 was taken for a database outage", rt.pauses())
 		}
 	})
 }
