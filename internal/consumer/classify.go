@@ -48,6 +48,9 @@ func (e *PauseError) Is(target error) bool { return target == ErrPaused }
 // in the error's text.
 func Pause(cause Cause, err error) error {
 	if !validWord(string(cause)) {
+		if err == nil {
+			err = errors.New("no error given")
+		}
 		err = fmt.Errorf("the handler's pause cause %q is not a snake_case word: %w", string(cause), err)
 		cause = CauseInvalid
 	}
@@ -97,6 +100,9 @@ const (
 func pauseCause(err error) Cause {
 	var pe *PauseError
 	if errors.As(err, &pe) {
+		if !validWord(string(pe.Cause)) { // a PauseError built without Pause
+			return CauseInvalid
+		}
 		return pe.Cause
 	}
 	var pg *pgconn.PgError

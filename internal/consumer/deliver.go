@@ -366,12 +366,18 @@ func (r *Runtime) logAttrs(body []byte) (attrs []slog.Attr) {
 	return r.cfg.LogAttrs(body)
 }
 
+// permanentReason is the reason a permanent failure dead-letters (parks)
+// with: checked here too, since a PermanentError may be built without
+// Permanent.
 func permanentReason(err error) Reason {
 	var pe *PermanentError
-	if errors.As(err, &pe) && pe.Reason != "" {
-		return pe.Reason
+	switch {
+	case !errors.As(err, &pe) || pe.Reason == "":
+		return ReasonPermanent
+	case !pe.Reason.Valid():
+		return ReasonInvalidReason
 	}
-	return ReasonPermanent
+	return pe.Reason
 }
 
 func intHeader(h amqp.Table, key string) (int, bool) {

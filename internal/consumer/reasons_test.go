@@ -16,6 +16,9 @@ import (
 // error's text would be a label per failure. Permanent and Pause keep those
 // of the form of a word and replace the others, keeping the text given.
 func TestReasonsAndCausesAreWords(t *testing.T) {
+	if err := Pause("gateway_down", nil); err.Error() != "gateway_down" {
+		t.Errorf("Pause with no error: %q", err)
+	}
 	for _, c := range []struct {
 		reason Reason
 		valid  bool
@@ -40,6 +43,20 @@ func TestReasonsAndCausesAreWords(t *testing.T) {
 		if errors.As(Pause(Cause(c.reason), errors.New("down")), &pause); (pause.Cause == Cause(c.reason)) != c.valid ||
 			(!c.valid && pause.Cause != CauseInvalid) {
 			t.Errorf("Pause(%q): cause %q", c.reason, pause.Cause)
+		}
+		// Built by hand, without the constructors: checked where they are read.
+		wantReason, wantCause := c.reason, Cause(c.reason)
+		if !c.valid {
+			wantReason, wantCause = ReasonInvalidReason, CauseInvalid
+		}
+		if c.reason == "" {
+			wantReason, wantCause = ReasonPermanent, ""
+		}
+		if got := permanentReason(&PermanentError{Reason: c.reason}); got != wantReason {
+			t.Errorf("PermanentError{Reason: %q}: dead-lettered as %q, want %q", c.reason, got, wantReason)
+		}
+		if got := pauseCause(&PauseError{Cause: Cause(c.reason)}); c.reason != "" && got != wantCause {
+			t.Errorf("PauseError{Cause: %q}: paused as %q, want %q", c.reason, got, wantCause)
 		}
 	}
 }
