@@ -48,7 +48,14 @@ type Config struct {
 	// noOutsideCalls: the service declares Options.NoOutsideCalls, and
 	// IdempotencyKeyTTL is 0 (no key lifetime to respect).
 	noOutsideCalls bool
+	// settings are the service's own (Options.Settings), loaded with this
+	// configuration: a pointer to a struct of their type.
+	settings any
 }
+
+// Settings returns the service's own settings loaded with this
+// configuration (a pointer to its Settings type), nil if it has none.
+func (c Config) Settings() any { return c.settings }
 
 // Outbox is the outbox relay's (a service with Options.Publishes).
 type Outbox struct {

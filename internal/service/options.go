@@ -96,6 +96,9 @@ type Options struct {
 
 	// invalid says why the options were built wrong (WithSettings).
 	invalid string
+	// typed: WithSettings built these options; the handler gets each load's
+	// settings from its Config, never through Settings.
+	typed bool
 }
 
 // Requirements are kit settings a service pins (Options.Requires).
@@ -191,8 +194,18 @@ func LoadConfig(opts Options) (Config, error) {
 		return Config{}, fmt.Errorf("configuration: %w", err)
 	}
 	if opts.Settings != nil {
-		if err := envconfig.Process("", opts.Settings); err != nil {
+		// Each load fills a new value: one that fails, or a later one with a
+		// variable unset, never changes the settings an earlier load handed
+		// out (WithSettings). Settings set by hand are copied into the
+		// caller's struct, which its closures read: there a later load does
+		// change them.
+		fresh := reflect.New(reflect.TypeOf(opts.Settings).Elem())
+		if err := envconfig.Process("", fresh.Interface()); err != nil {
 			return Config{}, fmt.Errorf("configuration: %w", err)
+		}
+		cfg.settings = fresh.Interface()
+		if !opts.typed {
+			reflect.ValueOf(opts.Settings).Elem().Set(fresh.Elem())
 		}
 	}
 	cfg.derive(opts)

@@ -318,15 +318,33 @@ func TestWithSettingsHandsTheHandlerTypedSettings(t *testing.T) {
 		return nil, nil
 	})
 	t.Setenv("CARRIER_TIMEOUT", "2s")
-	if _, err := LoadConfig(opts); err != nil {
+	cfg, err := LoadConfig(opts)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := opts.NewHandler(&Kit{}); err != nil || got == nil || got.CarrierTimeout != 2*time.Second {
+	if _, err := opts.NewHandler(&Kit{Config: cfg}); err != nil || got == nil || got.CarrierTimeout != 2*time.Second {
 		t.Fatalf("the handler got %+v (%v), want CARRIER_TIMEOUT 2s", got, err)
 	}
+	running := got
 	t.Setenv("CARRIER_TIMEOUT", "20s")
 	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "CARRIER_TIMEOUT: must be below HANDLER_TIMEOUT") {
 		t.Errorf("Check not called: err = %v", err)
+	}
+	// From an outside review: a later load, refused or not, used to fill the
+	// one S the earlier load had handed to its handler.
+	if running.CarrierTimeout != 2*time.Second {
+		t.Errorf("a later, refused load changed the running handler's settings: CARRIER_TIMEOUT %s", running.CarrierTimeout)
+	}
+	t.Setenv("CARRIER_TIMEOUT", "1s")
+	cfg2, err := LoadConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := opts.NewHandler(&Kit{Config: cfg2}); err != nil || got == running || got.CarrierTimeout != time.Second || running.CarrierTimeout != 2*time.Second {
+		t.Errorf("second load: handler got %+v, first still %+v; want a new S with 1s, the first kept at 2s", got, running)
+	}
+	if _, err := opts.NewHandler(&Kit{}); err == nil {
+		t.Error("a Kit without loaded settings built a handler")
 	}
 	twice := WithSettings(shippingOptions(&shippingSettings{}), func(*Kit, *checkedSettings) (consumer.Handler, error) { return nil, nil })
 	if _, err := LoadConfig(twice); err == nil || !strings.Contains(err.Error(), "leave them unset") {

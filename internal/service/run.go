@@ -391,7 +391,7 @@ func localURL(addr string) string {
 // to this service (no OUTBOX_* for one that publishes nothing, no
 // IDEMPOTENCY_KEY_TTL for one with no outside calls), secrets masked.
 func startingValues(opts Options, cfg *Config) map[string]string {
-	v := LogValue(cfg, opts.Settings)
+	v := LogValue(cfg, cfg.settings)
 	for name := range v {
 		if (len(opts.Publishes) == 0 && strings.HasPrefix(name, "OUTBOX_")) || (opts.NoOutsideCalls && name == "IDEMPOTENCY_KEY_TTL") {
 			delete(v, name)
