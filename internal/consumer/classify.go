@@ -135,8 +135,14 @@ func infrastructureState(code string) bool {
 		"3D": // the database does not exist
 		return true
 	}
+	return handlerMayCauseState(code)
+}
+
+// handlerMayCauseState reports the SQLSTATEs of infrastructureState that a
+// handler's own statement can also cause by itself (see handlerMayCause).
+func handlerMayCauseState(code string) bool {
 	switch code {
-	case "25006", // read_only_sql_transaction: a standby after a failover
+	case "25006", // read_only_sql_transaction: a standby after a failover, or a write through a Reader
 		"42501", // insufficient_privilege: a revoked grant
 		"42P01", // undefined_table: the schema is not migrated
 		"42703": // undefined_column: likewise

@@ -127,14 +127,7 @@ func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
 // handler's reads never write, so a standby cannot be the cause there.
 func handlerMayCause(err error) bool {
 	var pg *pgconn.PgError
-	if !errors.As(err, &pg) {
-		return false
-	}
-	switch pg.Code {
-	case "25006", "42501", "42P01", "42703":
-		return true
-	}
-	return false
+	return errors.As(err, &pg) && handlerMayCauseState(pg.Code)
 }
 
 // pingDatabase tells a database outage from a failure of the message. Error
