@@ -235,12 +235,18 @@ compose() { (cd "$KIT_ROOT" && timeout 900 docker compose -p "$COMPOSE_PROJECT" 
 rmq() { timeout 60 "${RABBITMQCTL_CMD[@]}" "$@"; }
 
 # free_port prints a TCP port of 127.0.0.1 that nothing listens on and that
-# this run has not taken yet.
+# this run has not taken yet, below the kernel's ephemeral range: a port in
+# that range may be the local end of some outgoing connection (the services'
+# own, to PostgreSQL and RabbitMQ), and a listener's bind to it then fails
+# with "address already in use", at start or at any restart of a replica.
 free_port() {
-  local p tries
+  local p tries lo=32768 span
+  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
+  span=$((lo - 20000))
+  ((span >= 1000)) || span=1000 # a range starting below 21000: take what there is
   for ((tries = 0; tries < 200; tries++)); do
-    p=$((20000 + RANDOM % 30000))
-    [[ " ${SERVICE_PORT[*]} ${GATEWAY_ADDR##*:} " == *" $p "* ]] && continue
+    p=$((20000 + RANDOM % span))
+    [[ " ${SERVICE_PORT[*]} ${GATEWAY_ADDR##*:} ${CARRIER_ADDR##*:} ${SHIPPING_ADDR##*:} " == *" $p "* ]] && continue
     if ! (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       echo "$p"
       return 0
@@ -273,6 +279,24 @@ wait_gone() {
 
 http_ok() { curl -fsS -o /dev/null --max-time 3 "$1" 2>/dev/null; }
 
+# wait_started SECONDS WHAT PID LOG URL: URL answers 2xx, or the run fails;
+# at once, with the end of LOG, if the process PID exits meanwhile.
+wait_started() {
+  local limit=$1 what=$2 pid=$3 log=$4 url=$5
+  local deadline=$((SECONDS + limit))
+  until http_ok "$url"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 5 "$log" >&2
+      die "$what exited during start"
+    fi
+    ((SECONDS < deadline)) || {
+      tail -n 5 "$log" >&2
+      die "timed out after ${limit}s waiting for $what"
+    }
+    sleep 0.5
+  done
+}
+
 # stack_up [REPLICAS]: a clean stack with the fake gateway and REPLICAS (1 or 2)
 # payment-service replicas, each ready.
 stack_up() {
@@ -299,7 +323,7 @@ stack_up() {
     FAULTS_ENABLED=true LOG_LEVEL=info "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
   GATEWAY_PID=$!
   disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
-  wait_until 30 "the fake gateway on $GATEWAY_ADDR" http_ok "http://$GATEWAY_ADDR/healthz"
+  wait_started 30 "the fake gateway on $GATEWAY_ADDR" "$GATEWAY_PID" "$RUN_DIR/fake-gateway.log" "http://$GATEWAY_ADDR/healthz"
   pipeline_up
   local i
   for ((i = 1; i <= REPLICAS; i++)); do
@@ -319,7 +343,7 @@ pipeline_up() {
     LOG_LEVEL=info "$BIN_DIR/fake-carrier" >>"$RUN_DIR/fake-carrier.log" 2>&1 &
   CARRIER_PID=$!
   disown "$CARRIER_PID"
-  wait_until 30 "the fake carrier on $CARRIER_ADDR" http_ok "http://$CARRIER_ADDR/healthz"
+  wait_started 30 "the fake carrier on $CARRIER_ADDR" "$CARRIER_PID" "$RUN_DIR/fake-carrier.log" "http://$CARRIER_ADDR/healthz"
   SHIPPING_ADDR="127.0.0.1:$(free_port)"
   env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_SHIPPING")" CARRIER_URL="http://$CARRIER_ADDR" \
     HTTP_ADDR="$SHIPPING_ADDR" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
@@ -327,7 +351,7 @@ pipeline_up() {
     "$BIN_DIR/shipping-service" >>"$RUN_DIR/shipping-service.log" 2>&1 &
   SHIPPING_PID=$!
   disown "$SHIPPING_PID"
-  wait_until 60 "the shipping service on $SHIPPING_ADDR" http_ok "http://$SHIPPING_ADDR/readyz"
+  wait_started 60 "the shipping service on $SHIPPING_ADDR" "$SHIPPING_PID" "$RUN_DIR/shipping-service.log" "http://$SHIPPING_ADDR/readyz"
 }
 
 pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }

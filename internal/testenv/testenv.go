@@ -7,10 +7,12 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	mrand "math/rand/v2"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,13 +129,45 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 	t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
 }
 
-// FreeAddr returns a loopback address whose port was free a moment ago.
+// FreeAddr returns a loopback address whose port was free a moment ago,
+// below the kernel's ephemeral range when it can: a port in that range may
+// become the local end of an outgoing connection (to PostgreSQL, to
+// RabbitMQ) at any moment, and a process started, or restarted by a test,
+// on that port then fails to listen with "address already in use".
 func FreeAddr(t testing.TB) string {
 	t.Helper()
+	lo := ephemeralLow()
+	if span := lo - 20000; span >= 1000 {
+		for range 100 {
+			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(20000+mrand.IntN(span)))
+			if l, err := net.Listen("tcp", addr); err == nil {
+				l.Close()
+				return addr
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768 where
+// it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
