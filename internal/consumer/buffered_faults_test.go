@@ -34,7 +34,7 @@ func TestUnreachableDatabaseGivesTheAttemptBackAfterThePause(t *testing.T) {
 		return nil
 	})
 	e.startWith(handler, e.url, db, func(c *Config) {
-		bufferedMode(db, dbURL, func(b *BufferedConfig) { b.Lease = 2 * time.Second })(c)
+		withBuffered(db, dbURL, func(b *BufferedConfig) { b.Lease = 2 * time.Second })(c)
 		c.Workers = 1
 	})
 	e.publishEvents([]string{"key-00"}, 1)

@@ -62,7 +62,7 @@ func TestBufferedReplicaProcess(t *testing.T) {
 		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, db) },
 	}
 	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
-	bufferedMode(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 100; b.Lease = 2 * time.Second })(&cfg)
+	withBuffered(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 100; b.Lease = 2 * time.Second })(&cfg)
 	rt, err := New(cfg, inbox.New(db, cfg.Name), handler, time.Second, NewMetrics(prometheus.NewRegistry()), testenv.Logger(t))
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
 	const perKey = 40
 	e.publishEvents(keys, perKey)
 	tune := func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch, c.Workers, c.GroupCommitMax, c.GroupCommitWait = 200, 4, 4, 0
 	}
 	a := e.start(orderedHandler(nil), tune)
@@ -64,7 +64,7 @@ func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt := e.startWith(orderedHandler(nil), e.url, db, func(c *Config) {
-		bufferedMode(db, e.dbURL, nil)(c)
+		withBuffered(db, e.dbURL, nil)(c)
 		c.Prefetch = 50
 	})
 	keys := keyNames(3)
@@ -159,7 +159,7 @@ func TestBufferedGracefulStopDuringRetryKeepsOrder(t *testing.T) {
 		}
 	}
 	tune := func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 1, 0
 		c.ShutdownTimeout = 2 * time.Second
 	}
@@ -202,7 +202,7 @@ func TestBufferedGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
 	const perKey = 40
 	e.publishEvents(keys, perKey)
 	tune := func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 64, 4, 0
 	}
 	for i := range 10 {
@@ -239,7 +239,7 @@ func (e *env) startRefusing(cond, code string) *runtime {
 		}
 	}
 	return e.start(orderedHandler(nil), func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch, c.GroupCommitMax, c.GroupCommitWait = 50, 16, 5*time.Millisecond
 	})
 }

@@ -56,9 +56,9 @@ func eventKey(body []byte) string {
 	return ev.Key
 }
 
-// bufferedMode switches a runtime to the buffered inbox on db, with short
+// withBuffered switches a runtime to the buffered inbox on db, with short
 // delays; more adjusts it.
-func bufferedMode(db *gorm.DB, dbURL string, more func(*BufferedConfig)) func(*Config) {
+func withBuffered(db *gorm.DB, dbURL string, more func(*BufferedConfig)) func(*Config) {
 	return func(c *Config) {
 		b := &BufferedConfig{
 			Store: buffered.New(db, "test"), OrderingKey: eventKey,
@@ -174,7 +174,7 @@ func (e *env) statusCount(s buffered.Status) int {
 // and each ends processed.
 func TestBufferedStoresThenProcessesOnce(t *testing.T) {
 	e := newBufferedEnv(t, nil)
-	rt := e.start(orderedHandler(nil), bufferedMode(e.db, e.dbURL, nil))
+	rt := e.start(orderedHandler(nil), withBuffered(e.db, e.dbURL, nil))
 	keys := keyNames(10)
 	e.publishEvents(keys, 20)
 	e.publishEvents(keys[:3], 20) // the same ids again
@@ -215,7 +215,7 @@ func TestBufferedOrderPerKeyAcrossTwoReplicas(t *testing.T) {
 		time.Sleep(time.Duration(rand.IntN(3)) * time.Millisecond)
 		return nil
 	})
-	tune := bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 50 })
+	tune := withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 50 })
 	a := e.start(handler, func(c *Config) { tune(c); c.Workers = 6 })
 	b := e.start(handler, func(c *Config) { tune(c); c.Workers = 6 })
 	e.publishEvents(keys, perKey)
@@ -265,7 +265,7 @@ func TestBufferedDependencyOutageLeavesNothingOnTheBroker(t *testing.T) {
 		}
 		return nil
 	})
-	rt := e.start(handler, bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) {
+	rt := e.start(handler, withBuffered(e.db, e.dbURL, func(b *BufferedConfig) {
 		b.RetryDelays = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond}
 		b.MaxAttempts = 10_000
 	}))
@@ -306,9 +306,10 @@ func (e *env) brokerHolds() (ready, unacked int) {
 	return ready, unacked
 }
 
-// The retry budget of the processing ends in a parked message, counted with
-// its reason; retry from inboxctl gives it a fresh budget.
-func TestBufferedRetryBudgetEndsParked(t *testing.T) {
+// A parked message (its processing's retry budget spent, as
+// TestRetryBudgetEndsGivenUp shows in both modes) gets a fresh budget from a
+// retry (inboxctl inbox retry), and its key goes on in order.
+func TestBufferedParkedRetryGetsAFreshBudget(t *testing.T) {
 	e := newBufferedEnv(t, nil)
 	var fixed atomic.Bool
 	rt := e.start(orderedHandler(func(Message, event) error {
@@ -316,7 +317,7 @@ func TestBufferedRetryBudgetEndsParked(t *testing.T) {
 			return errTransient
 		}
 		return nil
-	}), bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 }))
+	}), withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 }))
 	e.publishEvents([]string{"k"}, 2)
 	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
 	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 || rt.count(OutcomeRetried) != 2 {
@@ -338,7 +339,7 @@ func TestBufferedGauges(t *testing.T) {
 			return Permanent("invalid_field", nil)
 		}
 		return nil
-	}), bufferedMode(e.db, e.dbURL, nil))
+	}), withBuffered(e.db, e.dbURL, nil))
 	e.publishEvents(keyNames(2), 3)
 	waitFor(t, "all stored", func() bool { return rt.count(OutcomeStored) == 6 })
 	waitFor(t, "two parked heads", func() bool { return e.statusCount(buffered.StatusParked) == 2 })
@@ -376,7 +377,7 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 	e := newBufferedEnv(t, singleActive)
 	slow := orderedHandler(func(Message, event) error { time.Sleep(100 * time.Millisecond); return nil })
-	tune := bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
+	tune := withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
 	ingesting := e.start(slow, func(c *Config) { tune(c); c.Workers = 1 })
 	other := e.start(slow, func(c *Config) { tune(c); c.Workers = 8 })
 	time.Sleep(500 * time.Millisecond) // both asleep for the poll's minute
@@ -387,26 +388,6 @@ func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 	}
 	if other.count(OutcomeProcessed) < 20 {
 		t.Errorf("the replica that does not ingest processed %d of 40: NOTIFY did not wake it", other.count(OutcomeProcessed))
-	}
-}
-
-// A stored message that ran before (it may have called out) and is older
-// than the key lifetime of the services it calls is parked instead of run
-// again: a call with a forgotten key could repeat its side effect.
-func TestBufferedKeyExpiredIsParkedNotRunAgain(t *testing.T) {
-	e := newBufferedEnv(t, nil)
-	var runs atomic.Int32
-	rt := e.start(orderedHandler(func(Message, event) error {
-		runs.Add(1)
-		return errTransient
-	}), func(c *Config) {
-		bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.RetryDelays = []time.Duration{time.Second} })(c)
-		c.KeyTTL = 500 * time.Millisecond
-	})
-	e.publishEvents([]string{"k"}, 1)
-	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
-	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonKeyExpired))); got != 1 || runs.Load() != 1 {
-		t.Errorf("parked %d for an expired key after %d runs: want 1 after 1", got, runs.Load())
 	}
 }
 
@@ -441,7 +422,7 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 		}, nil
 	})
 	e.start(h, func(c *Config) {
-		bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.Lease = time.Second })(c)
+		withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.Lease = time.Second })(c)
 		c.Workers, c.Committers, c.GroupCommitMax, c.GroupCommitWait = 4, 1, 8, 300*time.Millisecond
 	})
 	e.publishEvents([]string{"key-00"}, 2)
@@ -469,7 +450,7 @@ func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Rollback()
-	rt := e.start(orderedHandler(nil), bufferedMode(e.db, e.dbURL, nil))
+	rt := e.start(orderedHandler(nil), withBuffered(e.db, e.dbURL, nil))
 	claims := func() int {
 		var m dto.Metric
 		if err := rt.metrics.claimSeconds.WithLabelValues("test").(prometheus.Histogram).Write(&m); err != nil {

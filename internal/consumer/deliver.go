@@ -41,7 +41,8 @@ const maxIDLen = 255
 // deliver runs one delivery to its end: it is acked, sent to a retry queue or
 // the dead-letter exchange (then acked), or requeued; or, if its channel died
 // meanwhile, left for the broker to redeliver.
-func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
+func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
+	r := m.r
 	msg := message(d)
 	if !r.fromRetryQueue(d) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
@@ -52,7 +53,7 @@ func (r *Runtime) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
-	out, err := r.apply(ctx, &msg)
+	out, err := m.apply(ctx, &msg)
 	if err == nil {
 		r.stage(StageCommit)
 		r.ack(d, msg, out, log)
@@ -151,18 +152,34 @@ func (r *Runtime) failingInARow(id string, err error) bool {
 }
 
 // keyExpired refuses a message that may have called out before (a retry, a
-// redelivery, one put back, or a copy marked HeaderMayHaveRun) and is older than the key lifetime: calling
-// again could do twice what the first call did. It runs after the inbox
-// look-up, so a message applied already is a duplicate, not refused.
+// redelivery, one put back, or a copy marked HeaderMayHaveRun) and is older
+// than the key lifetime. It runs after the inbox look-up, so a message
+// applied already is a duplicate, not refused.
 func (r *Runtime) keyExpired(msg Message) error {
-	if r.cfg.KeyTTL <= 0 || msg.PublishedAt.IsZero() || time.Since(msg.PublishedAt) <= r.cfg.KeyTTL {
-		return nil
+	if age, expired := keyExpired(r.cfg.KeyTTL, msg.PublishedAt, msg.MayHaveRun()); expired {
+		return keyExpiredError("published", age, r.cfg.KeyTTL)
 	}
-	if !msg.MayHaveRun() {
-		return nil
+	return nil
+}
+
+// keyExpired is the key-expiry guard of both modes: a message that may have
+// called out before and is older than ttl, the key lifetime of the services
+// the handler calls, must not call again (with a key that may be forgotten,
+// the call could do twice what the first did). Its age counts from since; a
+// zero since, or a zero ttl, turns the guard off.
+func keyExpired(ttl time.Duration, since time.Time, mayHaveRun bool) (age time.Duration, expired bool) {
+	if ttl <= 0 || since.IsZero() || !mayHaveRun {
+		return 0, false
 	}
-	return Permanent(ReasonKeyExpired, fmt.Errorf("published %s ago, and it may have called out before: "+
-		"its idempotency key may be forgotten (the key lifetime is %s)", time.Since(msg.PublishedAt).Round(time.Second), r.cfg.KeyTTL))
+	age = time.Since(since)
+	return age, age > ttl
+}
+
+// keyExpiredError is the permanent error of a message the guard refused;
+// what says what its age counts from.
+func keyExpiredError(what string, age, ttl time.Duration) error {
+	return Permanent(ReasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
+		"its idempotency key may be forgotten (the key lifetime is %s)", what, age.Round(time.Second), ttl))
 }
 
 // fromRetryQueue reports whether the broker brought the delivery back from
@@ -252,7 +269,8 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 // apply looks the message up in the inbox (after any worker of this replica
 // holding the same id is done), runs the handler with no transaction open,
 // then hands its writes to the committers and waits for their commit.
-func (r *Runtime) apply(ctx context.Context, msg *Message) (Outcome, error) {
+func (m *inlineMode) apply(ctx context.Context, msg *Message) (Outcome, error) {
+	r := m.r
 	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
 	defer cancel()
 	release, err := r.inFlight.acquire(ctx, msg.ID)
@@ -260,7 +278,7 @@ func (r *Runtime) apply(ctx context.Context, msg *Message) (Outcome, error) {
 		return "", err
 	}
 	defer release()
-	seen, err := r.lookups.seen(ctx, msg.ID, msg.Body)
+	seen, err := m.lookups.seen(ctx, msg.ID, msg.Body)
 	switch {
 	case err != nil:
 		return "", failedAt(stepLookup, err)
@@ -276,7 +294,7 @@ func (r *Runtime) apply(ctx context.Context, msg *Message) (Outcome, error) {
 		return "", failedAt(stepHandler, err)
 	}
 	r.failures.succeeded() // the outside calls work
-	out, fresh, err := r.commits.commit(ctx, *msg, writes)
+	out, fresh, err := m.commits.commit(ctx, *msg, writes)
 	switch {
 	case err != nil:
 		return "", failedAt(stepCommit, err)

@@ -68,7 +68,7 @@ func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
 	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
 	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
 	rt := e.start(orderedHandler(nil), func(c *Config) {
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch = 64
 	})
 	waitFor(t, "every valid event stored and applied during the alarm", func() bool {

@@ -399,7 +399,7 @@ func TestDatabaseOutageSeenFirstByTheHandlerSpendsNoAttempt(t *testing.T) {
 			rt := e.startWith(handler, e.url, db, func(c *Config) {
 				c.Workers, c.MaxAttempts = 1, 1
 				if mode == "buffered" {
-					bufferedMode(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 1 })(c)
+					withBuffered(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 1 })(c)
 				}
 			})
 			e.publish("read-fails", `{"key":"k","n":1}`)
@@ -436,7 +436,7 @@ func TestOneMessageFailingAloneSpendsItsBudgetWithoutPausing(t *testing.T) {
 			rt := e.start(failing, func(c *Config) {
 				c.MaxAttempts, c.PauseAfterFailures = 3, 3
 				if mode == "buffered" {
-					bufferedMode(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 })(c)
+					withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 })(c)
 				}
 			})
 			e.publish("alone", `{"key":"k","n":1}`)

@@ -34,7 +34,8 @@ type ingested struct {
 
 // ingestLoop stores the deliveries of a session until stop is closed or the
 // channel is gone.
-func (r *Runtime) ingestLoop(ctx context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}) {
+func (b *bufferedMode) ingestLoop(ctx context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}) {
+	r := b.r
 	for {
 		select { // a closed stop wins over a ready delivery
 		case <-stop:
@@ -53,7 +54,7 @@ func (r *Runtime) ingestLoop(ctx context.Context, s *session, deliveries <-chan 
 		}
 		batch := r.gatherDeliveries(first, deliveries)
 		done := r.track()
-		r.ingestBatch(ctx, s, batch)
+		b.ingestBatch(ctx, s, batch)
 		done()
 		if s.ending() {
 			// A batch failed: what follows it stays unacked, and the
@@ -102,14 +103,15 @@ func (r *Runtime) gatherDeliveries(first amqp.Delivery, deliveries <-chan amqp.D
 // the channel of deliveries closes, so that a graceful stop leaves nothing
 // prefetched to return. It stops when a batch fails (the rest goes back with
 // the channel's close, in order) or when ctx ends (likewise).
-func (r *Runtime) ingestRest(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+func (b *bufferedMode) ingestRest(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	r := b.r
 	n := 0
 	for d := range deliveries {
 		if ctx.Err() != nil || s.ending() {
 			return
 		}
 		batch := r.gatherDeliveries(d, deliveries)
-		r.ingestBatch(ctx, s, batch)
+		b.ingestBatch(ctx, s, batch)
 		n += len(batch)
 	}
 	if n > 0 {
@@ -120,10 +122,10 @@ func (r *Runtime) ingestRest(ctx context.Context, s *session, deliveries <-chan 
 // ingestBatch admits each delivery (dead-lettering those the runtime refuses)
 // and stores the rest. Nothing is stored once the session is ending: a
 // delivery after one that could not be stored must not be stored before it.
-func (r *Runtime) ingestBatch(ctx context.Context, s *session, batch []amqp.Delivery) {
+func (b *bufferedMode) ingestBatch(ctx context.Context, s *session, batch []amqp.Delivery) {
 	items := make([]ingested, 0, len(batch))
 	for _, d := range batch {
-		if it, ok := r.admitForIngest(ctx, s, d); ok {
+		if it, ok := b.admitForIngest(ctx, s, d); ok {
 			items = append(items, it)
 		}
 	}
@@ -133,13 +135,14 @@ func (r *Runtime) ingestBatch(ctx context.Context, s *session, batch []amqp.Deli
 	if s.ending() {
 		return
 	}
-	r.store(ctx, s, items)
+	b.store(ctx, s, items)
 }
 
 // admitForIngest applies the runtime's checks and resolves the dedupe key and
 // the ordering key. A panic in a cloner's KeyFromBody, LogAttrs or
 // OrderingKey rejects the delivery without requeue, as inline.
-func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Delivery) (it ingested, ok bool) {
+func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.Delivery) (it ingested, ok bool) {
+	r := b.r
 	defer func() {
 		if v := recover(); v != nil {
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
@@ -160,8 +163,8 @@ func (r *Runtime) admitForIngest(ctx context.Context, s *session, d amqp.Deliver
 		return it, false
 	}
 	key := ""
-	if r.buffer.OrderingKey != nil {
-		key = r.buffer.OrderingKey(d.Body)
+	if b.cfg.OrderingKey != nil {
+		key = b.cfg.OrderingKey(d.Body)
 	}
 	if !validKey(key) {
 		r.deadLetterAside(ctx, s, d, msg, ReasonInvalidOrderingKey,
@@ -197,8 +200,8 @@ func validKey(k string) bool {
 // and the channel's close gives them back to the queue in its order. A batch
 // that fails otherwise is tried again message by message, so that the
 // failure stays with the message at fault, which is dead-lettered.
-func (r *Runtime) store(ctx context.Context, s *session, items []ingested) {
-	r.storeTry(ctx, s, items, 0)
+func (b *bufferedMode) store(ctx context.Context, s *session, items []ingested) {
+	b.storeTry(ctx, s, items, 0)
 }
 
 // ingestRetries is how often a batch that waited on a lock, or failed for no
@@ -212,19 +215,20 @@ const (
 	ingestRetryDelay = 500 * time.Millisecond
 )
 
-func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tries int) {
+func (b *bufferedMode) storeTry(ctx context.Context, s *session, items []ingested, tries int) {
+	r := b.r
 	in := make([]buffered.Incoming, len(items))
 	for i, it := range items {
 		in[i] = it.in
 	}
 	tctx, cancel := context.WithTimeout(ctx, applyMargin)
-	results, err := r.buffer.Store.Ingest(tctx, in, func() { r.stage(StageInboxInsert) })
+	results, err := b.cfg.Store.Ingest(tctx, in, func() { r.stage(StageInboxInsert) })
 	cancel()
 	if err != nil {
-		r.storeFailed(ctx, s, items, failedAt(stepCommit, err), tries)
+		b.storeFailed(ctx, s, items, failedAt(stepCommit, err), tries)
 		return
 	}
-	r.proc.ingested()
+	b.proc.ingested()
 	for i, it := range items {
 		switch {
 		case errors.Is(results[i].Err, buffered.ErrPayloadMismatch):
@@ -239,7 +243,8 @@ func (r *Runtime) storeTry(ctx context.Context, s *session, items []ingested, tr
 	}
 }
 
-func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested, err error, tries int) {
+func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []ingested, err error, tries int) {
+	r := b.r
 	switch {
 	case ctx.Err() != nil:
 		r.abandon(s, items, err)
@@ -249,7 +254,7 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 			if s.ending() {
 				return // a message before this one is going back to the queue
 			}
-			r.store(ctx, s, []ingested{it})
+			b.store(ctx, s, []ingested{it})
 		}
 		return
 	}
@@ -280,7 +285,7 @@ func (r *Runtime) storeFailed(ctx context.Context, s *session, items []ingested,
 				r.abandon(s, items, err)
 				return
 			}
-			r.storeTry(ctx, s, items, tries+1)
+			b.storeTry(ctx, s, items, tries+1)
 			return
 		}
 		for _, it := range items {

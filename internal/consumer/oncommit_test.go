@@ -40,7 +40,7 @@ func TestOnCommitRunsOnlyAfterTheCommit(t *testing.T) {
 			})
 			rt := e.start(h, func(c *Config) {
 				if mode == "buffered" {
-					bufferedMode(e.db, e.dbURL, nil)(c)
+					withBuffered(e.db, e.dbURL, nil)(c)
 				}
 			})
 			e.publishMany(20, "ok")

@@ -284,8 +284,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		return
 	}
 	if age, expired := p.keyExpired(c); expired {
-		p.park(c, ReasonKeyExpired, fmt.Errorf("stored %s ago and run before: its idempotency key may be forgotten (the key lifetime is %s)",
-			age.Round(time.Second), r.cfg.KeyTTL), log)
+		p.park(c, ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL), log)
 		return
 	}
 	r.stage(StageClaim)
@@ -324,22 +323,15 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	}
 }
 
-// keyExpired reports a message that ran before (it may have called out: a
-// run of this table, or a copy marked HeaderMayHaveRun when stored) and
-// is older than the key lifetime of the services the handler calls: calling
-// again could do twice what the first call did. Its age counts from its
-// publish time, else from its ingest.
+// keyExpired applies the guard (keyExpired) to a stored message: it may have
+// called out if it ran before in this table, or was marked HeaderMayHaveRun
+// when stored; its age counts from its publish time, else from its ingest.
 func (p *processor) keyExpired(c buffered.Claimed) (time.Duration, bool) {
-	ttl := p.rt.cfg.KeyTTL
-	if ttl <= 0 || (c.Runs <= 1 && !MarkedAsRun(c.Headers)) {
-		return 0, false
-	}
 	since := c.PublishedAt
 	if since.IsZero() {
 		since = c.ReceivedAt
 	}
-	age := time.Since(since)
-	return age, age > ttl
+	return keyExpired(p.rt.cfg.KeyTTL, since, c.Runs > 1 || MarkedAsRun(c.Headers))
 }
 
 // signalNext wakes the claimer: the key just settled may have more messages.

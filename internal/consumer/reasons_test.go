@@ -84,7 +84,7 @@ func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
 	})
 	t.Run("buffered", func(t *testing.T) {
 		e := newBufferedEnv(t, nil)
-		rt := e.start(noOutcome, bufferedMode(e.db, e.dbURL, nil))
+		rt := e.start(noOutcome, withBuffered(e.db, e.dbURL, nil))
 		e.publish("m-1", `{"key":"k","n":1}`)
 		waitFor(t, "the message parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
 		var reason string

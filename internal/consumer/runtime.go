@@ -165,8 +165,7 @@ func (c *Config) Validate() error {
 type Runtime struct {
 	cfg      Config
 	inbox    *inbox.Inbox
-	commits  *committer
-	lookups  *lookups
+	mode     mode // the inline or the buffered inbox
 	inFlight inFlight
 	handler  Handler
 	metrics  *Metrics
@@ -189,10 +188,6 @@ type Runtime struct {
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
-	// buffer and proc are the buffered mode's ingest settings and processor;
-	// nil in the inline mode.
-	buffer *BufferedConfig
-	proc   *processor
 }
 
 // New builds a runtime. The handler is wrapped with Recover, Observe and, if
@@ -214,16 +209,15 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 		r.applyTimeout = handlerTimeout + applyMargin
 	}
 	r.handler = Chain(h, mws...)
-	r.lookups = newLookups(ib)
-	r.commits = newCommitter(ib, cfg.GroupCommitMax, cfg.GroupCommitWait, applyMargin, r.stage, m, cfg.Name)
 	if r.cfg.StallTimeout == 0 {
 		// The longest one delivery can take: its transaction, then a retry or
 		// dead-letter publish with its confirm and the pause after a failed one.
 		r.cfg.StallTimeout = r.applyTimeout + publishTimeout + 5*time.Second
 	}
 	if cfg.Buffered != nil {
-		r.buffer = cfg.Buffered
-		r.proc = newProcessor(r, *cfg.Buffered)
+		r.mode = newBufferedMode(r, *cfg.Buffered)
+	} else {
+		r.mode = newInlineMode(r, ib)
 	}
 	m.ready.WithLabelValues(cfg.Name).Set(0)
 	return r, nil
@@ -265,10 +259,8 @@ func (r *Runtime) Ready() error {
 	if cause := r.pausedFor.Load(); cause != nil {
 		return fmt.Errorf("paused: %s is failing every message; resuming by itself", *cause)
 	}
-	if r.proc != nil {
-		if err := r.proc.ready(); err != nil {
-			return err
-		}
+	if err := r.mode.ready(); err != nil {
+		return err
 	}
 	if !r.ready.Load() {
 		return errors.New("not consuming: broker disconnected or database unavailable")
@@ -311,27 +303,19 @@ func (r *Runtime) setReady(ok bool) {
 // arguments (a *rabbit.MismatchError), after stopping as at a shutdown.
 func (r *Runtime) Run(ctx context.Context) error {
 	// The committers outlive every session: workers draining at shutdown
-	// still commit. Each mode starts its own: the inline mode's committers
-	// and look-up readers, the buffered mode's finishers (below).
+	// still commit. The mode starts its own (the inline mode's committers
+	// and look-up readers, the buffered mode's finishers) and its processing
+	// (the buffered mode's, which works from the table, broker or not, and
+	// drains its workers at a stop while the committers still run).
 	commitCtx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
-	var committers sync.WaitGroup
-	if r.proc == nil {
-		r.commits.run(commitCtx, r.cfg.Committers, &committers)
-		r.lookups.run(commitCtx, LookupReaders, &committers)
-	}
+	var committers, processing sync.WaitGroup
 	defer func() { stopCommits(); committers.Wait() }()
 	defer context.AfterFunc(ctx, r.markStopping)()
 	ctx, stop := context.WithCancel(ctx) // a fatal error stops the processing too
 	defer stop()
-	if r.proc != nil {
-		// The processor works from the table, broker or not; it drains its
-		// workers at shutdown while the committers still run.
-		r.proc.finish.run(commitCtx, r.cfg.Committers, &committers)
-		var processing sync.WaitGroup
-		processing.Go(func() { r.proc.run(ctx) })
-		defer processing.Wait()
-		defer stop() // before the wait
-	}
+	r.mode.start(ctx, commitCtx, &committers, &processing)
+	defer processing.Wait()
+	defer stop() // before the wait
 	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
 	for {
 		started := time.Now()

@@ -151,23 +151,36 @@ func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
 	}
 }
 
-func TestRetryBudgetEndsInDeadLetter(t *testing.T) {
-	e := newEnv(t)
-	rt := e.start(recordHandler(func(Message) error { return errTransient }), func(c *Config) { c.MaxAttempts = 4 })
-	e.publish("doomed", `{}`)
-	d := e.deadLetters(1)[0]
-	if d.Headers[HeaderDeadLetterReason] != ReasonRetriesExhausted {
-		t.Fatalf("reason %v", d.Headers[HeaderDeadLetterReason])
-	}
-	if n, _ := intHeader(d.Headers, HeaderAttempt); n != 4 {
-		t.Fatalf("attempt header %v, want 4", d.Headers[HeaderAttempt])
-	}
-	if !strings.Contains(fmt.Sprint(d.Headers[HeaderDeadLetterError]), errTransient.Error()) {
-		t.Fatalf("error header %v", d.Headers[HeaderDeadLetterError])
-	}
-	if rt.count(OutcomeRetried) != 3 || string(d.Body) != `{}` || d.MessageId != "doomed" {
-		t.Fatalf("retried %d times, body %q, id %q", rt.count(OutcomeRetried), d.Body, d.MessageId)
-	}
+// A message failing every run spends its retry budget and is given up on
+// (dead-lettered inline, parked buffered) with reason retries_exhausted, its
+// last error, the runs it had, and its id and body intact; every failed run
+// but the last counts as retried.
+func TestRetryBudgetEndsGivenUp(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		rt := e.start(recordHandler(func(Message) error { return errTransient }), m.budget(e, 4, nil))
+		e.publish("doomed", `{}`)
+		g := m.givenUp(e, 1)[0]
+		if g.id != "doomed" || g.body != `{}` || g.reason != string(ReasonRetriesExhausted) || g.attempts != 4 {
+			t.Fatalf("given up: %+v; want doomed, body {}, %s after 4 runs", g, ReasonRetriesExhausted)
+		}
+		if !strings.Contains(g.err, errTransient.Error()) {
+			t.Fatalf("error %q, want the handler's", g.err)
+		}
+		if got := rt.count(OutcomeRetried); got != 3 {
+			t.Fatalf("retried %d times, want 3", got)
+		}
+		if m.acksAtIngest {
+			if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 {
+				t.Fatalf("parked{retries_exhausted} = %d, want 1", got)
+			}
+		} else if got := rt.count(OutcomeDeadLettered); got != 1 {
+			t.Fatalf("dead-lettered %d, want 1", got)
+		}
+		if e.effects("doomed") != 0 {
+			t.Fatal("a failed run committed its effect")
+		}
+	})
 }
 
 func TestPanicIsRecoveredAndRetried(t *testing.T) {
@@ -554,27 +567,56 @@ func TestOversizeBodyArrivesWhole(t *testing.T) {
 	}
 }
 
-// A message that may have called out before and is older than the key
-// lifetime is dead-lettered for a person to look at, not retried with a key
-// the outside service may have forgotten; a fresh message of the same age is
-// processed (it never called out).
-func TestOldRetryIsNotCalledAgainWithAForgottenKey(t *testing.T) {
-	e := newEnv(t)
-	rt := e.start(recordHandler(nil), func(c *Config) { c.KeyTTL = time.Hour })
-	old := time.Now().Add(-2 * time.Hour)
-	e.publish("fresh-but-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
-	e.publish("redelivered-old", `{}`, func(p *amqp.Publishing) {
-		p.Timestamp = old
-		p.Headers = amqp.Table{HeaderHeld: int32(1)} // put back once, after calling out
+// The key-expiry guard, in both modes: a message older than the key lifetime
+// of the services the handler calls is run once at most. A fresh one of that
+// age is processed (it never called out); one put back after it may have
+// run, and one whose first run failed, are given up on with key_expired
+// (dead-lettered inline, parked buffered) instead of calling again with a key
+// the called service may have forgotten.
+func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		var runs sync.Map
+		h := recordHandler(func(msg Message) error {
+			n, _ := runs.LoadOrStore(msg.ID, new(atomic.Int64))
+			n.(*atomic.Int64).Add(1)
+			if msg.ID == "fails-once-old" {
+				return errTransient
+			}
+			return nil
+		})
+		rt := e.start(h, m.budget(e, 5, func(c *Config) { c.KeyTTL = time.Hour }))
+		old := time.Now().Add(-2 * time.Hour)
+		e.publish("fresh-but-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
+		e.publish("redelivered-old", `{}`, func(p *amqp.Publishing) {
+			p.Timestamp = old
+			p.Headers = amqp.Table{HeaderHeld: int32(1)} // put back once, after it may have called out
+		})
+		e.publish("fails-once-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
+		got := m.givenUp(e, 2)
+		if len(got) != 2 || got[0].id != "fails-once-old" || got[1].id != "redelivered-old" {
+			t.Fatalf("given up: %+v; want fails-once-old and redelivered-old", got)
+		}
+		for _, g := range got {
+			if g.reason != string(ReasonKeyExpired) {
+				t.Errorf("%s given up with %q, want %s", g.id, g.reason, ReasonKeyExpired)
+			}
+		}
+		waitFor(t, "the fresh one processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
+		count := func(id string) int64 {
+			if n, ok := runs.Load(id); ok {
+				return n.(*atomic.Int64).Load()
+			}
+			return 0
+		}
+		if count("redelivered-old") != 0 || count("fails-once-old") != 1 || count("fresh-but-old") != 1 {
+			t.Errorf("runs: redelivered-old %d, fails-once-old %d, fresh-but-old %d; want 0, 1, 1",
+				count("redelivered-old"), count("fails-once-old"), count("fresh-but-old"))
+		}
+		if e.effects("fresh-but-old") != 1 || e.effects("redelivered-old") != 0 || e.effects("fails-once-old") != 0 {
+			t.Error("wrong message applied")
+		}
 	})
-	d := e.deadLetters(1)[0]
-	if d.MessageId != "redelivered-old" || d.Headers[HeaderDeadLetterReason] != ReasonKeyExpired {
-		t.Fatalf("dead letter %s with reason %v, want redelivered-old with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonKeyExpired)
-	}
-	waitFor(t, "the fresh one processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
-	if e.effects("fresh-but-old") != 1 || e.effects("redelivered-old") != 0 {
-		t.Fatal("wrong message applied")
-	}
 }
 
 // A redelivered delivery (it may have run in a replica that died) waits

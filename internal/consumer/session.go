@@ -197,13 +197,7 @@ func (r *Runtime) session(ctx context.Context) error {
 	defer cancelWork()
 	stop := s.stop
 	var wg sync.WaitGroup
-	if r.buffer != nil {
-		wg.Go(func() { r.ingestLoop(work, s, deliveries, stop) })
-	} else {
-		for range r.cfg.Workers {
-			wg.Go(func() { r.work(work, s, deliveries, stop) })
-		}
-	}
+	r.mode.consume(work, s, deliveries, stop, &wg)
 
 	var reason error
 	select {
@@ -243,11 +237,7 @@ func (r *Runtime) session(ctx context.Context) error {
 	// cancels either: what it could not store must go back in order, not to
 	// the tail of the queue.
 	stopped := false
-	cancel := reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))
-	if r.buffer != nil {
-		cancel = reason == nil && !r.cfg.Topology.SingleActive
-	}
-	if cancel {
+	if r.mode.cancels(reason) {
 		// Tell the broker to stop sending; the deliveries it sent before the
 		// cancel-ok arrive, then the channel of deliveries closes.
 		stopped = s.consume.Cancel(tag, false) == nil
@@ -258,13 +248,7 @@ func (r *Runtime) session(ctx context.Context) error {
 		// copies cannot be published, and the channel's close returns the
 		// rest instead.
 		returning, cancelReturning := r.phaseContext()
-		if r.buffer != nil {
-			r.ingestRest(returning, s, deliveries)
-			// Its dead-letterings run under returning, the loop's under work.
-			r.drain(&s.aside, func() { cancelReturning(); cancelWork() })
-		} else {
-			r.returnUnstarted(returning, s, deliveries)
-		}
+		r.mode.rest(returning, func() { cancelReturning(); cancelWork() }, s, deliveries)
 		cancelReturning()
 	}
 	r.drain(&s.aside, cancelWork)
@@ -353,7 +337,8 @@ func (r *Runtime) settleContext() (context.Context, context.CancelFunc) {
 }
 
 // work takes deliveries until stop is closed or the channel is gone.
-func (r *Runtime) work(ctx context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}) {
+func (m *inlineMode) work(ctx context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}) {
+	r := m.r
 	for {
 		select { // a closed stop wins over a ready delivery
 		case <-stop:
@@ -368,7 +353,7 @@ func (r *Runtime) work(ctx context.Context, s *session, deliveries <-chan amqp.D
 				return
 			}
 			done := r.track()
-			r.deliverSafely(ctx, s, d)
+			m.deliverSafely(ctx, s, d)
 			done()
 		}
 	}
@@ -379,7 +364,8 @@ func (r *Runtime) work(ctx context.Context, s *session, deliveries <-chan amqp.D
 // cloner, say. The delivery is rejected without requeue, so RabbitMQ
 // dead-letters it (x-death reason "rejected") instead of every replica
 // crashing on it in turn.
-func (r *Runtime) deliverSafely(ctx context.Context, s *session, d amqp.Delivery) {
+func (m *inlineMode) deliverSafely(ctx context.Context, s *session, d amqp.Delivery) {
+	r := m.r
 	defer func() {
 		if v := recover(); v != nil {
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
@@ -388,7 +374,7 @@ func (r *Runtime) deliverSafely(ctx context.Context, s *session, d amqp.Delivery
 			_ = d.Reject(false)
 		}
 	}()
-	r.deliver(ctx, s, d)
+	m.deliver(ctx, s, d)
 }
 
 // watchBlocked reports the broker blocking the publishing connection (a memory

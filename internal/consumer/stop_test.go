@@ -37,7 +37,7 @@ func TestBufferedStopSettlesWithinTheBudget(t *testing.T) {
 	const budget = 2 * time.Second
 	rt := e.start(blocking, func(c *Config) {
 		c.ShutdownTimeout = budget
-		bufferedMode(e.db, e.dbURL, nil)(c)
+		withBuffered(e.db, e.dbURL, nil)(c)
 	})
 	e.publish("m1", `{"key":"k","n":1}`)
 	<-in

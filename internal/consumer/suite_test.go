@@ -3,11 +3,14 @@ package consumer
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/buffered"
+	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
 // The consumer suite runs a test against each inbox mode, gated by what the
@@ -48,7 +51,7 @@ func (m modeCase) config(db *gorm.DB, dbURL string, more func(*BufferedConfig)) 
 	if !m.buffered() {
 		return func(*Config) {}
 	}
-	return bufferedMode(db, dbURL, more)
+	return withBuffered(db, dbURL, more)
 }
 
 // taken is how many deliveries the runtime has taken off the queue for
@@ -86,5 +89,61 @@ func (m modeCase) assertEventsApplied(e *env, keys []string, n int) {
 	}
 	if p := e.statusCount(buffered.StatusParked); p != 0 {
 		e.t.Errorf("%d messages parked", p)
+	}
+}
+
+// settledForGood is a message the runtime gave up on: dead-lettered
+// (inline), parked (buffered).
+type settledForGood struct {
+	id, reason, err, body string
+	attempts              int // the runs the message had, the last included
+}
+
+// givenUp waits for n messages given up on and returns them: the dead
+// letters of the inline mode, the parked rows of the buffered one.
+func (m modeCase) givenUp(e *env, n int) []settledForGood {
+	e.t.Helper()
+	var out []settledForGood
+	if !m.acksAtIngest {
+		for _, d := range e.deadLetters(n) {
+			a, _ := intHeader(d.Headers, HeaderAttempt)
+			out = append(out, settledForGood{id: d.MessageId, reason: fmt.Sprint(d.Headers[HeaderDeadLetterReason]),
+				err: fmt.Sprint(d.Headers[HeaderDeadLetterError]), body: string(d.Body), attempts: a})
+		}
+		slices.SortFunc(out, func(a, b settledForGood) int { return strings.Compare(a.id, b.id) })
+		return out
+	}
+	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d messages parked", n), func() (bool, error) {
+		return e.statusCount(buffered.StatusParked) >= n, nil
+	})
+	rows, err := e.db.Raw(`SELECT message_id, coalesce(park_reason, ''), coalesce(last_error, ''), convert_from(body, 'UTF8'), attempts
+		FROM inbox_messages WHERE status = ? ORDER BY message_id`, string(buffered.StatusParked)).Rows()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var g settledForGood
+		if err := rows.Scan(&g.id, &g.reason, &g.err, &g.body, &g.attempts); err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, g)
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+// budget sets the retry budget of the mode: the runs of one message, the
+// first included (the processing's in the buffered mode, whose retries cost
+// the broker nothing).
+func (m modeCase) budget(e *env, attempts int, more func(*Config)) func(*Config) {
+	return func(c *Config) {
+		m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = attempts })(c)
+		c.MaxAttempts = attempts
+		if more != nil {
+			more(c)
+		}
 	}
 }
