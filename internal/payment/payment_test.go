@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -20,30 +21,36 @@ import (
 	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/fakegateway"
 	"github.com/inbox-template/payment-service/internal/gateway"
-	"github.com/inbox-template/payment-service/internal/inbox"
 	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/orders"
 	"github.com/inbox-template/payment-service/internal/outbox"
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/internal/rabbit"
 	"github.com/inbox-template/payment-service/internal/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
-// stack is the payment service wired as in cmd/payment-service, against a real
-// broker vhost, a real payments database and the fake gateway on its own database.
+// stack is the payment service as cmd/payment-service runs it (its Options,
+// the kit's Run, the configuration from the environment), through
+// servicetest, against a real broker vhost, a real payments database and the
+// fake gateway on its own database. Every replica it starts shares the
+// vhost and the database.
 type stack struct {
 	t         *testing.T
 	amqpURL   string
+	dbURL     string
 	db        *gorm.DB
 	gatewayDB *gorm.DB
 	gateway   *fakegateway.Server
 	gwURL     string
-	topo      rabbit.Topology
-	pub       *amqp.Channel
-	// maxAttempts and pauseAfter of the next service(); 0 means 6 and the
-	// runtime's default.
+	// Settings of the next service(): retryDelays of 50ms and 100ms, and
+	// maxAttempts of 6 and pauseAfter of the kit's default where 0.
+	retryDelays             []time.Duration
 	maxAttempts, pauseAfter int
+	// first is the first replica started: its configuration names the
+	// queues; events is the test's queue of what the service emitted.
+	first  *servicetest.Stack
+	events *servicetest.Events
+	pub    *amqp.Channel
 }
 
 func newStack(t *testing.T) *stack {
@@ -54,8 +61,8 @@ func newStack(t *testing.T) *stack {
 // newStackWithTakeover is newStack with the gateway's in-flight takeover age.
 func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	t.Helper()
-	s := &stack{t: t, amqpURL: testenv.VHost(t)}
-	s.db, _ = testenv.MigratedDB(t, migrations.Inbox, migrations.Outbox, payment.Migrations)
+	s := &stack{t: t, amqpURL: testenv.VHost(t), retryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}
+	s.db, s.dbURL = testenv.MigratedDB(t, migrations.Inbox, migrations.Outbox, payment.Migrations)
 	s.gatewayDB, _ = testenv.MigratedDB(t, fakegateway.Migrations)
 	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: takeover})
@@ -65,76 +72,46 @@ func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	srv := httptest.NewServer(gw.Handler())
 	t.Cleanup(srv.Close)
 	s.gateway, s.gwURL = gw, srv.URL
-	s.topo = rabbit.Topology{
-		Exchange: "orders", RoutingKey: "order.placed", Queue: "payments.order-placed",
-		DeadLetterExchange: "payments.dlx", DeadLetterQueue: "payments.order-placed.dlq", DeliveryLimit: 20,
-		RetryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond},
-	}
 	conn, err := amqp.Dial(s.amqpURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	if s.pub, err = rabbit.ConfirmChannel(conn); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.topo.Declare(s.pub); err != nil {
-		t.Fatal(err)
-	}
-	// The events the service emits land in a queue of the test's.
-	if err := s.pub.ExchangeDeclare(payment.ExchangePayments, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.pub.QueueDeclare("events", true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.pub.QueueBind("events", "#", payment.ExchangePayments, false, nil); err != nil {
+	if s.pub, err = conn.Channel(); err != nil {
 		t.Fatal(err)
 	}
 	return s
 }
 
-// service starts one replica of the payment consumer and returns its metrics.
-func (s *stack) service() *consumer.Metrics {
+// service starts one replica of the payment service and returns it; the
+// first declares the topology, and a queue of the test's is bound to the
+// events it emits.
+func (s *stack) service() *servicetest.Stack {
 	s.t.Helper()
-	m := consumer.NewMetrics(prometheus.NewRegistry())
-	cfg := consumer.Config{
-		Name: "payment-service", AMQPURL: s.amqpURL, Topology: s.topo, Prefetch: 16, Workers: 4,
-		MaxAttempts: cmp.Or(s.maxAttempts, 6), PauseAfterFailures: s.pauseAfter,
-		ShutdownTimeout: 10 * time.Second, ReconnectMaxWait: time.Second,
-		KeyFromBody: payment.Service().KeyFromBody, LogAttrs: payment.Service().LogAttrs,
-		DatabaseCheck: func(ctx context.Context) error { return database.Ping(ctx, s.db) },
+	delays := make([]string, len(s.retryDelays))
+	for i, d := range s.retryDelays {
+		delays[i] = d.String()
 	}
-	cfg.GroupCommitMax, cfg.GroupCommitWait = testenv.GroupCommit()
-	ob := outbox.New(cfg.Name)
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), ob)
-	rt, err := consumer.New(cfg, inbox.New(s.db, cfg.Name), h, 5*time.Second, m, testenv.Logger(s.t))
-	if err != nil {
-		s.t.Fatal(err)
+	env := []string{
+		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.dbURL, "GATEWAY_URL=" + s.gwURL,
+		"PREFETCH=16", "WORKERS=4", "HANDLER_TIMEOUT=5s", "GATEWAY_TIMEOUT=2s", "RECONNECT_MAX_WAIT=1s",
+		"QUEUE_DELIVERY_LIMIT=20", "RETRY_DELAYS=" + strings.Join(delays, ","),
+		"MAX_ATTEMPTS=" + strconv.Itoa(cmp.Or(s.maxAttempts, 6)), "OUTBOX_POLL_INTERVAL=200ms",
+		// The start-up check relates the gateway's in-flight window to the
+		// retries; these tests set the fake gateway's window themselves
+		// (TestRetriesMustOutlastTheGatewaysInFlightWindow runs retries
+		// inside it on purpose), so the variable claims the shortest.
+		"GATEWAY_IN_FLIGHT_TIMEOUT=1ms",
 	}
-	sqlDB, err := s.db.DB()
-	if err != nil {
-		s.t.Fatal(err)
+	if s.pauseAfter != 0 {
+		env = append(env, "PAUSE_AFTER_FAILURES="+strconv.Itoa(s.pauseAfter))
 	}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{AMQPURL: s.amqpURL, Name: cfg.Name, Exchanges: []string{payment.ExchangePayments},
-		PollInterval: 200 * time.Millisecond}, outbox.NewStore(sqlDB, cfg.Name), ob, outbox.NewMetrics(prometheus.NewRegistry()), testenv.Logger(s.t))
-	if err != nil {
-		s.t.Fatal(err)
+	st := servicetest.Start(s.t, payment.Service(), env...)
+	if s.first == nil {
+		s.first = st
+		s.events = st.Bind(payment.ExchangePayments, "#")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- rt.Run(ctx) }()
-	go func() { done <- relay.Run(ctx) }()
-	s.t.Cleanup(func() {
-		cancel()
-		for range 2 {
-			if err := <-done; err != nil {
-				s.t.Errorf("Run: %v", err)
-			}
-		}
-	})
-	testenv.Eventually(s.t, 30*time.Second, "consumer ready", func() (bool, error) { return rt.Ready() == nil, nil })
-	return m
+	return st
 }
 
 func order(id string, amount int64) orders.OrderPlaced {
@@ -146,10 +123,7 @@ func order(id string, amount int64) orders.OrderPlaced {
 
 func (s *stack) publish(messageID, contentType string, body []byte) {
 	s.t.Helper()
-	p := amqp.Publishing{MessageId: messageID, ContentType: contentType, DeliveryMode: amqp.Persistent, Body: body, Timestamp: time.Now()}
-	if err := rabbit.PublishConfirmed(context.Background(), s.pub, s.topo.Exchange, s.topo.RoutingKey, p); err != nil {
-		s.t.Fatal(err)
-	}
+	s.first.Publish(amqp.Publishing{MessageId: messageID, ContentType: contentType, Body: body, Timestamp: time.Now()})
 }
 
 func (s *stack) publishOrder(messageID string, o orders.OrderPlaced) {
@@ -170,11 +144,9 @@ func count(t *testing.T, db *gorm.DB, table, where string, args ...any) int {
 	return int(n)
 }
 
-func outcomes(m *consumer.Metrics, outcome string) int {
-	return m.Settled("payment-service", consumer.Outcome(outcome))
-}
+func outcomes(m *servicetest.Stack, outcome string) int { return m.Outcome(consumer.Outcome(outcome)) }
 
-func waitOutcome(t *testing.T, m *consumer.Metrics, outcome string, n int) {
+func waitOutcome(t *testing.T, m *servicetest.Stack, outcome string, n int) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d %s", n, outcome), func() (bool, error) {
 		return outcomes(m, outcome) == n, nil
@@ -351,7 +323,7 @@ func (s *stack) drainDLQ(n int) map[string]string {
 	s.t.Helper()
 	reasons := map[string]string{}
 	testenv.Eventually(s.t, 30*time.Second, "dead letters", func() (bool, error) {
-		d, ok, err := s.pub.Get(s.topo.DeadLetterQueue, true)
+		d, ok, err := s.pub.Get(s.first.Config.DeadLetterQueue, true)
 		if ok {
 			reasons[d.MessageId] = fmt.Sprint(d.Headers[consumer.HeaderDeadLetterReason])
 		}
@@ -374,7 +346,7 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the dead letter", func() (bool, error) {
 		var ok bool
 		var err error
-		d, ok, err = s.pub.Get(s.topo.DeadLetterQueue, true)
+		d, ok, err = s.pub.Get(s.first.Config.DeadLetterQueue, true)
 		return ok, err
 	})
 	if d.Headers[consumer.HeaderDeadLetterReason] != consumer.ReasonRetriesExhausted ||
@@ -494,10 +466,7 @@ func TestRetriesMustOutlastTheGatewaysInFlightWindow(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newStackWithTakeover(t, tt.takeover)
-			s.topo.RetryDelays = tt.delays
-			if err := s.topo.Declare(s.pub); err != nil {
-				t.Fatal(err)
-			}
+			s.retryDelays = tt.delays
 			m := s.service()
 			o := order("o-stuck", 4200)
 			stuck := s.chargeStuckInFlight(o, 6*time.Second)
@@ -623,16 +592,9 @@ func TestPaymentsEmitTheirEvents(t *testing.T) {
 	waitOutcome(t, m, "processed", 1)
 	waitOutcome(t, m, "declined", 1)
 	waitOutcome(t, m, "duplicate", 1)
-	var events []amqp.Delivery
-	testenv.Eventually(t, 30*time.Second, "two events", func() (bool, error) {
-		d, ok, err := s.pub.Get("events", true)
-		if ok {
-			events = append(events, d)
-		}
-		return len(events) >= 2, err
-	})
+	events := s.events.Take(2)
 	time.Sleep(500 * time.Millisecond)
-	if _, more, _ := s.pub.Get("events", true); more {
+	if s.events.Waiting() != 0 {
 		t.Fatal("more than two events: the duplicate emitted one")
 	}
 	byKey := map[string]amqp.Delivery{}

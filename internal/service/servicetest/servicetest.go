@@ -221,6 +221,19 @@ func (ev *Events) Take(n int) []amqp.Delivery {
 	return got
 }
 
+// Waiting is how many events are in the queue now, not taken yet: after a
+// Take and a pause, 0 shows that nothing more was emitted.
+func (ev *Events) Waiting() int {
+	ev.s.t.Helper()
+	n := 0
+	testenv.WithChannel(ev.s.t, ev.s.AMQPURL, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(ev.queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	return n
+}
+
 // Count runs a count query on the service's database.
 func (s *Stack) Count(query string, args ...any) int {
 	s.t.Helper()
