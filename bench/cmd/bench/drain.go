@@ -24,7 +24,8 @@ type result struct {
 	drained  int     // messages in the drain
 	paced    pacedPhase
 	lat      quantiles
-	rss      int64 // bytes; 0 if not measured
+	rss      int64         // bytes; 0 if not measured
+	cpu      cpuPerMessage // over the drain
 	conns    scratchdb.Connections
 	note     string // what the configuration measured beyond the table's columns
 	err      error
@@ -99,6 +100,10 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 		}
 	}()
 
+	cpuBefore, err := sampleCPU(nil, c)
+	if err != nil {
+		return err
+	}
 	started := time.Now()
 	p, err := c.start(ctx, st)
 	if err != nil {
@@ -108,6 +113,11 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
+	cpuAfter, err := sampleCPU(p, c)
+	if err != nil {
+		return err
+	}
+	r.cpu = perMessage(cpuBefore, cpuAfter, len(prefill))
 	r.drained = len(prefill)
 	r.rate = float64(len(prefill)) / done.Sub(started).Seconds()
 	r.ingest = float64(len(prefill)) / emptied.Sub(started).Seconds()

@@ -239,6 +239,11 @@ func createdAt(ctx context.Context, url, query string) (map[string][2]time.Time,
 
 func (p *pipeline) note() string { return p.summary }
 
+// helpers are the gateway and the pipeline's second half.
+func (p *pipeline) helpers() []*proc.Process {
+	return []*proc.Process{p.service.gateway, p.shipping, p.carrier}
+}
+
 func (p *pipeline) stop() {
 	p.service.stop()
 	for _, pr := range []*proc.Process{p.shipping, p.carrier} {

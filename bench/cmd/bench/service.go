@@ -126,6 +126,8 @@ func (s *service) start(_ context.Context, st *stage) (*proc.Process, error) {
 	return s.svc, err
 }
 
+func (s *service) helpers() []*proc.Process { return []*proc.Process{s.gateway} }
+
 func (s *service) pacedStarts(ctx context.Context) (err error) {
 	s.before, err = s.scrape(ctx)
 	return err
