@@ -22,6 +22,10 @@ type Options struct {
 	MaxConns         int
 	StatementTimeout time.Duration
 	AppName          string
+	// ReadOnly makes every transaction of the pool's sessions read only
+	// (default_transaction_read_only): PostgreSQL refuses any write made
+	// through it, SQLSTATE 25006.
+	ReadOnly bool
 }
 
 // Open connects to PostgreSQL and checks the connection with a ping.
@@ -39,6 +43,9 @@ func Open(ctx context.Context, o Options, log *slog.Logger) (*gorm.DB, error) {
 	}
 	if o.AppName != "" {
 		cc.RuntimeParams["application_name"] = o.AppName
+	}
+	if o.ReadOnly {
+		cc.RuntimeParams["default_transaction_read_only"] = "on"
 	}
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 5 * time.Second

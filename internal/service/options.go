@@ -138,8 +138,9 @@ type Kit struct {
 	// nil in the Kit handed to NewHandler: a handler writes only through the
 	// tx of its writes, and reads through Reader.
 	DB *gorm.DB
-	// Reader runs a handler's reads (in Handle, before its writes) in
-	// read-only transactions on the pool.
+	// Reader runs a handler's reads (in Handle, before its writes) on a pool
+	// of read-only sessions of their own, sized by what DB_MAX_CONNS leaves
+	// beyond the committers, the look-ups and the relay.
 	Reader  database.Reader
 	Log     *slog.Logger
 	Metrics prometheus.Registerer

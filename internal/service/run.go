@@ -63,8 +63,18 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer checker.Close()
+	// The handlers' reads have a pool of read-only sessions of their own:
+	// one round trip a statement, where a read-only transaction on the
+	// service's pool costs a BEGIN and a COMMIT more.
+	reader, err := database.OpenReader(ctx, database.Options{
+		URL: cfg.URL, MaxConns: readerConns(opts, cfg), StatementTimeout: cfg.StatementTimeout, AppName: opts.Name + " reader",
+	}, log)
+	if err != nil {
+		return err
+	}
+	defer reader.Close()
 	reg := newRegistry()
-	k := &Kit{Config: cfg, DB: db, Reader: database.NewReader(db), Log: log, Metrics: reg}
+	k := &Kit{Config: cfg, DB: db, Reader: reader, Log: log, Metrics: reg}
 	if cfg.FaultsEnabled {
 		// nil unless FAULTS_ENABLED: every crash point is then a no-op
 		k.Crasher = faults.NewCrasher()
@@ -161,6 +171,18 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	return db, nil
 }
 
+// readerConns sizes the handlers' read-only pool: what DB_MAX_CONNS leaves
+// beyond the committers, the inbox look-ups and the outbox relay, which
+// were the connections the reads shared before they had a pool of their
+// own; at least 1.
+func readerConns(opts Options, cfg Config) int {
+	n := cfg.MaxConns - cfg.DBCommitters - consumer.LookupReaders
+	if len(opts.Publishes) > 0 {
+		n--
+	}
+	return max(n, 1)
+}
+
 // Schemas are a service's schemas in the order they are applied: the kit's
 // inbox, buffered inbox and outbox, then the service's own.
 func Schemas(opts Options) []migrations.Set {
@@ -198,7 +220,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		PauseAfterFailures: cfg.PauseAfterFailures,
 		ReconnectMaxWait:   cfg.ReconnectMaxWait,
 		DatabaseCheck:      check,
-		ResetDatabase:      func() { database.Recycle(k.DB) },
+		ResetDatabase:      func() { database.Recycle(k.DB); k.Reader.Recycle() },
 		OnStage:            onStage,
 		Buffered:           bufferedConfig(opts, k),
 	}, inbox.New(k.DB, cfg.Consumer), h, cfg.HandlerTimeout, consumer.NewMetrics(k.Metrics), k.Log)
