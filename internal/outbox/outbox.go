@@ -89,10 +89,6 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 			return nil, fmt.Errorf("outbox message %d: exchange %q is not one the service publishes to (Options.Publishes: %q)", i, m.Exchange, o.exchanges)
 		}
 	}
-	seqs, heads, err := o.sequence(ctx, tx, msgs)
-	if err != nil {
-		return nil, err
-	}
 	ids := make([]string, len(msgs))
 	var v values
 	for i, m := range msgs {
@@ -101,17 +97,39 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 		if ct == "" {
 			ct = "application/json"
 		}
-		var key, seq, available any = nil, nil, "now"
+		var key any
 		if m.OrderingKey != "" {
-			key, seq = m.OrderingKey, seqs[i]
-			if !heads[i] {
-				available = "infinity" // due once the key's message before it is sent
-			}
+			key = m.OrderingKey
 		}
-		v.row(ids[i], o.producer, m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), m.Body, !m.Optional, key, seq, available)
+		v.row(i, ids[i], m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), m.Body, !m.Optional, key)
 	}
-	err = tx.WithContext(ctx).Exec(`INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body, mandatory, ordering_key, seq, available_at) VALUES `+
-		v.sql("(?, ?, ?, ?, ?, ?::jsonb, ?, ?, ?, ?, ?::timestamptz)"), v.args...).Error
+	// One statement, one round trip: the messages (m), the sequence of
+	// their ordering keys raised under each key row's lock (k: keys in
+	// byte order within the call, as MarkSent takes them, so that two
+	// transactions lock the keys they share in one order; see the
+	// deadlocks in docs/outbox.md), then the rows: an ordered message's
+	// number follows its key's last, in the call's order, and only its
+	// key's head (the first not yet sent) is due now, the others waiting
+	// at infinity.
+	err := tx.WithContext(ctx).Exec(`WITH m (idx, id, exchange, routing_key, content_type, headers, body, mandatory, ordering_key) AS (
+			VALUES `+v.sql("(?::int, ?::uuid, ?::text, ?::text, ?::text, ?::jsonb, ?::bytea, ?::boolean, ?::text)")+`
+		), ranked AS (
+			SELECT m.*, row_number() OVER (PARTITION BY ordering_key ORDER BY idx) AS nth,
+				count(*) OVER (PARTITION BY ordering_key) AS of_key
+			FROM m
+		), k AS (
+			INSERT INTO outbox_keys AS k (producer, ordering_key, last_seq)
+			SELECT ?, ordering_key, count(*) FROM m WHERE ordering_key IS NOT NULL
+			GROUP BY ordering_key ORDER BY ordering_key COLLATE "C"
+			ON CONFLICT (producer, ordering_key) DO UPDATE SET last_seq = k.last_seq + EXCLUDED.last_seq
+			RETURNING ordering_key, last_seq, next_seq
+		)
+		INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body, mandatory, ordering_key, seq, available_at)
+		SELECT r.id, ?, r.exchange, r.routing_key, r.content_type, r.headers, r.body, r.mandatory, r.ordering_key, q.seq,
+			CASE WHEN q.seq IS NULL OR q.seq = k.next_seq THEN now() ELSE 'infinity'::timestamptz END
+		FROM ranked r LEFT JOIN k ON k.ordering_key = r.ordering_key
+		CROSS JOIN LATERAL (SELECT k.last_seq - r.of_key + r.nth AS seq) q
+		ORDER BY r.idx`, append(v.args, o.producer, o.producer)...).Error
 	if err != nil {
 		return nil, fmt.Errorf("enqueue %d outbox messages: %w", len(msgs), err)
 	}
@@ -135,53 +153,6 @@ func (m Message) validate() error {
 		return errors.New("ordering key longer than 255 bytes, not UTF-8, or with a control character")
 	}
 	return nil
-}
-
-// sequence raises the sequence of every ordering key of msgs, keys in sorted
-// order within this call (one transaction's calls lock their keys in the
-// order of the calls: see the deadlocks in docs/outbox.md), and
-// returns each ordered message's number and whether it is its key's head:
-// the first of the key not yet sent, due now.
-func (o *Outbox) sequence(ctx context.Context, tx *gorm.DB, msgs []Message) (map[int]int64, map[int]bool, error) {
-	perKey := map[string][]int{}
-	for i, m := range msgs {
-		if m.OrderingKey != "" {
-			perKey[m.OrderingKey] = append(perKey[m.OrderingKey], i)
-		}
-	}
-	if len(perKey) == 0 {
-		return nil, nil, nil
-	}
-	keys := make([]string, 0, len(perKey))
-	for k := range perKey {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	var v values
-	for _, k := range keys {
-		v.row(o.producer, k, len(perKey[k]))
-	}
-	rows, err := tx.WithContext(ctx).Raw(`INSERT INTO outbox_keys AS k (producer, ordering_key, last_seq) VALUES `+v.sql("(?, ?, ?)")+`
-		ON CONFLICT (producer, ordering_key) DO UPDATE SET last_seq = k.last_seq + EXCLUDED.last_seq
-		RETURNING ordering_key, last_seq, next_seq`, v.args...).Rows()
-	if err != nil {
-		return nil, nil, fmt.Errorf("sequence %d outbox ordering keys: %w", len(keys), err)
-	}
-	defer rows.Close()
-	seqs, heads := map[int]int64{}, map[int]bool{}
-	for rows.Next() {
-		var k string
-		var last, next int64
-		if err := rows.Scan(&k, &last, &next); err != nil {
-			return nil, nil, err
-		}
-		idx := perKey[k]
-		for n, i := range idx {
-			seqs[i] = last - int64(len(idx)) + 1 + int64(n)
-			heads[i] = seqs[i] == next
-		}
-	}
-	return seqs, heads, rows.Err()
 }
 
 // values builds the VALUES list of a multi-row statement.

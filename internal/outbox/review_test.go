@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -206,4 +208,62 @@ func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
 		}
 	}
 	return nil
+}
+
+// Enqueue numbers the messages of each ordering key in the call's order,
+// after the key's last, in one statement; only a key's head is due now, and
+// the ids it returns are the rows', in the order of msgs.
+func TestEnqueueNumbersEachKeyInTheCallsOrder(t *testing.T) {
+	e := newEnv(t)
+	first, err := e.emit(nil, event(1, "a"), event(2, ""), event(3, "b"), event(4, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := e.emit(nil, event(5, "b"), event(6, "a"), event(7, "a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		Body        string
+		OrderingKey *string
+		Seq         *int64
+		Due         bool
+	}
+	got := map[string]row{}
+	rows, err := e.db.Raw(`SELECT id::text, convert_from(body, 'UTF8'), ordering_key, seq, available_at <= now() FROM outbox`).Rows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var r row
+		if err := rows.Scan(&id, &r.Body, &r.OrderingKey, &r.Seq, &r.Due); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = r
+	}
+	want := []struct {
+		n   int
+		key string
+		seq int64 // 0: unordered
+		due bool
+	}{{1, "a", 1, true}, {2, "", 0, true}, {3, "b", 1, true}, {4, "a", 2, false}, {5, "b", 2, false}, {6, "a", 3, false}, {7, "a", 4, false}}
+	for i, id := range append(first, second...) {
+		w, r := want[i], got[id]
+		if !strings.Contains(r.Body, fmt.Sprintf(`"n":%d,`, w.n)) {
+			t.Fatalf("id %d of the calls is the row of %s, want event %d", i, r.Body, w.n)
+		}
+		seq := int64(0)
+		if r.Seq != nil {
+			seq = *r.Seq
+		}
+		if seq != w.seq || r.Due != w.due || (r.OrderingKey == nil) != (w.key == "") {
+			t.Errorf("event %d: seq %d, due %v, key %v; want seq %d, due %v, key %q", w.n, seq, r.Due, r.OrderingKey, w.seq, w.due, w.key)
+		}
+	}
+	var last int64
+	if err := e.db.Raw(`SELECT last_seq FROM outbox_keys WHERE ordering_key = 'a'`).Scan(&last).Error; err != nil || last != 4 {
+		t.Errorf("key a: last_seq %d (%v), want 4", last, err)
+	}
 }
