@@ -8,6 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/internal/database"
 	"github.com/inbox-template/payment-service/internal/rabbit"
 )
 
@@ -136,7 +137,7 @@ func (s *Store) completeClaim(ctx context.Context, tx *sql.Tx, out []Claimed, he
 // headColumns, and returns the heads and the keys that came without one.
 func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, query string, args ...any) ([]Claimed, []string, error) {
 	token := args[len(args)-1].(int64)
-	rows, err := tx.QueryContext(ctx, query, args...)
+	rows, err := tx.QueryContext(ctx, query, append([]any{database.CustomPlan}, args...)...)
 	if err != nil {
 		return nil, nil, err
 	}

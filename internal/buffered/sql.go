@@ -8,11 +8,17 @@ import (
 	"strings"
 
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/database"
 )
 
 // queryTx runs the package's own statements in a GORM transaction through its
-// database/sql transaction: with PostgreSQL's $n placeholders, and arrays
-// passed whole to pgx (GORM would expand a slice into a list).
+// database/sql transaction: with PostgreSQL's $n placeholders, arrays passed
+// whole to pgx (GORM would expand a slice into a list), and planned for their
+// parameters at every execution (database.CustomPlan): they read tables that
+// start empty and grow by thousands of rows a second, and a generic plan made
+// for the empty tables made the processing collapse to a few hundred
+// messages a second within a minute.
 type queryTx struct {
 	ctx context.Context
 	tx  *sql.Tx
@@ -27,11 +33,11 @@ func txOf(gtx *gorm.DB) (*queryTx, error) {
 }
 
 func (q *queryTx) query(sql string, args ...any) (*sql.Rows, error) {
-	return q.tx.QueryContext(q.ctx, sql, args...)
+	return q.tx.QueryContext(q.ctx, sql, append([]any{database.CustomPlan}, args...)...)
 }
 
 func (q *queryTx) exec(sql string, args ...any) (int64, error) {
-	res, err := q.tx.ExecContext(q.ctx, sql, args...)
+	res, err := q.tx.ExecContext(q.ctx, sql, append([]any{database.CustomPlan}, args...)...)
 	if err != nil {
 		return 0, err
 	}

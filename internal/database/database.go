@@ -46,6 +46,10 @@ func Open(ctx context.Context, o Options, log *slog.Logger) (*gorm.DB, error) {
 	}
 	if o.ReadOnly {
 		cc.RuntimeParams["default_transaction_read_only"] = "on"
+		// A handler's reads are its own statements, one or two a message:
+		// each is planned for its parameters, never from a generic plan
+		// cached while its table was empty (see CustomPlan).
+		cc.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 5 * time.Second
@@ -101,3 +105,15 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 	}
 	return sqlDB.PingContext(ctx)
 }
+
+// CustomPlan, given as a statement's first argument (before its
+// parameters), runs the statement unprepared, so that PostgreSQL plans it
+// for its parameters at every execution. The pool otherwise prepares each
+// statement once per connection, and after five executions PostgreSQL may
+// keep a generic plan: one made while a table was empty (a fresh database,
+// a new service) is a sequential scan, and it stays one, however big the
+// table grows, until autovacuum analyzes the table. For the look-ups of
+// many ids in the inbox that cost seconds of latency under a steady load:
+// every batch read the whole table. Planning costs a little each time; give
+// it to the statements that read a growing table by a list of keys.
+const CustomPlan = pgx.QueryExecModeExec

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/database"
 )
 
 // ErrPayloadMismatch means a message id was already applied with a different
@@ -111,7 +113,7 @@ type querier interface {
 // fingerprints reads the stored fingerprints of the ids present in the inbox.
 func fingerprints(ctx context.Context, q querier, consumer string, ids []string) (map[string][]byte, error) {
 	rows, err := q.QueryContext(ctx,
-		`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, consumer, ids)
+		`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, database.CustomPlan, consumer, ids)
 	if err != nil {
 		return nil, err
 	}
