@@ -44,6 +44,11 @@ func Open(ctx context.Context, o Options, log *slog.Logger) (*gorm.DB, error) {
 	if o.AppName != "" {
 		cc.RuntimeParams["application_name"] = o.AppName
 	}
+	// A statement run with CustomPlan gets its results as text: pgx reads
+	// bytea only in hex and timestamps only in the ISO style, whatever the
+	// database's defaults.
+	cc.RuntimeParams["bytea_output"] = "hex"
+	cc.RuntimeParams["datestyle"] = "ISO, MDY"
 	if o.ReadOnly {
 		cc.RuntimeParams["default_transaction_read_only"] = "on"
 		// A handler's reads are its own statements, one or two a message:
@@ -54,9 +59,13 @@ func Open(ctx context.Context, o Options, log *slog.Logger) (*gorm.DB, error) {
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 5 * time.Second
 	}
+	n := o.MaxConns
+	if n < 1 {
+		n = 2
+	}
 	sqlDB := stdlib.OpenDB(*cc)
-	sqlDB.SetMaxOpenConns(max(o.MaxConns, 2))
-	sqlDB.SetMaxIdleConns(max(o.MaxConns, 2))
+	sqlDB.SetMaxOpenConns(n)
+	sqlDB.SetMaxIdleConns(n)
 	sqlDB.SetConnMaxLifetime(30 * time.Minute)
 	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{
 		Logger:                 newQuietLogger(log.With("component", "gorm"), time.Second),
@@ -115,5 +124,7 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 // table grows, until autovacuum analyzes the table. For the look-ups of
 // many ids in the inbox that cost seconds of latency under a steady load:
 // every batch read the whole table. Planning costs a little each time; give
-// it to the statements that read a growing table by a list of keys.
+// it to the statements that read a growing table by a list of keys. Such a
+// statement's results come back as text, which Open's pools keep in the
+// formats pgx parses (bytea_output hex, DateStyle ISO).
 const CustomPlan = pgx.QueryExecModeExec

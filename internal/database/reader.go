@@ -14,7 +14,8 @@ import (
 // does can write outside the inbox transaction, where a write would commit
 // whatever became of the message. PostgreSQL itself refuses every write
 // made through a Reader (SQLSTATE 25006): a guard against mistakes, not
-// against a handler set on writing (it could SET its session back).
+// against a handler set on writing (it could SET its session back, and the
+// SET would stay on that pooled session for every later read).
 type Reader struct {
 	db *gorm.DB
 	// session: db is a pool of its own whose sessions are read only

@@ -387,3 +387,31 @@ func TestStartingValuesShowWhatApplies(t *testing.T) {
 		t.Errorf("with Publishes and NoOutsideCalls: IDEMPOTENCY_KEY_TTL shown %v, OUTBOX_BATCH %q", ok, v["OUTBOX_BATCH"])
 	}
 }
+
+// From an outside review: the handlers' read-only pool was opened beside a
+// main pool of DB_MAX_CONNS, so a replica could hold more sessions than
+// DB_MAX_CONNS says. The reader's share is taken out of it.
+func TestReaderPoolIsTakenOutOfDBMaxConns(t *testing.T) {
+	for _, c := range []struct {
+		maxConns, committers int
+		publishes            bool
+		reader               int
+	}{
+		{10, 4, true, 2},  // the defaults: 4 committers, 2 look-ups, the relay, 1 spare
+		{10, 4, false, 3}, // no relay
+		{7, 4, true, 1},   // nothing spare: at least 1
+		{20, 4, true, 12},
+	} {
+		opts := Options{}
+		if c.publishes {
+			opts.Publishes = []string{"events"}
+		}
+		cfg := Config{}
+		cfg.MaxConns, cfg.DBCommitters = c.maxConns, c.committers
+		got := readerConns(opts, cfg)
+		if got != c.reader || got >= c.maxConns {
+			t.Errorf("DB_MAX_CONNS %d, DB_COMMITTERS %d, publishes %v: reader pool %d, main pool %d; want reader %d of the %d",
+				c.maxConns, c.committers, c.publishes, got, c.maxConns-got, c.reader, c.maxConns)
+		}
+	}
+}

@@ -151,7 +151,7 @@ func newRegistry() *prometheus.Registry {
 func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logger) (*gorm.DB, error) {
 	db, err := database.Open(ctx, database.Options{
 		URL:              cfg.URL,
-		MaxConns:         cfg.MaxConns,
+		MaxConns:         cfg.MaxConns - readerConns(opts, cfg), // the rest is the handlers' read-only pool's
 		StatementTimeout: cfg.StatementTimeout,
 		AppName:          opts.Name,
 	}, log)
@@ -171,16 +171,18 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	return db, nil
 }
 
-// readerConns sizes the handlers' read-only pool: what DB_MAX_CONNS leaves
-// beyond the committers, the inbox look-ups and the outbox relay, which
-// were the connections the reads shared before they had a pool of their
-// own; at least 1.
+// readerConns sizes the handlers' read-only pool, taken out of
+// DB_MAX_CONNS: what it leaves beyond the committers, the inbox look-ups,
+// the outbox relay and one more, at least 1. The main pool gets the rest.
 func readerConns(opts Options, cfg Config) int {
-	n := cfg.MaxConns - cfg.DBCommitters - consumer.LookupReaders
+	spare := cfg.MaxConns - cfg.DBCommitters - consumer.LookupReaders
 	if len(opts.Publishes) > 0 {
-		n--
+		spare--
 	}
-	return max(n, 1)
+	// One of the spare stays with the main pool, for the pruner, the
+	// gauges, the buffered mode's settling and operators; the two pools
+	// together never hold more than DB_MAX_CONNS.
+	return max(spare-1, 1)
 }
 
 // Schemas are a service's schemas in the order they are applied: the kit's
