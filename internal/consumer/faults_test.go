@@ -83,8 +83,13 @@ func TestConnectionsClosedUnderLoad(t *testing.T) {
 				c.Workers, c.Prefetch = 8, 32
 			}
 		})
-		for _, at := range []int{400, 900, 1400} {
-			waitFor(t, "progress", func() bool { return m.taken(e, rt) >= at })
+		for i, at := range []int{400, 900, 1400} {
+			// Each close hits a live session: a fast consumer may pass the
+			// next mark while rabbitmqctl still runs, and a close during
+			// the reconnect's backoff would find no connection to close.
+			waitFor(t, "progress on a live session", func() bool {
+				return m.taken(e, rt) >= at && rt.reconnects() == i && rt.Ready() == nil
+			})
 			testenv.Ctl(t, "close_all_connections", "-p", e.vhost, "fault test: connections dropped")
 		}
 		e.assertAllAppliedOnce(n, 2*time.Minute)
