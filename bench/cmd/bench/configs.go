@@ -15,6 +15,8 @@ func (b *bench) runConfig(ctx context.Context, name string) result {
 		c = b.newPlain()
 	case "watermill":
 		c = b.newWatermill()
+	case "kit":
+		c = b.newService(true, false).kit()
 	case "service":
 		c = b.newService(false, false)
 	case "service-gc":

@@ -46,7 +46,7 @@ type options struct {
 
 // configNames are the configurations, in the order they run: the plain
 // consumer before the others, which the table relates to it.
-var configNames = []string{"pgbench", "amqp091", "watermill", "service", "service-gc", "service-latency", "service-gc-latency",
+var configNames = []string{"pgbench", "amqp091", "watermill", "kit", "service", "service-gc", "service-latency", "service-gc-latency",
 	"service-buffered", "service-buffered-latency", "pipeline"}
 
 const usage = `Usage: bench [flags]
@@ -60,6 +60,8 @@ Configurations (-configs, comma-separated, or all):
   pgbench             the inbox + payment transaction in pgbench: the database's ceiling
   amqp091             a plain amqp091-go consumer, same transaction, no gateway
   watermill           Watermill's AMQP subscriber, same transaction, no gateway
+  kit                 the kit alone (bench-kit): a service on the kit whose handler does the
+                      peers' payment insert, no gateway, no outbox, group commit
   service             payment-service per message (GROUP_COMMIT_MAX=1), gateway at 0 ms
   service-gc          payment-service with group commit, gateway at 0 ms
   service-latency     payment-service per message, gateway at -latency

@@ -28,6 +28,9 @@ type service struct {
 	inboxMode   string // "" (the default, inline) or buffered
 	latency     time.Duration
 	env         []string // the configuration's knobs, NAME=value
+	// kitOnly runs bench-kit instead: the kit with the peers' unit of work,
+	// no gateway, no outbox.
+	kitOnly bool
 
 	gateway, svc *proc.Process
 	gatewayURL   string
@@ -77,7 +80,17 @@ func (s *service) buffered() *service {
 	return s
 }
 
+// kit is the kit alone: bench-kit, group commit at the service's defaults,
+// the peers' payment insert, no outside call.
+func (s *service) kit() *service {
+	s.kitOnly = true
+	return s
+}
+
 func (s *service) label() string {
+	if s.kitOnly {
+		return "the kit alone (bench-kit), group commit, no gateway, no outbox"
+	}
 	mode := "per message"
 	switch {
 	case s.inboxMode == "buffered":
@@ -98,6 +111,9 @@ func (s *service) settings() string {
 // prepare starts the fake gateway: in-memory store, so that its commits are
 // not measured, and LOG_LEVEL=warn, so that its log lines are not either.
 func (s *service) prepare(ctx context.Context, st *stage) error {
+	if s.kitOnly {
+		return nil
+	}
 	addr, err := freeAddr()
 	if err != nil {
 		return err
@@ -119,10 +135,16 @@ func (s *service) start(_ context.Context, st *stage) (*proc.Process, error) {
 	}
 	s.metricsURL = "http://" + addr + "/metrics"
 	env := append([]string{
-		"AMQP_URL=" + st.amqpURL, "DATABASE_URL=" + st.dbURL, "GATEWAY_URL=" + s.gatewayURL, "HTTP_ADDR=" + addr,
+		"AMQP_URL=" + st.amqpURL, "DATABASE_URL=" + st.dbURL, "HTTP_ADDR=" + addr,
 	}, s.env...)
-	s.svc, err = proc.Start("payment-service", s.b.bin("payment-service"), nil, env,
-		filepath.Join(s.b.dir, st.name+"-payment-service.log"))
+	program := "payment-service"
+	if s.kitOnly {
+		program = "bench-kit"
+	} else {
+		env = append(env, "GATEWAY_URL="+s.gatewayURL)
+	}
+	s.svc, err = proc.Start(program, s.b.bin(program), nil, env,
+		filepath.Join(s.b.dir, st.name+"-"+program+".log"))
 	return s.svc, err
 }
 
