@@ -15,7 +15,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/migrations"
 	"github.com/inbox-template/payment-service/internal/orders"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/service"
@@ -30,18 +29,16 @@ func main() {
 	}
 }
 
+// options are the payment service's names and schema (the bench's topology
+// and its metrics' consumer), with a handler of its own that calls nothing
+// and emits nothing.
 func options() service.Options {
+	p := payment.Service()
 	return service.Options{
-		Name:               "payment-service", // the bench reads this consumer's metrics
-		Event:              "order-placed",
-		Exchange:           "orders",
-		RoutingKey:         "order.placed",
-		Queue:              "payments.order-placed",
-		DeadLetterExchange: "payments.dlx",
-		Database:           "payments",
-		Migrations:         []migrations.Set{payment.Migrations},
-		NoOutsideCalls:     true,
-		Unordered:          true,
+		Name: p.Name, Event: p.Event, Exchange: p.Exchange, RoutingKey: p.RoutingKey, Queue: p.Queue,
+		DeadLetterExchange: p.DeadLetterExchange, Database: p.Database, Migrations: p.Migrations,
+		NoOutsideCalls: true,
+		Unordered:      true,
 		NewHandler: func(*service.Kit) (consumer.Handler, error) {
 			return consumer.HandlerFunc(handle), nil
 		},
