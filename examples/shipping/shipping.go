@@ -33,6 +33,19 @@ type Shipment struct {
 	PickupID  string
 }
 
+// DecodeOrderPaid decodes and validates a body; a refused one is
+// dead-lettered with the reason given here, before any handler runs.
+func DecodeOrderPaid(body []byte) (OrderPaid, error) {
+	var ev OrderPaid
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return ev, consumer.Permanent("malformed_json", err)
+	}
+	if ev.OrderID == "" || ev.Address == "" {
+		return ev, consumer.Permanent("missing_field", nil)
+	}
+	return ev, nil
+}
+
 // Handler books a pickup for each paid order and records the shipment.
 type Handler struct {
 	book func(ctx context.Context, req Pickup) (string, error)
@@ -41,12 +54,9 @@ type Handler struct {
 // Handle validates the event and books the pickup with no transaction open,
 // then returns the shipment insert for the runtime to commit with the inbox row.
 func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
-	var ev OrderPaid
-	if err := json.Unmarshal(msg.Body, &ev); err != nil {
-		return nil, consumer.Permanent("malformed_json", err) // dead-lettered with this reason
-	}
-	if ev.OrderID == "" || ev.Address == "" {
-		return nil, consumer.Permanent("missing_field", nil)
+	ev, err := consumer.EventOf[OrderPaid](msg) // decoded once, by Service's Decoder
+	if err != nil {
+		return nil, err
 	}
 	// The idempotency key is the order's: a redelivery books the same pickup.
 	pickupID, err := h.book(ctx, Pickup{Key: "pickup:" + ev.OrderID, OrderID: ev.OrderID, Address: ev.Address})
@@ -84,9 +94,13 @@ func Service() service.Options {
 		Exchange:   "payments",
 		RoutingKey: "order.paid",
 		Migrations: []migrations.Set{migrations.NewSet("shipping", migrations.Must(migrationFiles, "migrations"))},
-		LogAttrs:   service.JSONAttrs("order_id"),
-		// In the buffered mode, one order's events are processed in order.
-		OrderingKey: service.JSONField("order_id"),
+		// Each body is decoded once; in the buffered mode, one order's
+		// events are processed in order.
+		Decoder: consumer.Events[OrderPaid]{
+			Decode:      DecodeOrderPaid,
+			OrderingKey: func(e OrderPaid) string { return e.OrderID },
+		},
+		LogAttrs: service.JSONAttrs("order_id"),
 	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
 		carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
 		return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil

@@ -48,6 +48,9 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
 	}
 	reason, admitErr := r.admit(d, &msg)
+	if reason == "" && msg.undecoded != nil {
+		reason, admitErr = permanentReason(msg.undecoded), msg.undecoded
+	}
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
@@ -228,7 +231,9 @@ func publishedAt(d amqp.Delivery) time.Time {
 	return d.Timestamp
 }
 
-// admit applies the checks every handler needs before a body is trusted and
+// admit applies the checks every handler needs before a body is trusted,
+// decodes it with the Decoder (a refusal is left in msg.undecoded: the inline
+// mode dead-letters it, the buffered mode stores it to be parked) and
 // resolves the dedupe key. A non-empty reason dead-letters the delivery.
 func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
@@ -236,6 +241,16 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 	}
 	if !r.acceptsContentType(d.ContentType) {
 		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+	}
+	if r.cfg.Decoder != nil {
+		ev, err := r.cfg.Decoder.decode(d.Body)
+		if err != nil {
+			msg.undecoded = Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+		}
+		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
+		if msg.ID == "" {
+			msg.ID = ev.id
+		}
 	}
 	if msg.ID == "" && r.cfg.KeyFromBody != nil {
 		msg.ID = r.cfg.KeyFromBody(d.Body)

@@ -23,6 +23,10 @@ type Message struct {
 	Attempt     int       // 1 on first delivery, counted in our own header across retries
 	Redelivered bool      // the broker delivered it before (a crash, a lost connection)
 	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
+	// Event is what the service's Decoder (Config.Decoder) made of Body, the
+	// handler's to assert to its type: msg.Event.(orders.OrderPlaced). Nil
+	// without a Decoder.
+	Event any
 	// ran is set once the handler was called on this delivery: every copy
 	// the runtime makes of it from then on carries HeaderMayHaveRun.
 	ran bool
@@ -30,6 +34,10 @@ type Message struct {
 	// without a publish time carries it as one, so that the key-expiry guard
 	// can bound the copy's age.
 	seenAt time.Time
+	// orderingKey is the Decoder's ordering key of the event; undecoded
+	// the Decoder's refusal of the body (a PermanentError).
+	orderingKey string
+	undecoded   error
 }
 
 // MayHaveRun reports whether the message may have been handled before, and so
@@ -94,20 +102,30 @@ type Handler interface {
 // together: every write through tx commits with the message's inbox row, or
 // not at all. Use only tx, keep no reference to it, and make the writes safe
 // against a concurrent message for the same entity (a unique key with
-// ON CONFLICT DO NOTHING, say), returning OutcomeDuplicate when the effect is
-// already there under another message id: the inbox row still commits. A nil
-// Writes commits the inbox row alone. Writes that return no outcome and no
-// error are refused: the message is dead-lettered (parked) with
-// ReasonNoOutcome and nothing of them commits. Writes may run more than once: when a
-// message committed with them fails, the batch runs again (with a savepoint
-// per message, then a transaction per message); only the last run commits, so
-// they must do nothing but write through tx.
+// ON CONFLICT DO NOTHING, say).
+//
+// Every message ends with an outcome the writes return, and OutcomeDuplicate
+// is the one way to say "already applied": the effect is already there
+// under another message id (the inbox row still commits, and the message
+// counts as a duplicate). A handler that knows before any transaction,
+// or has nothing to write, returns NoWrites(outcome). Writes that return no
+// outcome and no error, and a Handle that returns nil writes and no error,
+// are refused: the message is dead-lettered (parked) with ReasonNoOutcome
+// and nothing of it commits.
+//
+// Writes may run more than once: when a message committed with them fails,
+// the batch runs again (with a savepoint per message, then a transaction
+// per message); only the last run commits, so they must do nothing but
+// write through tx.
 type Writes func(ctx context.Context, tx *gorm.DB) (Outcome, error)
 
-// Duplicate is the writes of a message whose effect is already there under
-// another message id (the handler found it): the inbox row commits alone, and
-// the message counts as a duplicate.
-var Duplicate Writes = func(context.Context, *gorm.DB) (Outcome, error) { return OutcomeDuplicate, nil }
+// NoWrites is the writes of a message with nothing to write: its inbox row
+// commits alone, counted as outcome. NoWrites(OutcomeDuplicate) says that
+// the handler found the message's effect already there under another
+// message id.
+func NoWrites(outcome Outcome) Writes {
+	return func(context.Context, *gorm.DB) (Outcome, error) { return outcome, nil }
+}
 
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, msg Message) (Writes, error)

@@ -139,7 +139,7 @@ func (b *bufferedMode) ingestBatch(ctx context.Context, s *session, batch []amqp
 }
 
 // admitForIngest applies the runtime's checks and resolves the dedupe key and
-// the ordering key. A panic in a cloner's KeyFromBody, LogAttrs or
+// the ordering key. A panic in a cloner's Decoder, KeyFromBody, LogAttrs or
 // OrderingKey rejects the delivery without requeue, as inline.
 func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.Delivery) (it ingested, ok bool) {
 	r := b.r
@@ -162,7 +162,7 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 		r.deadLetterAside(ctx, s, d, msg, reason, err, log)
 		return it, false
 	}
-	key := ""
+	key := msg.orderingKey
 	if b.cfg.OrderingKey != nil {
 		key = b.cfg.OrderingKey(d.Body)
 	}

@@ -22,7 +22,10 @@ func Recover(onPanic func(msg Message, v any, stack []byte)) Middleware {
 				}
 			}()
 			w, err = next.Handle(ctx, msg)
-			if w == nil {
+			switch {
+			case w == nil && err == nil:
+				return nil, errNoWrites
+			case w == nil:
 				return w, err
 			}
 			return recoverWrites(msg, w, onPanic), err
@@ -50,9 +53,14 @@ func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack
 	}
 }
 
-// errNoOutcome is the error of writes that returned no outcome and no error.
-var errNoOutcome = Permanent(ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
-	"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
+// errNoOutcome is the error of writes that returned no outcome and no error,
+// errNoWrites that of a Handle that returned no writes and no error.
+var (
+	errNoOutcome = Permanent(ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
+		"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
+	errNoWrites = Permanent(ReasonNoOutcome, errors.New("the handler returned no writes and no error: "+
+		"return consumer.NoWrites(outcome) for a message with nothing to write"))
+)
 
 // Timeout bounds one handler call, outside calls included. Keep it well below
 // RabbitMQ's consumer acknowledgement timeout, or the broker closes the channel

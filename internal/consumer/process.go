@@ -287,6 +287,16 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		p.park(c, ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL), log)
 		return
 	}
+	if r.cfg.Decoder != nil {
+		// Decoded at ingest already: this decode fails only if the
+		// Decoder changed since (a new release), and then it always will.
+		d, err := Decode(r.cfg.Decoder, msg)
+		if err != nil {
+			p.park(c, permanentReason(err), err, log)
+			return
+		}
+		msg = d
+	}
 	r.stage(StageClaim)
 	out, err := p.apply(ctx, msg, c)
 	switch {

@@ -35,8 +35,15 @@ type Config struct {
 	MaxBodyBytes int
 	// ContentTypes the handler accepts; an empty content type is taken as the first.
 	ContentTypes []string
+	// Decoder, if set, decodes each body once before the handler runs
+	// (Events): the dedupe key of a delivery without a message_id property
+	// and the buffered mode's ordering key come from the event, and the
+	// handler gets it as Message.Event. A body it refuses is dead-lettered
+	// at once. It replaces KeyFromBody and BufferedConfig.OrderingKey.
+	Decoder Decoder
 	// KeyFromBody finds the dedupe key in a body when the producer set no
-	// message_id property. Nil means the message_id property is required.
+	// message_id property. Nil means the message_id property is required
+	// (unless the Decoder finds one).
 	KeyFromBody func(body []byte) string
 	// LogAttrs adds handler-specific attributes (an order id) to every log line
 	// about a message. It must not fail: return nothing for a body it cannot read.
@@ -157,6 +164,10 @@ func (c *Config) Validate() error {
 	case c.Committers < 1 || c.GroupCommitMax < 1 || c.GroupCommitWait < 0:
 		return fmt.Errorf("need committers (%d) >= 1, group commit max (%d) >= 1, wait (%s) >= 0",
 			c.Committers, c.GroupCommitMax, c.GroupCommitWait)
+	case c.Decoder != nil && c.KeyFromBody != nil:
+		return errors.New("a Decoder and a KeyFromBody: the Decoder's ID replaces KeyFromBody, give one of them")
+	case c.Decoder != nil && c.Buffered != nil && c.Buffered.OrderingKey != nil:
+		return errors.New("a Decoder and a buffered OrderingKey: the Decoder's OrderingKey replaces it, give one of them")
 	}
 	return nil
 }

@@ -438,7 +438,7 @@ func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
 	release := make(chan struct{})
 	stuck := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 		<-release // ignores ctx on purpose: a wedge
-		return nil, nil
+		return NoWrites(OutcomeProcessed), nil
 	})
 	rt := e.start(stuck, func(c *Config) { c.StallTimeout = 300 * time.Millisecond })
 	e.publish("m-1", `{"n":1}`)

@@ -36,7 +36,7 @@ func (o *outsideCalls) Handle(context.Context, consumer.Message) (consumer.Write
 	if o.failing.Load() {
 		return nil, errors.New("gateway: response lost")
 	}
-	return nil, nil
+	return consumer.NoWrites(consumer.OutcomeProcessed), nil
 }
 
 // runGuarded runs a runtime with the key-expiry guard on (keyTTL), two

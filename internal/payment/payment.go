@@ -73,6 +73,17 @@ func NewHandler(gw Charger, db database.Reader, ob *outbox.Outbox) *Handler {
 	return &Handler{gateway: gw, db: db, outbox: ob}
 }
 
+// DecodeOrder decodes and validates an OrderPlaced body (orders.Decode),
+// giving a refused body the reason the contract names.
+func DecodeOrder(body []byte) (orders.OrderPlaced, error) {
+	ev, err := orders.Decode(body)
+	var invalid *orders.InvalidError
+	if errors.As(err, &invalid) {
+		return ev, consumer.Permanent(consumer.Reason(invalid.Reason), err)
+	}
+	return ev, err
+}
+
 // IdempotencyKey is derived from the order, never from the message or the
 // attempt: every retry, redelivery or republish of one order asks the gateway
 // for the same charge, and the gateway replays its first answer.
@@ -81,13 +92,9 @@ func IdempotencyKey(orderID string) string { return "order-charge:" + orderID }
 // Handle validates the event and charges the order, with no transaction open,
 // then returns the payment insert for the runtime to commit with the inbox row.
 func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
-	ev, err := orders.Decode(msg.Body)
+	ev, err := consumer.EventOf[orders.OrderPlaced](msg) // decoded once, by the service's Decoder
 	if err != nil {
-		var invalid *orders.InvalidError
-		if errors.As(err, &invalid) {
-			return nil, consumer.Permanent(consumer.Reason(invalid.Reason), err)
-		}
-		return nil, consumer.Permanent("invalid_event", err)
+		return nil, err
 	}
 	// The same order under a new message id (a producer retry) is found here
 	// once paid, without asking the gateway: a gateway forgets its keys (Stripe
@@ -105,7 +112,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 		if err := conflict(paid, ev); err != nil {
 			return nil, err
 		}
-		return consumer.Duplicate, nil
+		return consumer.NoWrites(consumer.OutcomeDuplicate), nil
 	case !errors.Is(err, sql.ErrNoRows):
 		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
 	}

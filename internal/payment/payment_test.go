@@ -634,7 +634,11 @@ func TestPaymentWritesMayRunTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := servicetest.CheckWrites(t, s.db, h, consumer.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
+		msg, err := consumer.Decode(payment.Service().Decoder, consumer.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := servicetest.CheckWrites(t, s.db, h, msg)
 		if err != nil || out != c.want {
 			t.Fatalf("order %s: %q, %v; want %q", c.order.OrderID, out, err, c.want)
 		}

@@ -8,6 +8,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/faults"
 	"github.com/inbox-template/payment-service/internal/gateway"
 	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/orders"
 	"github.com/inbox-template/payment-service/internal/service"
 )
 
@@ -39,11 +40,17 @@ func Service() service.Options {
 		Migrations:         []migrations.Set{Migrations},
 		// OrderPaid and PaymentDeclined leave through the outbox (events.go).
 		Publishes: []string{ExchangePayments},
-		// A message without a message_id property is deduped by its event_id.
-		KeyFromBody: service.JSONField("event_id"),
-		LogAttrs:    service.JSONAttrs("order_id"),
-		// The buffered mode processes the events of one order one at a time.
-		OrderingKey: service.JSONField("order_id"),
+		// Each body is decoded once: a message without a message_id property
+		// is deduped by its event_id, and the buffered mode processes the
+		// events of one order one at a time.
+		Decoder: consumer.Events[orders.OrderPlaced]{
+			Decode:      DecodeOrder,
+			ID:          func(e orders.OrderPlaced) string { return e.EventID },
+			OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
+		},
+		// Read from the body as it is: a dead letter's log lines and `dlq
+		// list` name its order even when it is not a valid OrderPlaced.
+		LogAttrs: service.JSONAttrs("order_id"),
 	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
 		// One keep-alive connection per worker: each may be in a gateway call.
 		client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)

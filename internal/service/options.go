@@ -57,8 +57,14 @@ type Options struct {
 	Migrations []migrations.Set
 	// NewHandler builds the handler once configuration and database are ready.
 	NewHandler func(k *Kit) (consumer.Handler, error)
+	// Decoder decodes each body once, before the handler runs
+	// (consumer.Events): the handler gets the event as msg.Event, a body the
+	// Decoder refuses is dead-lettered with its reason before any handler
+	// runs, and the Decoder's ID and OrderingKey replace KeyFromBody and
+	// OrderingKey below.
+	Decoder consumer.Decoder
 	// KeyFromBody finds the dedupe key in a body without a message_id property;
-	// nil requires the property.
+	// nil requires the property (unless the Decoder gives an ID).
 	KeyFromBody func(body []byte) string
 	// LogAttrs names the business entity on every log line about a message
 	// (and in `dlq list`); it must not fail.
@@ -176,8 +182,12 @@ func (o *Options) validate() error {
 		return errors.New("service options: Publishes names an empty exchange")
 	case o.Requires.Mode != "" && o.Requires.Mode != ModeInline && o.Requires.Mode != ModeBuffered:
 		return fmt.Errorf("service options: Requires.Mode is %q, want %q or %q", o.Requires.Mode, ModeInline, ModeBuffered)
-	case o.Unordered && o.OrderingKey != nil:
+	case o.Unordered && o.ordered():
 		return errors.New("service options: Unordered and an OrderingKey contradict each other")
+	case o.Decoder != nil && o.KeyFromBody != nil:
+		return errors.New("service options: the Decoder's ID replaces KeyFromBody: give one of them")
+	case o.Decoder != nil && o.OrderingKey != nil:
+		return errors.New("service options: the Decoder's OrderingKey replaces OrderingKey: give one of them")
 	}
 	return nil
 }
@@ -218,7 +228,7 @@ func LoadConfig(opts Options) (Config, error) {
 			"no idempotency key is kept anywhere, so it does not apply; unset it", opts.Name)
 		cfg.IdempotencyKeyTTL, cfg.noOutsideCalls = 0, true
 	}
-	v.Require(cfg.InboxMode != ModeBuffered || opts.OrderingKey != nil || opts.Unordered, "INBOX_MODE",
+	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
 			"give Options.OrderingKey, declare Options.Unordered, or use the inline mode", opts.Name)
 	cfg.validate(&v)
@@ -264,6 +274,9 @@ func pointerToStruct(v any) bool {
 	t := reflect.TypeOf(v)
 	return t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct && !reflect.ValueOf(v).IsNil()
 }
+
+// ordered reports whether the options name an ordering key.
+func (o *Options) ordered() bool { return o.OrderingKey != nil || consumer.Ordered(o.Decoder) }
 
 func (o *Options) database() string {
 	if o.Database != "" {

@@ -415,3 +415,33 @@ func TestReaderPoolIsTakenOutOfDBMaxConns(t *testing.T) {
 		}
 	}
 }
+
+// A Decoder's ordering key counts as the service's order in the buffered
+// mode; a Decoder beside the body functions it replaces is refused, naming
+// both.
+func TestDecoderReplacesTheBodyFunctions(t *testing.T) {
+	t.Setenv("INBOX_MODE", "buffered")
+	opts := shippingOptions(&shippingSettings{})
+	opts.OrderingKey = nil
+	type ev struct{ Order string }
+	decode := func([]byte) (ev, error) { return ev{}, nil }
+	opts.Decoder = consumer.Events[ev]{Decode: decode}
+	if _, err := LoadConfig(opts); err == nil || !strings.Contains(err.Error(), "gives no OrderingKey") {
+		t.Fatalf("a Decoder without an ordering key in the buffered mode: err = %v", err)
+	}
+	opts.Decoder = consumer.Events[ev]{Decode: decode, OrderingKey: func(e ev) string { return e.Order }}
+	if _, err := LoadConfig(opts); err != nil {
+		t.Fatalf("a Decoder with an ordering key: %v", err)
+	}
+	for name, mutate := range map[string]func(o *Options){
+		"Unordered and an OrderingKey":                   func(o *Options) { o.Unordered = true },
+		"the Decoder's ID replaces KeyFromBody":          func(o *Options) { o.KeyFromBody = JSONField("id") },
+		"the Decoder's OrderingKey replaces OrderingKey": func(o *Options) { o.OrderingKey = JSONField("order_id") },
+	} {
+		bad := opts
+		mutate(&bad)
+		if _, err := LoadConfig(bad); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+}

@@ -214,6 +214,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		GroupCommitMax:     cfg.GroupCommitMax,
 		GroupCommitWait:    cfg.GroupCommitWait,
 		MaxBodyBytes:       cfg.MaxBodyBytes,
+		Decoder:            opts.Decoder,
 		KeyFromBody:        opts.KeyFromBody,
 		LogAttrs:           opts.LogAttrs,
 		MaxAttempts:        cfg.MaxAttempts,

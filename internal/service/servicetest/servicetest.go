@@ -247,9 +247,10 @@ func (s *Stack) Count(query string, args ...any) int {
 // give the same outcome and the same success; CheckWrites fails t if not,
 // and if the writes return no outcome. What it cannot see is a side effect
 // that leaves the outcome alone (a counter in memory, a call out): keep the
-// writes to tx. It returns what the committed run gave (OutcomeProcessed
-// for nil writes), or the handler's error; a panic of either is returned as
-// an error, as the runtime contains it.
+// writes to tx. It returns what the committed run gave, or the handler's
+// error; a panic of either is returned as an error, as the runtime contains
+// it. A handler that decodes its events with a Decoder gets msg as the
+// runtime would hand it over: consumer.Decode(opts.Decoder, msg).
 func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Message) (consumer.Outcome, error) {
 	t.Helper()
 	ctx := context.Background()
@@ -258,7 +259,9 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 		return "", err
 	}
 	if writes == nil {
-		return consumer.OutcomeProcessed, nil
+		t.Errorf("message %s: the handler returned no writes and no error: the runtime dead-letters such a message "+
+			"(%s); return consumer.NoWrites(outcome) for a message with nothing to write", msg.ID, consumer.ReasonNoOutcome)
+		return "", consumer.Permanent(consumer.ReasonNoOutcome, errors.New("no writes and no error"))
 	}
 	first, firstErr := runWrites(ctx, t, db, writes, false)
 	out, err := runWrites(ctx, t, db, writes, true)

@@ -1,0 +1,111 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+)
+
+// A Decoder decodes each delivery's body once, for the runtime and the
+// handler: the runtime takes the dedupe key and the ordering key from the
+// event, and hands the event to the handler as Message.Event. Events[E] is
+// the one implementation.
+type Decoder interface {
+	decode(body []byte) (decoded, error)
+	ordered() bool
+}
+
+// Events describes the event type E a handler consumes.
+//
+//	Decoder: consumer.Events[orders.OrderPlaced]{
+//		Decode:      decodeOrder,
+//		ID:          func(e orders.OrderPlaced) string { return e.EventID },
+//		OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
+//	},
+//
+// and in the handler:
+//
+//	ev := msg.Event.(orders.OrderPlaced)
+type Events[E any] struct {
+	// Decode parses and validates a body. It runs before the handler, once
+	// the body passed the size and content-type checks. A body it refuses is
+	// dead-lettered at once inline, and parked when processed in the
+	// buffered mode (stored as a key of its own), with the reason of a
+	// PermanentError (Permanent) or else ReasonInvalidEvent. It must be
+	// pure: the buffered mode decodes a stored message again to process it.
+	Decode func(body []byte) (E, error)
+	// ID, if set, is the dedupe key of a delivery without a message_id
+	// property; nil requires the property.
+	ID func(E) string
+	// OrderingKey, if set, names the event's ordering key in the buffered
+	// mode ("" makes the message a key of its own).
+	OrderingKey func(E) string
+}
+
+// decoded is what a Decoder made of one body.
+type decoded struct {
+	event       any
+	id          string
+	orderingKey string
+}
+
+func (e Events[E]) decode(body []byte) (decoded, error) {
+	ev, err := e.Decode(body)
+	if err != nil {
+		return decoded{}, err
+	}
+	d := decoded{event: ev}
+	if e.ID != nil {
+		d.id = e.ID(ev)
+	}
+	if e.OrderingKey != nil {
+		d.orderingKey = e.OrderingKey(ev)
+	}
+	return d, nil
+}
+
+func (e Events[E]) ordered() bool { return e.OrderingKey != nil }
+
+// Ordered reports whether d names ordering keys.
+func Ordered(d Decoder) bool { return d != nil && d.ordered() }
+
+// ReasonInvalidEvent dead-letters a body the Decoder refused with an error
+// that is not a PermanentError.
+const ReasonInvalidEvent = "invalid_event"
+
+// decodeReason is the dead-letter reason of a body the Decoder refused.
+func decodeReason(err error) Reason {
+	var pe *PermanentError
+	if errors.As(err, &pe) {
+		return permanentReason(err)
+	}
+	return ReasonInvalidEvent
+}
+
+// Decode fills msg.Event with d's decoding of msg.Body, and msg.ID, if it is
+// empty, with the event's ID: what the runtime does before it calls the
+// handler, for a service's tests that call the handler themselves. The error
+// is a PermanentError, with the reason the runtime would dead-letter with.
+func Decode(d Decoder, msg Message) (Message, error) {
+	out, err := d.decode(msg.Body)
+	if err != nil {
+		return msg, Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+	}
+	msg.Event = out.event
+	if msg.ID == "" {
+		msg.ID = out.id
+	}
+	return msg, nil
+}
+
+// EventOf returns the event the Decoder made of msg's body: E is the type
+// parameter of the service's Events. A message without one (no Decoder, or
+// one of another type: a wiring mistake) gives a PermanentError,
+// ReasonInvalidEvent, and the message is dead-lettered (parked) saying so.
+func EventOf[E any](msg Message) (E, error) {
+	ev, ok := msg.Event.(E)
+	if !ok {
+		return ev, Permanent(ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
+			"give the service's Options a Decoder, consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
+	}
+	return ev, nil
+}

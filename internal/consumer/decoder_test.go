@@ -1,0 +1,148 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"gorm.io/gorm"
+)
+
+// decodedEvent is the event of the Decoder tests: what the ordering tests
+// publish, with an id of its own for messages without a message_id.
+type decodedEvent struct {
+	ID  string `json:"id"`
+	Key string `json:"key"`
+	N   int    `json:"n"`
+}
+
+// countingEvents decodes decodedEvent bodies, counting the decodes, and
+// refuses a negative n with a reason of its own.
+func countingEvents(decodes *atomic.Int64) Events[decodedEvent] {
+	return Events[decodedEvent]{
+		Decode: func(body []byte) (decodedEvent, error) {
+			decodes.Add(1)
+			var ev decodedEvent
+			if err := json.Unmarshal(body, &ev); err != nil {
+				return ev, err // not a PermanentError: ReasonInvalidEvent
+			}
+			if ev.N < 0 {
+				return ev, Permanent("negative_n", fmt.Errorf("n is %d", ev.N))
+			}
+			return ev, nil
+		},
+		ID:          func(e decodedEvent) string { return e.ID },
+		OrderingKey: func(e decodedEvent) string { return e.Key },
+	}
+}
+
+// eventHandler applies each decoded event in the table ordered, reading it
+// from msg.Event only.
+func eventHandler() Handler {
+	return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+		ev, err := EventOf[decodedEvent](msg)
+		if err != nil {
+			return nil, err
+		}
+		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+			return OutcomeProcessed, tx.Exec(`INSERT INTO ordered (key, n, message_id) VALUES (?, ?, ?)`, ev.Key, ev.N, msg.ID).Error
+		}, nil
+	})
+}
+
+// A Decoder decodes each body once per run: the handler gets the event, the
+// dedupe key of a message without a message_id comes from it, and so does
+// the buffered mode's ordering key (order per key kept with no OrderingKey
+// function). A body it refuses reaches no handler: dead-lettered inline,
+// parked buffered, with the Decoder's reason, or invalid_event for an error
+// that gives none.
+func TestDecoderDecodesEachBodyOnce(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		var decodes atomic.Int64
+		keys := []string{"a", "b", "c"}
+		const perKey = 10
+		for n := range perKey {
+			for _, k := range keys {
+				body, _ := json.Marshal(decodedEvent{ID: fmt.Sprintf("ev-%s-%d", k, n), Key: k, N: n})
+				// Every other message has no message_id: the event's id is its key.
+				id := ""
+				if n%2 == 0 {
+					id = fmt.Sprintf("ev-%s-%d", k, n)
+				}
+				e.publish(id, string(body))
+			}
+		}
+		e.publish("bad-json", `{"key": "a", "n": `)
+		e.publish("negative", `{"key": "b", "n": -1}`)
+		rt := e.start(eventHandler(), func(c *Config) {
+			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.OrderingKey = nil })(c)
+			c.Decoder, c.KeyFromBody = countingEvents(&decodes), nil
+		})
+		got := m.givenUp(e, 2)
+		if len(got) != 2 {
+			t.Fatalf("given up on %d messages, want the two refused bodies: %+v", len(got), got)
+		}
+		for _, g := range got {
+			want := map[string]string{"bad-json": ReasonInvalidEvent, "negative": "negative_n"}[g.id]
+			if g.reason != want {
+				t.Errorf("%s given up with reason %q, want %q (%s)", g.id, g.reason, want, g.err)
+			}
+		}
+		waitFor(t, "every valid event applied", func() bool { return e.appliedTotal() == len(keys)*perKey })
+		if m.orderPerKey {
+			e.assertInOrder(keys, perKey)
+		}
+		var ids []string
+		if err := e.db.Raw(`SELECT message_id FROM ordered ORDER BY message_id`).Scan(&ids).Error; err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) != len(keys)*perKey || slices.Contains(ids, "") {
+			t.Errorf("applied under ids %v: want every event under its message_id or its own id", ids)
+		}
+		// Inline: one decode per delivery. Buffered: one at ingest, one to
+		// process (the stored message is decoded again).
+		deliveries := int64(len(keys)*perKey + 2)
+		want := deliveries
+		if m.buffered() {
+			want = 2 * deliveries
+		}
+		if n := decodes.Load(); n != want {
+			t.Errorf("%d decodes for %d deliveries, want %d", n, deliveries, want)
+		}
+		rt.shutdown(t)
+	})
+}
+
+// A handler that returns nil writes and no error says nothing of its
+// outcome: the message is refused (writes_without_outcome) and nothing of it
+// commits, as for writes that return no outcome. NoWrites names one.
+func TestNilWritesAreRefused(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		e.publish("nil-writes", `{"key": "a", "n": 1}`)
+		e.publish("no-writes", `{"key": "b", "n": 1}`)
+		rt := e.start(HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
+			if msg.ID == "no-writes" {
+				return NoWrites(OutcomeDuplicate), nil
+			}
+			return nil, nil
+		}), m.config(e.db, e.dbURL, nil))
+		got := m.givenUp(e, 1)
+		if len(got) != 1 || got[0].id != "nil-writes" || got[0].reason != ReasonNoOutcome {
+			t.Fatalf("given up on %+v, want nil-writes with %s", got, ReasonNoOutcome)
+		}
+		waitFor(t, "the NoWrites message counted a duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
+		var inbox int64
+		if err := e.db.Raw(`SELECT count(*) FROM inbox WHERE message_id = 'no-writes'`).Scan(&inbox).Error; err != nil {
+			t.Fatal(err)
+		}
+		if inbox != 1 {
+			t.Errorf("the NoWrites message has %d inbox rows, want 1", inbox)
+		}
+		rt.shutdown(t)
+	})
+}
