@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -84,10 +85,12 @@ func (p *Program) Path(t testing.TB) string {
 type Process struct {
 	Addr string   // its HTTP_ADDR: health, readiness, metrics, fault endpoints
 	Env  []string // the environment it runs with
-	Out  *Buffer  // what it wrote to stdout and stderr
+	Out  *Buffer  // what it wrote to stdout and stderr since its last start
 	path string
 	cmd  *exec.Cmd
 	done chan struct{}
+	// earlier is what the runs before the last one wrote (Restart, Revive).
+	earlier strings.Builder
 }
 
 // Start runs the program with the environment plus env (NAME=value), a free
@@ -100,23 +103,53 @@ func (p *Program) Start(t testing.TB, env ...string) *Process {
 	pr.Env = append(os.Environ(), "HTTP_ADDR="+pr.Addr, "FAULTS_ENABLED=true")
 	pr.Env = append(pr.Env, GroupCommitVars()...)
 	pr.Env = append(pr.Env, env...)
-	pr.start(t)
+	pr.start(t, "/readyz")
 	return pr
 }
 
 // Restart starts the program again with the same environment and address,
-// after the process has exited (a crash point, a signal).
+// after the process has exited (a crash point, a signal), and waits until
+// /readyz answers 200.
 func (pr *Process) Restart(t testing.TB) {
+	t.Helper()
+	pr.restart(t, "/readyz")
+}
+
+// Revive is Restart as a supervisor does it (systemd, Kubernetes, Docker's
+// restart policy): it waits for /healthz only, since a replica that is alive
+// but not ready (its database away) must run all the same.
+func (pr *Process) Revive(t testing.TB) {
+	t.Helper()
+	pr.restart(t, "/healthz")
+}
+
+func (pr *Process) restart(t testing.TB, probePath string) {
 	t.Helper()
 	select {
 	case <-pr.done:
 	default:
 		t.Fatal("Restart: the process is still running")
 	}
-	pr.start(t)
+	pr.earlier.WriteString(pr.Out.String())
+	pr.start(t, probePath)
 }
 
-func (pr *Process) start(t testing.TB) {
+// Logs is everything the process wrote, across its restarts.
+func (pr *Process) Logs() string { return pr.earlier.String() + pr.Out.String() }
+
+// Kill sends SIGKILL, as an OOM killer or a power cut would, and waits until
+// the process is gone.
+func (pr *Process) Kill(t testing.TB) {
+	t.Helper()
+	_ = pr.cmd.Process.Kill()
+	select {
+	case <-pr.done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still running 10s after SIGKILL", filepath.Base(pr.path))
+	}
+}
+
+func (pr *Process) start(t testing.TB, probePath string) {
 	t.Helper()
 	pr.Out, pr.done = &Buffer{}, make(chan struct{})
 	pr.cmd = exec.Command(pr.path)
@@ -134,13 +167,13 @@ func (pr *Process) start(t testing.TB) {
 			t.Logf("--- %s output:\n%s", filepath.Base(pr.path), out)
 		}
 	})
-	Eventually(t, time.Minute, filepath.Base(pr.path)+" ready", func() (bool, error) {
+	Eventually(t, time.Minute, filepath.Base(pr.path)+" "+probePath+" 200", func() (bool, error) {
 		select {
 		case <-done:
 			return false, fmt.Errorf("exited with status %d:\n%s", cmd.ProcessState.ExitCode(), out)
 		default:
 		}
-		resp, err := probe.Get("http://" + pr.Addr + "/readyz")
+		resp, err := probe.Get("http://" + pr.Addr + probePath)
 		if err != nil {
 			return false, err
 		}

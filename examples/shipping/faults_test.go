@@ -1,0 +1,115 @@
+package shipping_test
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/consumer"
+	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/testenv/faultkit"
+)
+
+// The fault kit's scenarios against the shipping service: the kit's crash
+// points and its own (after-carrier-book), replicas killed, connections
+// dropped, database sessions terminated, each under a load with duplicates,
+// republishes and a poison message. After each, every order is shipped once
+// and booked once, and only the poison is dead-lettered.
+func TestShippingUnderFaults(t *testing.T) {
+	faultkit.Run(t, faultkit.Scenarios("after-carrier-book"), shippingTrial(nil))
+}
+
+// The same with the buffered inbox.
+func TestShippingUnderFaultsBuffered(t *testing.T) {
+	faultkit.Run(t, faultkit.BufferedScenarios("after-carrier-book"),
+		shippingTrial([]string{"INBOX_MODE=buffered", "BUFFER_RETRY_DELAYS=200ms,1s,2s", "BUFFER_MAX_ATTEMPTS=30", "HANDLER_TIMEOUT=2s", "CARRIER_TIMEOUT=1s"}))
+}
+
+// faultOrders is the load of one trial: orders, each paid once, a tenth of
+// them published twice (the producer's duplicate) and a twentieth again
+// under a new message id (a republish), and one poison message.
+const faultOrders = 200
+
+func faultLoad() []amqp.Publishing {
+	var msgs []amqp.Publishing
+	for i := range faultOrders {
+		order := fmt.Sprintf("o-%d", i)
+		msgs = append(msgs, paid("m-"+order, order))
+		if i%10 == 0 {
+			msgs = append(msgs, paid("m-"+order, order))
+		}
+		if i%20 == 0 {
+			msgs = append(msgs, paid("again-"+order, order))
+		}
+		if i == faultOrders/2 {
+			msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(`{"order_id":`)})
+		}
+	}
+	return msgs
+}
+
+func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
+	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
+		c := &carrier{booked: map[string]string{}}
+		srv := httptest.NewServer(c)
+		t.Cleanup(srv.Close)
+		amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
+		s := faultkit.Start(t, faultkit.Config{
+			Program: service, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: dbURL,
+			Env: append([]string{"CARRIER_URL=" + srv.URL, "RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8",
+				"RECONNECT_MAX_WAIT=2s", "SHUTDOWN_TIMEOUT=5s"}, env...),
+		})
+		shipments := func() int { return testenv.Count(t, dbURL, "SELECT count(*) FROM shipments") }
+		return &faultkit.Trial{
+			Stack: s,
+			Load: func() error {
+				return faultkit.Publish(amqpURL, "payments", "order.paid", faultLoad(), 50, 3*time.Minute)
+			},
+			Progress: shipments,
+			Verify: func(t *testing.T) {
+				if n := shipments(); n != faultOrders {
+					t.Errorf("%d shipments for %d orders", n, faultOrders)
+				}
+				booked, replays := c.counts()
+				if booked != faultOrders {
+					t.Errorf("%d pickups booked for %d orders", booked, faultOrders)
+				}
+				if sc.Name == "crash-after-carrier-book" && replays == 0 {
+					t.Errorf("no booking was asked again after a crash between the booking and the commit")
+				}
+				if n := testenv.Count(t, dbURL, "SELECT count(DISTINCT order_id) FROM shipments"); n != faultOrders {
+					t.Errorf("%d distinct orders shipped, want %d", n, faultOrders)
+				}
+				assertPoisonAloneGivenUp(t, amqpURL, dbURL)
+			},
+		}
+	}
+}
+
+// assertPoisonAloneGivenUp checks that the poison, and nothing else, was
+// given up on: dead-lettered inline, parked in the buffered mode.
+func assertPoisonAloneGivenUp(t *testing.T, amqpURL, dbURL string) {
+	t.Helper()
+	dlq := "shipping-service.order-paid.dlq"
+	dead := testenv.QueueDepth(t, amqpURL, dlq)
+	parked := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
+	if dead+parked != 1 {
+		t.Fatalf("%d dead letters and %d parked messages, want the poison alone", dead, parked)
+	}
+	if parked == 1 {
+		if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked' AND message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
+			t.Errorf("the parked message is not the poison with malformed_json")
+		}
+		return
+	}
+	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		d, ok, err := ch.Get(dlq, false)
+		if err == nil && ok && (d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want the poison with malformed_json", d.MessageId, d.Headers[consumer.HeaderDeadLetterReason])
+		}
+		return err
+	})
+}

@@ -1,0 +1,205 @@
+package faultkit
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// Scenario is one fault, the same for every service on the kit.
+type Scenario struct {
+	Name     string
+	Replicas int // how many replicas the trial starts
+	// Fault injects the fault while the load runs (busy reports whether it
+	// still does).
+	Fault func(s *Stack, busy func() bool)
+	// Check is the scenario's own check: the fault happened and had its
+	// visible effect.
+	Check func(t testing.TB, s *Stack)
+}
+
+// Trial is one scenario's run against a service, built by the service's
+// test: its replicas (Start), its load and its invariants.
+type Trial struct {
+	Stack *Stack
+	// Load publishes the service's load at a bounded rate, while the fault
+	// happens, and returns once the broker confirmed all of it.
+	Load func() error
+	// Progress counts the service's effects (rows of its own table): the
+	// drain waits until it stands still.
+	Progress func() int
+	// Verify checks the service's own invariants once everything drained:
+	// every effect applied once, the duplicates suppressed, the poison
+	// dead-lettered.
+	Verify func(t *testing.T)
+	// DrainTimeout bounds the drain (default 2 minutes).
+	DrainTimeout time.Duration
+}
+
+// Run runs each scenario as a subtest on a fresh trial: the load starts,
+// the fault happens under it, the load ends (all confirmed), the replicas
+// are kept up until everything drained, every replica must be consuming
+// again, and then the scenario's check and the service's invariants run.
+func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenario) *Trial) {
+	for _, sc := range scenarios {
+		t.Run(sc.Name, func(t *testing.T) {
+			tr := trial(t, sc)
+			s := tr.Stack
+			loaded := make(chan error, 1)
+			go func() { loaded <- tr.Load() }()
+			var loadErr error
+			done := false
+			busy := func() bool {
+				if done {
+					return false
+				}
+				select {
+				case loadErr = <-loaded:
+					done = true
+					return false
+				default:
+					return true
+				}
+			}
+			sc.Fault(s, busy)
+			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
+			if loadErr != nil {
+				t.Fatalf("the load: %v", loadErr)
+			}
+			timeout := tr.DrainTimeout
+			if timeout == 0 {
+				timeout = 2 * time.Minute
+			}
+			s.Drain(timeout, tr.Progress)
+			s.Consuming()
+			if sc.Check != nil {
+				sc.Check(t, s)
+			}
+			tr.Verify(t)
+			t.Logf("%s: %d crashes, %d kills, %d restarts; %v", sc.Name, s.Crashes, s.Kills, s.Restarts, s.Notes())
+		})
+	}
+}
+
+// CrashAt is the crash-after-<point> scenario: point armed with probability
+// p on every message of one replica for a while under load; each crash is
+// followed by a restart, and the redeliveries must be suppressed or
+// finished, never applied twice.
+func CrashAt(point string, p float64) Scenario {
+	return Scenario{
+		Name:     "crash-" + point,
+		Replicas: 1,
+		Fault: func(s *Stack, busy func() bool) {
+			s.SuperviseFor(time.Second)
+			s.CrashPhase(point, p, 3*time.Second, 2, busy)
+		},
+		Check: func(t testing.TB, s *Stack) {
+			if s.Crashes < 2 {
+				t.Errorf("the service crashed %d times at %s, want at least 2", s.Crashes, point)
+			}
+			if point != "after-commit" {
+				return
+			}
+			// Committed, not acked: the broker delivers it again and the
+			// inbox finds it applied.
+			n := s.CountLogged(`"msg":"message duplicate"`, `"redelivered":true`)
+			s.Note("%d redelivered messages were found applied already and suppressed", n)
+			if n == 0 {
+				t.Errorf("no redelivery was suppressed as a duplicate after %d crashes between commit and ack", s.Crashes)
+			}
+		},
+	}
+}
+
+// SIGKILLReplicas is the sigkill-replicas scenario: two replicas share the
+// queue; one of them, at random, gets SIGKILL every second or two under
+// load and is started again; what it held goes to the other or back to the
+// queue.
+var SIGKILLReplicas = Scenario{
+	Name:     "sigkill-replicas",
+	Replicas: 2,
+	Fault: func(s *Stack, busy func() bool) {
+		s.SuperviseFor(time.Second)
+		for range 5 {
+			i := s.KillRandom()
+			s.t.Logf("fault: SIGKILL replica %d", i)
+			s.SuperviseFor(time.Duration(1000+rand.IntN(1000)) * time.Millisecond)
+		}
+		s.Note("%d SIGKILLs at random moments to one of two replicas under load, each started again", s.Kills)
+	},
+	Check: func(t testing.TB, s *Stack) {
+		if s.Kills < 5 || s.Restarts < 5 {
+			t.Errorf("%d kills and %d restarts, want 5 of each", s.Kills, s.Restarts)
+		}
+	},
+}
+
+// BrokerDropsConnections is the broker-drops-connections scenario: the
+// broker closes every connection of the vhost (the replicas' and the
+// publisher's) four times under load; the service reconnects and never
+// settles an old delivery on a new channel.
+var BrokerDropsConnections = Scenario{
+	Name:     "broker-drops-connections",
+	Replicas: 1,
+	Fault: func(s *Stack, busy func() bool) {
+		s.SuperviseFor(time.Second)
+		for range 4 {
+			s.CloseConnections()
+			s.SuperviseFor(1500 * time.Millisecond)
+		}
+		s.Note("the broker closed every connection of the vhost 4 times under load")
+	},
+	Check: func(t testing.TB, s *Stack) {
+		if n := s.MetricSum("consumer_reconnects_total"); n < 3 {
+			t.Errorf("the service reconnected %v times after 4 drops, want at least 3", n)
+		}
+		if n := s.CountLogged("unknown delivery tag"); n != 0 {
+			t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
+		}
+	},
+}
+
+// DatabaseSessionsTerminated is the database-restart scenario of a shared
+// server: every session of the service's database is terminated five times
+// under load; transactions cut short roll back, the messages are retried
+// or put back, the service pauses while the database does not answer and
+// resumes by itself.
+var DatabaseSessionsTerminated = Scenario{
+	Name:     "database-sessions-terminated",
+	Replicas: 1,
+	Fault: func(s *Stack, busy func() bool) {
+		s.SuperviseFor(time.Second)
+		killed := 0
+		for range 5 {
+			killed += s.TerminateBackends()
+			s.SuperviseFor(time.Second)
+		}
+		s.Note("every session of the service's database was terminated 5 times under load (%d sessions)", killed)
+		if killed == 0 {
+			s.t.Errorf("no session of the service's database was terminated")
+		}
+	},
+}
+
+// Scenarios is the catalogue every service runs in the inline mode: a crash
+// at each of the kit's crash points and at each of the service's own
+// points, two replicas killed at random, the broker dropping connections
+// and the database terminating sessions.
+func Scenarios(ownPoints ...string) []Scenario {
+	return catalogue(append([]string{"after-inbox-insert", "after-commit", "after-ack"}, ownPoints...))
+}
+
+// BufferedScenarios is the catalogue of the buffered mode (INBOX_MODE=
+// buffered in the trial's environment): its ingest passes the same three
+// points, its processing two more of its own.
+func BufferedScenarios(ownPoints ...string) []Scenario {
+	return catalogue(append([]string{"after-inbox-insert", "after-commit", "after-ack", "after-claim", "after-process-commit"}, ownPoints...))
+}
+
+func catalogue(points []string) []Scenario {
+	var out []Scenario
+	for _, p := range points {
+		out = append(out, CrashAt(p, 0.05))
+	}
+	return append(out, SIGKILLReplicas, BrokerDropsConnections, DatabaseSessionsTerminated)
+}
