@@ -1,11 +1,14 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/buffered"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // BufferedConfig switches a runtime to the buffered inbox: each delivery is
@@ -73,4 +76,42 @@ func (c *BufferedConfig) validate() error {
 		return fmt.Errorf("buffered lease %s < 1s", c.Lease)
 	}
 	return nil
+}
+
+// bufferedMode is the buffered inbox: one ingest loop per session stores the
+// deliveries and acks them (buffered_ingest.go); the processor runs the handler on the
+// stored messages, in order per key, broker or not (buffered_process.go).
+type bufferedMode struct {
+	r    *Runtime
+	cfg  BufferedConfig
+	proc *processor
+}
+
+func newBufferedMode(r *Runtime, cfg BufferedConfig) *bufferedMode {
+	return &bufferedMode{r: r, cfg: cfg, proc: newProcessor(r, cfg)}
+}
+func (b *bufferedMode) start(ctx, commitCtx context.Context, committers, processing *sync.WaitGroup) {
+	b.proc.finish.run(commitCtx, b.r.cfg.Committers, committers)
+	processing.Go(func() { b.proc.run(ctx) })
+}
+func (b *bufferedMode) ready() error { return b.proc.ready() }
+func (b *bufferedMode) consume(work context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}, wg *sync.WaitGroup) {
+	wg.Go(func() { b.ingestLoop(work, s, deliveries, stop) })
+}
+
+// cancels only at a graceful stop, and never under a single active consumer:
+// the broker would hand the queue to the next consumer at the cancel, while
+// this one still stored what it had been sent, and the two would store one
+// key's messages out of order. An ingest that is pausing or ending never
+// cancels either: what it could not store must go back in order, with the
+// channel's close, not to the tail of the queue.
+func (b *bufferedMode) cancels(reason error) bool {
+	return reason == nil && !b.r.cfg.Topology.SingleActive
+}
+
+// rest stores the deliveries, so that a graceful stop gives nothing back; its
+// dead-letterings run under ctx, the loop's under the session's work.
+func (b *bufferedMode) rest(ctx context.Context, cancel context.CancelFunc, s *session, deliveries <-chan amqp.Delivery) {
+	b.ingestRest(ctx, s, deliveries)
+	b.r.drain(&s.aside, cancel)
 }

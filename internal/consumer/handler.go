@@ -5,6 +5,14 @@
 // delivery: ack after commit, delayed retry, or dead-letter with a reason. It
 // keeps its own connection supervisor, so a delivery is only ever settled on the
 // channel it arrived on.
+//
+// The two inbox modes sit behind one small interface (mode.go), each in its
+// own files: inline.go and inline_*.go (look-up, handler, group commit, ack
+// after commit), buffered.go and buffered_*.go (ingest, claim, process,
+// final commit). Both share the rest: the broker session (session.go), the
+// failure decision (failure.go, decide.go) and its settling (settle.go),
+// admission and decoding (message.go, decoder.go), the batching of commits
+// (batch.go) and the metrics.
 package consumer
 
 import (

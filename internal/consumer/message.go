@@ -1,0 +1,223 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"mime"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Headers of ours. The attempt count travels in our own header because x-death
+// counting changed in RabbitMQ 3.13 and the quorum delivery limit in 4.3.
+const (
+	HeaderAttempt          = "x-attempt"
+	HeaderDeadLetterReason = "x-dead-letter-reason"
+	HeaderDeadLetterError  = "x-dead-letter-error"
+	HeaderDeadLetteredAt   = "x-dead-lettered-at"
+	HeaderDeadLetterBy     = "x-dead-letter-consumer"
+	HeaderFirstError       = "x-first-error"
+	HeaderLastError        = "x-last-error"
+	HeaderOriginalExchange = "x-original-exchange"
+	HeaderOriginalKey      = "x-original-routing-key"
+	HeaderHeld             = "x-held" // times put back without spending an attempt
+	// HeaderMayHaveRun marks every copy the kit makes of a message that may
+	// have run (see Message.MayHaveRun): a copy has neither the broker's
+	// redelivered flag nor, once replayed, our attempt count, and without the
+	// mark the key-expiry guard would take it for a first attempt.
+	HeaderMayHaveRun = "x-may-have-run"
+)
+
+const maxIDLen = 255
+
+// fromRetryQueue reports whether the broker brought the delivery back from
+// one of our delay queues (x-death names the queue): only then was its
+// x-attempt header written by this runtime.
+func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
+	deaths, _ := d.Headers["x-death"].([]any)
+	prefix := r.cfg.Topology.Queue + ".retry."
+	for _, x := range deaths {
+		if t, ok := x.(amqp.Table); ok {
+			if q, _ := t["queue"].(string); strings.HasPrefix(q, prefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// message builds the handler's view of a delivery.
+func message(d amqp.Delivery) Message {
+	attempt := 1
+	if n, ok := intHeader(d.Headers, HeaderAttempt); ok && n > 1 {
+		attempt = n
+	}
+	return Message{
+		ID:          d.MessageId,
+		Body:        d.Body,
+		ContentType: d.ContentType,
+		Headers:     d.Headers,
+		Attempt:     attempt,
+		Redelivered: d.Redelivered,
+		PublishedAt: publishedAt(d),
+		seenAt:      time.Now(),
+	}
+}
+
+// HeaderTimestampMillis is the publish time in milliseconds since the epoch,
+// the header RabbitMQ's message timestamp plugin sets; the AMQP timestamp
+// property has whole seconds only.
+const HeaderTimestampMillis = "timestamp_in_ms"
+
+func publishedAt(d amqp.Delivery) time.Time {
+	if ms, ok := int64Header(d.Headers, HeaderTimestampMillis); ok && ms > 0 {
+		return time.UnixMilli(ms)
+	}
+	return d.Timestamp
+}
+
+// admit applies the checks every handler needs before a body is trusted,
+// decodes it with the Decoder (a refusal is left in msg.undecoded: the inline
+// mode dead-letters it, the buffered mode stores it to be parked) and
+// resolves the dedupe key. A non-empty reason dead-letters the delivery.
+func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
+	if len(d.Body) > r.cfg.MaxBodyBytes {
+		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
+	}
+	if !r.acceptsContentType(d.ContentType) {
+		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+	}
+	if r.cfg.Decoder != nil {
+		ev, err := r.cfg.Decoder.decode(d.Body)
+		if err != nil {
+			msg.undecoded = Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+		}
+		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
+		if msg.ID == "" {
+			msg.ID = ev.id
+		}
+	}
+	if msg.ID == "" && r.cfg.KeyFromBody != nil {
+		msg.ID = r.cfg.KeyFromBody(d.Body)
+	}
+	switch {
+	case msg.ID == "":
+		return ReasonMissingID, errors.New("no message_id property and no id in the body")
+	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl):
+		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
+		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
+	}
+	return "", nil
+}
+
+func (r *Runtime) acceptsContentType(ct string) bool {
+	if ct == "" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return false
+	}
+	for _, ok := range r.cfg.ContentTypes {
+		if mt == ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
+	if err := d.Ack(false); err != nil {
+		// The effects are committed; the redelivery will be suppressed by the inbox.
+		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
+		return
+	}
+	r.stage(StageAck)
+	r.counted(msg, out, log)
+}
+
+// counted counts a settled message and logs it: at debug level when it went
+// as it should.
+func (r *Runtime) counted(msg Message, out Outcome, log *messageLog) {
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(out)).Inc()
+	level := slog.LevelInfo
+	if out == OutcomeProcessed || out == OutcomeStored {
+		level = slog.LevelDebug
+	}
+	if r.log.Enabled(context.Background(), level) {
+		log.get().Log(context.Background(), level, "message "+string(out), "outcome", string(out), "attempt", msg.Attempt)
+	}
+}
+
+// messageLog builds a message's logger on first use: most messages are never
+// logged about, and the handler's attributes cost a parse of the body.
+type messageLog struct {
+	r           *Runtime
+	msg         *Message // read at first use: admit may resolve the id from the body
+	tag         uint64
+	redelivered bool
+	attrs       []any // more attributes (the buffered mode's ordering key)
+	l           *slog.Logger
+}
+
+func (m *messageLog) get() *slog.Logger {
+	if m.l == nil {
+		m.l = m.r.messageLogger(*m.msg, m.tag, m.redelivered).With(m.attrs...)
+	}
+	return m.l
+}
+
+// messageLogger puts the message's id (the resolved dedupe key) and the
+// handler's attributes (an order id) on every line about it.
+func (r *Runtime) messageLogger(msg Message, tag uint64, redelivered bool) *slog.Logger {
+	log := r.log.With("message_id", msg.ID, "delivery_tag", tag, "redelivered", redelivered)
+	for _, a := range r.logAttrs(msg.Body) {
+		log = log.With(a)
+	}
+	return log
+}
+
+// logAttrs runs the service's LogAttrs, which must not fail: a panic in it
+// costs the attributes and a log line, never the message (it may be settled
+// already when a line about it is logged).
+func (r *Runtime) logAttrs(body []byte) (attrs []slog.Attr) {
+	if r.cfg.LogAttrs == nil || len(body) > r.cfg.MaxBodyBytes {
+		return nil
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Error("LogAttrs panicked; logging the message without its attributes", "panic", fmt.Sprint(v))
+			attrs = nil
+		}
+	}()
+	return r.cfg.LogAttrs(body)
+}
+
+func intHeader(h amqp.Table, key string) (int, bool) {
+	n, ok := int64Header(h, key)
+	return int(n), ok
+}
+
+func int64Header(h amqp.Table, key string) (int64, bool) {
+	switch v := h[key].(type) {
+	case int32:
+		return int64(v), true
+	case int64:
+		return v, true
+	case int:
+		return int64(v), true
+	case int16:
+		return int64(v), true
+	case int8:
+		return int64(v), true
+	}
+	return 0, false
+}
