@@ -76,5 +76,5 @@ Next:
   cd $dir
   git init && git add -A && git commit -m "From the RabbitMQ inbox consumer template"
   go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
-Then write your handler: README, "Make it yours" (examples/shipping is one).
+Then write your handler: docs/writing-a-service.md (examples/shipping is one).
 EOF2

@@ -1,4 +1,4 @@
-// Package shipping is the example consumer of the README's "Make it yours": it
+// Package shipping is the example consumer of docs/writing-a-service.md: it
 // books a carrier pickup for each OrderPaid event and records the shipment,
 // exactly once. It is a handler, an event, a carrier client and a migration;
 // the kit (internal/service) does the rest.
