@@ -100,19 +100,17 @@ const composeSection = `
 
 `
 
-// generateEnvExample writes every variable once, in the order the programs
-// read them: a comment with its readers and purpose (and the other programs'
-// defaults where they differ), then NAME=default.
-func generateEnvExample(t *testing.T, progs []program) string {
-	t.Helper()
-	type entry struct {
-		desc     string
-		readers  []string
-		defaults map[string]string // program → default
-		first    string
-	}
-	var order []string
-	entries := map[string]*entry{}
+// entry is one variable across the programs that read it.
+type entry struct {
+	desc     string
+	readers  []string
+	defaults map[string]string // program → default
+	first    string
+}
+
+// collect lists every variable once, in the order the programs read them.
+func collect(progs []program) (order []string, entries map[string]*entry) {
+	entries = map[string]*entry{}
 	for _, p := range progs {
 		for _, v := range p.vars {
 			e, ok := entries[v.Name]
@@ -127,6 +125,15 @@ func generateEnvExample(t *testing.T, progs []program) string {
 			}
 		}
 	}
+	return order, entries
+}
+
+// generateEnvExample writes every variable once, in the order the programs
+// read them: a comment with its readers and purpose (and the other programs'
+// defaults where they differ), then NAME=default.
+func generateEnvExample(t *testing.T, progs []program) string {
+	t.Helper()
+	order, entries := collect(progs)
 	var b strings.Builder
 	b.WriteString(envExampleHeader)
 	group := ""

@@ -21,22 +21,22 @@ type Config struct {
 	Consumer           string          `envconfig:"CONSUMER_NAME" desc:"the inbox.consumer column and the metrics' consumer label (default the service name)"`
 	HTTPAddr           string          `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of health, metrics and fault endpoints"`
 	Prefetch           int             `envconfig:"PREFETCH" default:"192" desc:"unacked deliveries held at most (1-1000)"`
-	Workers            int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); they hold no database connection during outside calls"`
+	Workers            int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); an outside call holds no database connection, so this can be far above DB_MAX_CONNS"`
 	DBCommitters       int             `envconfig:"DB_COMMITTERS" default:"4" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
 	GroupCommitMax     int             `envconfig:"GROUP_COMMIT_MAX" default:"32" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
 	GroupCommitWait    time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms" desc:"how long a commit waits for more messages to join it (0-1s)"`
 	MaxBodyBytes       int             `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"larger bodies are dead-lettered unread"`
-	HandlerTimeout     time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m"`
+	HandlerTimeout     time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m (RabbitMQ's consumer ack timeout is 30 min)"`
 	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
 	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
 	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
-	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM: in-flight messages finish, unstarted ones are given back (keep stop_grace_period at least 5s above)"`
+	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM, every phase together: in-flight messages finish, unstarted ones are given back or stored (keep stop_grace_period at least 5s above)"`
 	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
 	PprofEnabled       bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
 	LogLevel           string          `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	// Inbox rows older than InboxRetention are pruned every InboxPruneInterval
 	// (0 disables the pruner), InboxPruneBatch rows per transaction.
-	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon of RETRY_DELAYS and MAX_ATTEMPTS"`
+	InboxRetention     time.Duration `envconfig:"INBOX_RETENTION" default:"336h" desc:"inbox rows older than this are pruned; at least the redelivery horizon, max(24h, 2 × the sum of the retry delays used by MAX_ATTEMPTS attempts)"`
 	InboxPruneInterval time.Duration `envconfig:"INBOX_PRUNE_INTERVAL" default:"1h" desc:"how often the service prunes the inbox; 0 disables the pruner"`
 	InboxPruneBatch    int           `envconfig:"INBOX_PRUNE_BATCH" default:"1000" desc:"inbox rows deleted per transaction when pruning"`
 	// IdempotencyKeyTTL is a fact about the services the handler calls, not a
@@ -117,14 +117,14 @@ type Broker struct {
 	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" default:"30s" desc:"cap of the jittered reconnect backoff"`
 	// SingleActiveConsumer is a queue argument: RabbitMQ refuses to declare
 	// an existing queue with another value (PRECONDITION_FAILED).
-	SingleActiveConsumer bool `envconfig:"SINGLE_ACTIVE_CONSUMER" default:"false" desc:"declare the work queue with x-single-active-consumer: one replica consumes at a time, in the broker's order; fixed when the queue is first declared (delete the queue to change it)"`
+	SingleActiveConsumer bool `envconfig:"SINGLE_ACTIVE_CONSUMER" default:"false" desc:"declare the work queue with x-single-active-consumer: one replica consumes at a time, in the broker's order (the buffered inbox then stores each key's messages in the order published); fixed when the queue is first declared: RabbitMQ refuses another value (PRECONDITION_FAILED) until the queue is deleted"`
 }
 
 // Database is the service's PostgreSQL pool.
 type Database struct {
 	URL              string        `envconfig:"DATABASE_URL" desc:"PostgreSQL URL of the service's database"`
-	MaxConns         int           `envconfig:"DB_MAX_CONNS" default:"10" desc:"connection pool size; more than DB_COMMITTERS"`
-	StatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"5s" desc:"statement_timeout and lock_timeout of each session"`
+	MaxConns         int           `envconfig:"DB_MAX_CONNS" default:"10" desc:"connections to the database at most: at least DB_COMMITTERS + 2 (the inbox look-ups); what is left beyond those, the outbox relay's 1 (a service that publishes) and 1 more (pruner, gauges, operators) is a read-only pool for the handler's own reads (at least 1); readiness and the pause checks have a connection of their own"`
+	StatementTimeout time.Duration `envconfig:"DB_STATEMENT_TIMEOUT" default:"5s" desc:"statement_timeout and lock_timeout of each session (idle-in-transaction sessions are ended after 4×); below 7.5s (15s with GROUP_COMMIT_MAX=1), so that a commit's lock waits end before the 15s it gets"`
 }
 
 // validate reports every out-of-range value, naming its variable.
