@@ -889,16 +889,37 @@ count_logged() {
   if [[ -z $lines ]]; then echo 0; else wc -l <<<"$lines" | tr -d ' '; fi
 }
 
-# metric_sum SERIES: the sum of a Prometheus series over the live replicas (a
-# replica's counters start again from zero when it restarts).
+# metric_sum SERIES: the sum over the live replicas (a replica's counters
+# start again from zero when it restarts) of every sample of a metric whose
+# labels include those SERIES names: 'consumer_pauses_total{consumer="x"}'
+# sums the pauses of every cause.
 metric_sum() {
   local i n page total=0
   for ((i = 1; i <= REPLICAS; i++)); do
     page=$(curl -fsS --max-time 5 "http://$(service_addr "$i")/metrics" 2>/dev/null) || page=""
-    n=$(awk -v s="$1" 'index($0, s " ") == 1 { n = $2 } END { print n + 0 }' <<<"$page")
+    n=$(series_sum "$1" <<<"$page")
     total=$((total + n))
   done
   echo "$total"
+}
+
+# series_sum SERIES: reads a /metrics page on stdin and prints the sum of the
+# samples of SERIES's metric that carry each of its label pairs (an integer).
+series_sum() {
+  awk -v s="$1" '
+    BEGIN {
+      name = s; sub(/\{.*/, "", name)
+      want = ""; if (index(s, "{")) { want = substr(s, index(s, "{") + 1); sub(/\}$/, "", want) }
+      n = split(want, pairs, ",")
+    }
+    /^#/ { next }
+    {
+      metric = $1; sub(/\{.*/, "", metric)
+      if (metric != name) next
+      for (i = 1; i <= n; i++) if (index($1, pairs[i]) == 0) next
+      sum += $NF
+    }
+    END { printf "%d\n", sum }'
 }
 
 # replicas_consuming: after the drain every replica must be consuming again

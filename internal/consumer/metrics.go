@@ -34,7 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_messages_total",
-			Help: "Messages settled, by consumer and outcome (processed, duplicate, declined, retried, dead_lettered; buffered mode: stored, parked).",
+			Help: "Messages settled, by consumer and outcome (processed, duplicate, a handler's own such as declined, retried, requeued, dead_lettered; buffered mode: stored, parked).",
 		}, []string{"consumer", "outcome"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_dead_letters_total",
