@@ -290,12 +290,12 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	if r.cfg.Decoder != nil {
 		// Decoded at ingest already: this decode fails only if the
 		// Decoder changed since (a new release), and then it always will.
-		d, err := Decode(r.cfg.Decoder, msg)
+		ev, err := r.decode(msg.Body, msg.ID)
 		if err != nil {
 			p.park(c, permanentReason(err), err, log)
 			return
 		}
-		msg = d
+		msg.Event = ev.event
 	}
 	r.stage(StageClaim)
 	out, err := p.apply(ctx, msg, c)

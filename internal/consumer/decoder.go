@@ -24,7 +24,7 @@ type Decoder interface {
 //
 // and in the handler:
 //
-//	ev := msg.Event.(orders.OrderPlaced)
+//	ev, err := consumer.EventOf[orders.OrderPlaced](msg)
 type Events[E any] struct {
 	// Decode parses and validates a body. It runs before the handler, once
 	// the body passed the size and content-type checks. A body it refuses is

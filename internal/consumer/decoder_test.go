@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -142,6 +143,72 @@ func TestNilWritesAreRefused(t *testing.T) {
 		}
 		if inbox != 1 {
 			t.Errorf("the NoWrites message has %d inbox rows, want 1", inbox)
+		}
+		rt.shutdown(t)
+	})
+}
+
+// A Decoder that panics never crashes a replica: the body is refused as an
+// invalid event (dead-lettered inline, parked buffered), the panic counted,
+// and the next message is processed. In the buffered mode that holds too for
+// a panic only when a stored message is decoded again (a Decoder changed by
+// a release since the ingest). A message with no message_id whose body the
+// Decoder refuses is dead-lettered with the Decoder's reason, not as
+// missing its id.
+func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		var decodes atomic.Int64
+		events := countingEvents(&decodes)
+		var secondDecodes atomic.Int64
+		decode := events.Decode
+		events.Decode = func(body []byte) (decodedEvent, error) {
+			switch {
+			case strings.Contains(string(body), "boom"):
+				panic("the decoder cannot take it")
+			case strings.Contains(string(body), "second") && secondDecodes.Add(1) > 1:
+				panic("the decoder changed since the ingest")
+			}
+			return decode(body)
+		}
+		e.publish("boom", `{"key": "boom", "n": 1}`)
+		e.publish("", `{"key": "a", "n": -1}`) // no message_id, and a body the Decoder refuses
+		if m.buffered() {
+			e.publish("second", `{"id": "second", "key": "second", "n": 1}`)
+		}
+		e.publish("valid", `{"key": "a", "n": 1}`)
+		rt := e.start(eventHandler(), func(c *Config) {
+			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.OrderingKey = nil })(c)
+			c.Decoder, c.KeyFromBody = events, nil
+		})
+		waitFor(t, "the valid message applied after the panics", func() bool { return e.appliedTotal() == 1 })
+		// Inline, all three refusals are dead letters; buffered, the refusal
+		// without an id is dead-lettered at the door and the panics parked.
+		wantDead, wantParked := 2, 0
+		if m.buffered() {
+			wantDead, wantParked = 1, 2
+		}
+		reasons := map[string]string{}
+		for _, d := range e.deadLetters(wantDead) {
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
+		}
+		if wantParked > 0 {
+			for _, g := range m.givenUp(e, wantParked) {
+				reasons[g.id] = g.reason
+			}
+		}
+		want := map[string]string{"boom": ReasonInvalidEvent, "": "negative_n"}
+		if m.buffered() {
+			want["second"] = ReasonInvalidEvent
+		}
+		if fmt.Sprint(reasons) != fmt.Sprint(want) {
+			t.Errorf("given up on %v, want %v", reasons, want)
+		}
+		if n := counterValue(rt.metrics.panics.WithLabelValues(rt.cfg.Name)); n < len(want)-1 {
+			t.Errorf("%d panics counted, want at least %d", n, len(want)-1)
+		}
+		if err := rt.Ready(); err != nil {
+			t.Errorf("the replica is not ready after the decoder's panics: %v", err)
 		}
 		rt.shutdown(t)
 	})

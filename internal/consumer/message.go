@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"mime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -95,10 +96,8 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
 	}
 	if r.cfg.Decoder != nil {
-		ev, err := r.cfg.Decoder.decode(d.Body)
-		if err != nil {
-			msg.undecoded = Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
-		}
+		ev, err := r.decode(d.Body, d.MessageId)
+		msg.undecoded = err
 		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
 		if msg.ID == "" {
 			msg.ID = ev.id
@@ -108,6 +107,9 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		msg.ID = r.cfg.KeyFromBody(d.Body)
 	}
 	switch {
+	case msg.ID == "" && msg.undecoded != nil:
+		// The id was to come from the event: the refusal says why there is none.
+		return permanentReason(msg.undecoded), msg.undecoded
 	case msg.ID == "":
 		return ReasonMissingID, errors.New("no message_id property and no id in the body")
 	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl):
@@ -115,6 +117,27 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
 	return "", nil
+}
+
+// decode runs the service's Decoder on a body. A refusal comes back as a
+// PermanentError with the reason to dead-letter (park) with; so does a
+// panic of the Decoder, counted and logged (ReasonInvalidEvent), so that a
+// body it cannot take never crashes a replica, at ingest or when the
+// buffered mode decodes a stored message again.
+func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
+			r.log.Error("the Decoder panicked; the message is refused as an invalid event",
+				"message_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			d, err = decoded{}, Permanent(ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
+		}
+	}()
+	d, err = r.cfg.Decoder.decode(body)
+	if err != nil {
+		return decoded{}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+	}
+	return d, nil
 }
 
 func (r *Runtime) acceptsContentType(ct string) bool {

@@ -289,7 +289,9 @@ func TestPoisonMessages(t *testing.T) {
 		{"zero-amount", "application/json", strings.Replace(valid, "100", "0", 1), orders.ReasonInvalidAmount, false},
 		{"negative-amount", "application/json", strings.Replace(valid, "100", "-5", 1), orders.ReasonInvalidAmount, false},
 		{"currency", "application/json", strings.Replace(valid, "EUR", "EURO", 1), orders.ReasonInvalidCurrency, false},
-		{"no-id", "application/json", `{"order_id":"o"}`, string(consumer.ReasonMissingID), true},
+		// No message_id and no event_id: the id was to come from the event,
+		// so the Decoder's refusal names the reason.
+		{"no-id", "application/json", `{"order_id":"o"}`, orders.ReasonMissingField, true},
 		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, string(consumer.ReasonBodyTooLarge), false},
 		{"content-type", "text/plain", valid, string(consumer.ReasonUnsupportedContent), false},
 		// Valid JSON and UTF-8, but PostgreSQL text refuses NUL: invalid at once, not retried.
