@@ -31,7 +31,7 @@ func TestShippingUnderFaultsBuffered(t *testing.T) {
 // faultOrders is the load of one trial: orders, each paid once, a tenth of
 // them published twice (the producer's duplicate) and a twentieth again
 // under a new message id (a republish), and one poison message.
-const faultOrders = 200
+const faultOrders = 300
 
 func faultLoad() []amqp.Publishing {
 	var msgs []amqp.Publishing
@@ -66,7 +66,7 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 		return &faultkit.Trial{
 			Stack: s,
 			Load: func() error {
-				return faultkit.Publish(amqpURL, "payments", "order.paid", faultLoad(), 50, 3*time.Minute)
+				return faultkit.Publish(amqpURL, "payments", "order.paid", faultLoad(), 35, 3*time.Minute)
 			},
 			Progress: shipments,
 			Verify: func(t *testing.T) {
@@ -112,4 +112,42 @@ func assertPoisonAloneGivenUp(t *testing.T, amqpURL, dbURL string) {
 		}
 		return err
 	})
+}
+
+// failures records what a scenario's check reports instead of failing the
+// test: the checks themselves are under test here.
+type failures struct {
+	testing.TB
+	errs []string
+}
+
+func (f *failures) Errorf(format string, args ...any) {
+	f.errs = append(f.errs, fmt.Sprintf(format, args...))
+}
+
+// The scenarios' checks fail when the fault did not happen: a crash point
+// that never fires (armed with a vanishing probability), and faults
+// injected after the load ended.
+func TestFaultChecksFailWhenTheFaultDidNotHappen(t *testing.T) {
+	never := faultkit.CrashAt("after-commit", 1e-9)
+	tr := shippingTrial(nil)(t, never)
+	if err := tr.Load(); err != nil {
+		t.Fatal(err)
+	}
+	tr.Stack.Drain(time.Minute, tr.Progress)
+	idle := func() bool { return false } // the load is over
+	never.Fault(tr.Stack, idle)
+	rec := &failures{TB: t}
+	never.Check(rec, tr.Stack)
+	if len(rec.errs) == 0 {
+		t.Error("CrashAt's check passed although the crash point never fired")
+	}
+	for _, sc := range []faultkit.Scenario{faultkit.SIGKILLReplicas, faultkit.BrokerDropsConnections, faultkit.DatabaseSessionsTerminated} {
+		sc.Fault(tr.Stack, idle)
+		rec := &failures{TB: t}
+		sc.Check(rec, tr.Stack)
+		if len(rec.errs) == 0 {
+			t.Errorf("%s's check passed with no fault injected under load", sc.Name)
+		}
+	}
 }

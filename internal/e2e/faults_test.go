@@ -66,7 +66,7 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 			Stack: s,
 			Load: func() error {
 				code, out := run(t, 4*time.Minute, "order-publisher", []string{"AMQP_URL=" + amqpURL},
-					"-count", "200", "-duplicate-rate", "0.1", "-republish-rate", "0.05", "-poison", "3", "-rate", "50", "-summary", summary)
+					"-count", "300", "-duplicate-rate", "0.1", "-republish-rate", "0.05", "-poison", "3", "-rate", "35", "-summary", summary)
 				if code != 0 {
 					return fmt.Errorf("order-publisher exited %d:\n%s", code, out)
 				}

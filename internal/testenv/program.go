@@ -208,6 +208,14 @@ func (pr *Process) Exited() bool {
 	}
 }
 
+// ExitCode is the status the process exited with, -1 while it runs.
+func (pr *Process) ExitCode() int {
+	if !pr.Exited() {
+		return -1
+	}
+	return pr.cmd.ProcessState.ExitCode()
+}
+
 // Metric reads one of the process's metrics (testenv.Metric on its address).
 func (pr *Process) Metric(t testing.TB, name string, labels ...string) float64 {
 	t.Helper()

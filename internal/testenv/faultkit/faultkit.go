@@ -32,6 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/inbox-template/payment-service/internal/faults"
 	"github.com/inbox-template/payment-service/internal/testenv"
 )
 
@@ -55,11 +56,17 @@ type Stack struct {
 	t        testing.TB
 	cfg      Config
 	replicas []*replica
-	// Crashes counts the replicas found dead that the stack did not kill
-	// (a crash point fired); Kills the SIGKILLs it sent; Restarts the
-	// replicas it started again.
+	// Crashes counts the replicas found exited at a crash point (the exit
+	// status faults.ExitCode) that the stack did not kill; Kills the
+	// SIGKILLs it sent to live replicas; Restarts the replicas it started
+	// again. Any other exit of a replica fails the test.
 	Crashes, Kills, Restarts int
-	notes                    []string
+	// UnderLoad counts the faults the scenario injected while its load was
+	// still being published.
+	UnderLoad int
+	notes     []string
+	// phaseCrashes is what the last CrashPhase counted.
+	phaseCrashes int
 }
 
 type replica struct {
@@ -110,12 +117,17 @@ func (s *Stack) Notes() []string { return s.notes }
 // crash.
 func (s *Stack) Supervise() {
 	s.t.Helper()
-	for _, r := range s.replicas {
+	for i, r := range s.replicas {
 		if r.held || !r.proc.Exited() {
 			continue
 		}
 		if r.alive {
-			s.Crashes++
+			if code := r.proc.ExitCode(); code != faults.ExitCode {
+				s.t.Errorf("replica %d exited with status %d, not at a crash point (%d): the fault broke it\n%s",
+					i, code, faults.ExitCode, tail(r.proc.Out.String(), 20))
+			} else {
+				s.Crashes++
+			}
 		}
 		r.alive = false
 		s.Restarts++
@@ -148,21 +160,37 @@ func (s *Stack) SuperviseWhile(timeout time.Duration, what string, busy func() b
 	}
 }
 
-// Kill sends SIGKILL to replica i; the supervisor starts it again.
-func (s *Stack) Kill(i int) {
+// Kill sends SIGKILL to replica i and reports whether it was running (a
+// replica that died meanwhile is left to the supervisor, not counted); the
+// supervisor starts it again.
+func (s *Stack) Kill(i int) bool {
 	s.t.Helper()
 	r := s.replicas[i]
+	if r.proc.Exited() {
+		return false
+	}
 	r.proc.Kill(s.t)
 	r.alive = false
 	s.Kills++
+	return true
 }
 
-// KillRandom sends SIGKILL to a replica at random and returns which.
+// KillRandom sends SIGKILL to a live replica at random and returns which
+// (-1 if none was running).
 func (s *Stack) KillRandom() int {
 	s.t.Helper()
-	i := rand.IntN(len(s.replicas))
-	s.Kill(i)
-	return i
+	for _, i := range rand.Perm(len(s.replicas)) {
+		if s.Kill(i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // Hold stops replica i (SIGKILL) and keeps it stopped; Release starts it
@@ -196,17 +224,27 @@ func (s *Stack) ArmAll(arms ...Arm) {
 	}
 }
 
-// arm clears the replica's crash points and arms those it keeps. A replica
-// that dies meanwhile is armed when the supervisor starts it again.
+// arm clears the replica's crash points and arms those it keeps, each call
+// tried three times. A replica that dies meanwhile is armed when the
+// supervisor starts it again; a live one that refuses fails the test, so
+// that no point stays armed unseen.
 func (s *Stack) arm(r *replica) {
 	s.t.Helper()
-	if !faultsCall(http.MethodDelete, "http://"+r.proc.Addr+"/faults/crash") {
-		return
-	}
+	calls := [][2]string{{http.MethodDelete, "http://" + r.proc.Addr + "/faults/crash"}}
 	for _, a := range r.armed {
-		u := fmt.Sprintf("http://%s/faults/crash?at=%s&probability=%g", r.proc.Addr, url.QueryEscape(a.Point), a.P)
-		if !faultsCall(http.MethodPost, u) && !r.proc.Exited() {
-			s.t.Fatalf("arming %s on a live replica failed", a.Point)
+		calls = append(calls, [2]string{http.MethodPost,
+			fmt.Sprintf("http://%s/faults/crash?at=%s&probability=%g", r.proc.Addr, url.QueryEscape(a.Point), a.P)})
+	}
+	for _, c := range calls {
+		ok := false
+		for try := 0; try < 3 && !ok && !r.proc.Exited(); try++ {
+			ok = faultsCall(c[0], c[1])
+		}
+		if r.proc.Exited() {
+			return
+		}
+		if !ok {
+			s.t.Fatalf("%s %s failed three times on a live replica", c[0], c[1])
 		}
 	}
 }
@@ -241,6 +279,7 @@ func (s *Stack) CrashPhase(point string, p float64, d time.Duration, min int, bu
 	s.ArmAll()
 	s.Supervise()
 	n := s.Crashes - before
+	s.phaseCrashes = n
 	s.Note("the service killed itself %d times at %s (armed with probability %g a message for %s) and was started again each time",
 		n, point, p, time.Since(start).Round(time.Second))
 	return n
