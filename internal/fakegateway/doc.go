@@ -27,7 +27,7 @@
 //     twice that way shows as two charges of one order.
 //
 // GET /healthz answers 200 while the store answers. GET /metrics serves the
-// Prometheus registry. GET and POST /faults read and set the fault knobs (and
+// Prometheus registry. GET, POST and DELETE /faults read, set and clear the fault knobs (and
 // the key lifetime), and exist only when the Server is built with
 // FaultsEnabled.
 //

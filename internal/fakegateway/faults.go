@@ -100,6 +100,15 @@ func (s *Server) handleSetFaults(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// handleClearFaults turns the faults off: no 503s, no lost responses, no
+// latency. The key lifetime is the gateway's semantics, not a fault: it stays.
+func (s *Server) handleClearFaults(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.faults = Faults{KeyTTL: s.faults.KeyTTL}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 func (in faultsJSON) apply(f Faults) (Faults, error) {
 	if in.ErrorRate != nil {
 		f.ErrorRate = *in.ErrorRate

@@ -20,7 +20,7 @@ type Options struct {
 	// InFlightTakeover is the age after which an in-flight key is presumed
 	// abandoned by a crashed gateway and may be executed by a later request.
 	InFlightTakeover time.Duration
-	// FaultsEnabled serves GET and POST /faults; without it they answer 404.
+	// FaultsEnabled serves GET, POST and DELETE /faults; without it they answer 404.
 	FaultsEnabled bool
 }
 
@@ -75,6 +75,7 @@ func (s *Server) Handler() http.Handler {
 	if s.opts.FaultsEnabled {
 		mux.HandleFunc("GET /faults", s.handleGetFaults)
 		mux.HandleFunc("POST /faults", s.handleSetFaults)
+		mux.HandleFunc("DELETE /faults", s.handleClearFaults)
 	}
 	return mux
 }

@@ -61,6 +61,14 @@ func TestFaultEndpoints(t *testing.T) {
 			}
 		})
 	}
+	e.do(t, http.MethodPost, "/faults", "", `{"error_rate":0.5,"lost_response_rate":0.5,"latency":"1s","key_ttl":"1h"}`)
+	if got := e.do(t, http.MethodDelete, "/faults", "", ""); got.code != http.StatusNoContent {
+		t.Fatalf("DELETE /faults = %d %s, want 204", got.code, got.body)
+	}
+	if f := e.srv.Faults(); f != (Faults{KeyTTL: time.Hour}) {
+		t.Fatalf("after DELETE /faults the knobs are %+v, want every fault off and the key lifetime kept", f)
+	}
+	e.do(t, http.MethodPost, "/faults", "", `{"key_ttl":"0s"}`)
 	e.do(t, http.MethodPost, "/faults", "", `{"error_rate":1,"latency":"1.5s"}`)
 	if got := e.do(t, http.MethodGet, "/faults", "", ""); string(got.body) != `{"error_rate":1,"lost_response_rate":0,"latency":"1.5s","key_ttl":"0s"}` {
 		t.Fatalf("GET /faults = %s", got.body)
