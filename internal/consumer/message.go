@@ -135,7 +135,11 @@ func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
 	}()
 	d, err = r.cfg.Decoder.decode(body)
 	if err != nil {
-		return decoded{}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+		cause := err
+		if pe := (*PermanentError)(nil); errors.As(err, &pe) && pe.Err != nil {
+			cause = pe.Err // the reason once in the text, not twice
+		}
+		return decoded{}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", cause))
 	}
 	return d, nil
 }
