@@ -45,6 +45,17 @@ clean:
 # the first FAIL; scripts/faults/broker-restart.sh stops the local broker for a
 # few seconds. `chaos` is the bounded run CI uses; `chaos-buffered` runs it with
 # INBOX_MODE=buffered.
+# The Compose stack in one command: what is missing said precisely, stand-in
+# images built when no registry answers, up --build --wait, then one line
+# about the demo load (orders -> payments, duplicates suppressed, dead
+# letters, PASS/FAIL). `down` removes it all, volumes included.
+.PHONY: up down
+up:
+	bash scripts/up.sh
+
+down:
+	docker compose down -v --remove-orphans
+
 .PHONY: faults chaos chaos-buffered
 FAULT_SCRIPTS ?= $(sort $(wildcard scripts/faults/*.sh))
 CHAOS_FLAGS   ?= --duration 60s --orders 1500
