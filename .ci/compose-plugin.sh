@@ -3,7 +3,7 @@
 # install_compose_plugin builds Docker Compose ${compose_version} from its Go
 # module (through the Go module proxy) into the user's CLI plugin directory,
 # outside any clone, unless that version is there already. A cold build takes
-# 4-8 minutes on 2 cores; later runs reuse the binary.
+# 2 to 3 minutes on 2 cores; later runs reuse the binary.
 
 compose_version=v2.40.3
 compose_plugin="${DOCKER_CONFIG:-$HOME/.docker}/cli-plugins/docker-compose"

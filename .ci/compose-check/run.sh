@@ -9,7 +9,7 @@
 #      and its `go build` run here, with each image's size checked;
 #   3. `docker compose config -q` with the real Compose CLI, when one is
 #      installed, or built from its Go module with --build-plugin (a cold build
-#      takes 6-8 minutes on 2 cores; later runs reuse the installed binary).
+#      takes 2 to 3 minutes on 2 cores; later runs reuse the installed binary).
 # Exits non-zero on the first failure.
 #
 #   .ci/compose-check/run.sh [--build-plugin]

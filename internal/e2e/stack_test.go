@@ -78,7 +78,7 @@ func queueDepth(t *testing.T, amqpURL, queue string) int {
 	return testenv.QueueDepth(t, amqpURL, queue)
 }
 
-// The README's "done when": 1000 orders with 20% duplicates and 6 poison
+// The project's first "done when": 1000 orders with 20% duplicates and 6 poison
 // messages end as exactly 1000 payments, at most 1000 charges, none charged
 // twice, and 6 messages in the dead-letter queue.
 func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {

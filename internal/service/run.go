@@ -1,6 +1,7 @@
 // Package service is the kit's entry point: Run wires a consumer service from
 // its Options (configuration, database and migrations, metrics, health and
-// readiness, fault endpoints, inbox pruning, signals and the shutdown order),
+// readiness, fault endpoints, inbox pruning and the shutdown order once its
+// context ends: the main cancels it on a signal),
 // so that a service is a handler, a migration and a short main.
 package service
 
