@@ -114,17 +114,6 @@ func assertPoisonAloneGivenUp(t *testing.T, amqpURL, dbURL string) {
 	})
 }
 
-// failures records what a scenario's check reports instead of failing the
-// test: the checks themselves are under test here.
-type failures struct {
-	testing.TB
-	errs []string
-}
-
-func (f *failures) Errorf(format string, args ...any) {
-	f.errs = append(f.errs, fmt.Sprintf(format, args...))
-}
-
 // The scenarios' checks fail when the fault did not happen: a crash point
 // that never fires (armed with a vanishing probability), and faults
 // injected after the load ended.
@@ -137,16 +126,16 @@ func TestFaultChecksFailWhenTheFaultDidNotHappen(t *testing.T) {
 	tr.Stack.Drain(time.Minute, tr.Progress)
 	idle := func() bool { return false } // the load is over
 	never.Fault(tr.Stack, idle)
-	rec := &failures{TB: t}
+	rec := &testenv.Recorder{TB: t}
 	never.Check(rec, tr.Stack)
-	if len(rec.errs) == 0 {
+	if len(rec.Errors) == 0 {
 		t.Error("CrashAt's check passed although the crash point never fired")
 	}
 	for _, sc := range []faultkit.Scenario{faultkit.SIGKILLReplicas, faultkit.BrokerDropsConnections, faultkit.DatabaseSessionsTerminated} {
 		sc.Fault(tr.Stack, idle)
-		rec := &failures{TB: t}
+		rec := &testenv.Recorder{TB: t}
 		sc.Check(rec, tr.Stack)
-		if len(rec.errs) == 0 {
+		if len(rec.Errors) == 0 {
 			t.Errorf("%s's check passed with no fault injected under load", sc.Name)
 		}
 	}

@@ -111,16 +111,6 @@ func TestStackRunsTheServiceOnTheRealBrokerAndDatabase(t *testing.T) {
 	}
 }
 
-// recorder stands for a test, keeping what CheckWrites reported.
-type recorder struct {
-	testing.TB
-	errs []string
-}
-
-func (r *recorder) Errorf(format string, args ...any) {
-	r.errs = append(r.errs, fmt.Sprintf(format, args...))
-}
-
 // CheckWrites runs the writes once rolled back and once committed: good
 // writes give the same outcome both times and commit once; writes that
 // count give themselves away.
@@ -153,10 +143,10 @@ func TestCheckWritesRunsTheWritesTwice(t *testing.T) {
 			return consumer.OutcomeProcessed, nil
 		}, nil
 	})
-	r := &recorder{TB: t}
+	r := &testenv.Recorder{TB: t}
 	servicetest.CheckWrites(r, db, counting, consumer.Message{ID: "m-3"})
-	if len(r.errs) != 1 || !strings.Contains(r.errs[0], `gave "processed", then "duplicate"`) {
-		t.Errorf("counting writes: reported %q, want one report of the two outcomes", r.errs)
+	if len(r.Errors) != 1 || !strings.Contains(r.Errors[0], `gave "processed", then "duplicate"`) {
+		t.Errorf("counting writes: reported %q, want one report of the two outcomes", r.Errors)
 	}
 }
 
