@@ -89,6 +89,13 @@ var connectionSettings = map[string]func(program, value string) string{
 		}
 		return ""
 	},
+	// The publisher's run summaries, in the demo-state volume both mount.
+	"SUMMARY_DIR": func(_, v string) string {
+		if v != "/var/lib/order-publisher/runs" {
+			return "want /var/lib/order-publisher/runs, in the demo-state volume"
+		}
+		return ""
+	},
 	// The demo injects faults at run time.
 	"FAULTS_ENABLED": func(_, v string) string {
 		if v != "true" {

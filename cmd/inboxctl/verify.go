@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"gorm.io/gorm"
@@ -39,16 +40,16 @@ func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	runs, err := loadRuns(files, *runID, *orders)
-	if err != nil {
-		return err
-	}
 	cfg, err := service.LoadConfig(opts)
 	if err != nil {
 		return err
 	}
 	var gw config.Verify
 	if err := config.Load(&gw); err != nil {
+		return err
+	}
+	runs, err := loadRuns(files, *runID, *orders, gw.SummaryDir, os.Stderr)
+	if err != nil {
 		return err
 	}
 	report, err := verifyRuns(ctx, opts, cfg, gw, runs)
@@ -68,11 +69,26 @@ func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout 
 	return err
 }
 
-func loadRuns(files []string, runID string, orders int) ([]verify.Run, error) {
+// loadRuns reads the summaries given, or the one of --run-id that the
+// publisher left in dir (SUMMARY_DIR). Without it, a run is known by its id
+// and --orders alone: what else it sent (duplicates, republishes, poison)
+// counts as nothing, and stderr says so.
+func loadRuns(files []string, runID string, orders int, dir string, stderr io.Writer) ([]verify.Run, error) {
 	if runID != "" {
-		if orders < 1 {
-			return nil, errors.New("verify: --run-id needs --orders")
+		if dir != "" {
+			path := filepath.Join(dir, runID+".json")
+			if _, err := os.Stat(path); err == nil {
+				runs, err := loadRuns([]string{path}, "", 0, "", stderr)
+				if err == nil && orders > 0 && runs[0].Orders != orders {
+					err = fmt.Errorf("verify: --orders %d, but run %s published %d orders (%s)", orders, runID, runs[0].Orders, path)
+				}
+				return runs, err
+			}
 		}
+		if orders < 1 {
+			return nil, errors.New("verify: --run-id needs --orders when SUMMARY_DIR holds no summary of the run")
+		}
+		fmt.Fprintf(stderr, "verify: no summary of run %s in SUMMARY_DIR (%q): the duplicates, republishes and poison it sent count as none\n", runID, dir)
 		return []verify.Run{{RunID: runID, Orders: orders, Published: orders}}, nil
 	}
 	if len(files) == 0 {

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/inbox-template/payment-service/internal/config"
@@ -66,12 +67,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Rate: opts.rate,
 	}, log)
 	err = errors.Join(runErr, report(sum, stdout, opts.summaryPath))
+	if kerr := keep(sum, cfg.SummaryDir); kerr != nil {
+		// A directory this user may not write (a fault script's run as
+		// another user) costs verify --run-id the figures, not the run.
+		log.Warn("the summary is not kept for inboxctl verify --run-id", "err", kerr)
+	}
 	if err == nil && opts.oncePath != "" {
 		if err := os.WriteFile(opts.oncePath, []byte(sum.RunID+"\n"), 0o644); err != nil {
 			return fmt.Errorf("record the run in -once file: %w", err)
 		}
 	}
 	return err
+}
+
+// keep writes the summary as JSON to dir/<run id>.json, for inboxctl verify
+// --run-id (SUMMARY_DIR; "" keeps nothing).
+func keep(sum producer.Summary, dir string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("SUMMARY_DIR: %w", err)
+	}
+	return writeSummary(sum, filepath.Join(dir, sum.RunID+".json"))
 }
 
 // report prints the summary and, when asked, writes it as JSON to path.
@@ -82,6 +100,11 @@ func report(sum producer.Summary, stdout io.Writer, path string) error {
 	if path == "" {
 		return nil
 	}
+	return writeSummary(sum, path)
+}
+
+// writeSummary writes the summary as JSON to path.
+func writeSummary(sum producer.Summary, path string) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("create summary file: %w", err)

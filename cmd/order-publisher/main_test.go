@@ -61,12 +61,17 @@ func TestRunPublishesAndWritesSummary(t *testing.T) {
 	setBroker(t, url)
 	bindQueue(t, url)
 	path := filepath.Join(t.TempDir(), "summary.json")
+	dir := filepath.Join(t.TempDir(), "runs") // SUMMARY_DIR: made if missing
+	t.Setenv("SUMMARY_DIR", dir)
 	var stdout, stderr bytes.Buffer
 
 	err := run(testContext(t), []string{"-count", "25", "-run-id", "cli", "-seed", "5", "-duplicate-rate", "0.4",
 		"-republish-rate", "0.4", "-poison", "11", "-rate", "0", "-summary", path}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run() = %v\nstderr:\n%s", err, stderr.String())
+	}
+	if kept := readSummary(t, filepath.Join(dir, "cli.json")); kept["run_id"] != "cli" || kept["orders"] != 25.0 || kept["poison_total"] != 11.0 {
+		t.Errorf("SUMMARY_DIR/cli.json %v, want the run's summary", kept)
 	}
 	sum := readSummary(t, path)
 	if sum["run_id"] != "cli" || sum["orders"] != 25.0 || sum["poison_total"] != 11.0 || sum["ok"] != true ||

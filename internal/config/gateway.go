@@ -49,6 +49,7 @@ type Publisher struct {
 	AMQPURL    string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL; everything lives in its vhost"`
 	Exchange   string `envconfig:"EXCHANGE" default:"orders" desc:"topic exchange the consumed events are published to (no kit default)"`
 	RoutingKey string `envconfig:"ROUTING_KEY" default:"order.placed" desc:"binding key of the work queue (no kit default)"`
+	SummaryDir string `envconfig:"SUMMARY_DIR" desc:"directory of the publisher's run summaries, <run id>.json: order-publisher writes each run's there (beside -summary), inboxctl verify --run-id reads the run's there; empty: none"`
 }
 
 // Validate reports every out-of-range value, naming its variable.

@@ -11,6 +11,9 @@ type Verify struct {
 	// both are set.
 	ShippingDatabaseURL string `envconfig:"SHIPPING_DATABASE_URL" desc:"the shipping service's database: with CARRIER_DATABASE_URL, verify also checks the pipeline (one shipment and one pickup per succeeded payment, the outbox drained); empty checks the payments only"`
 	CarrierDatabaseURL  string `envconfig:"CARRIER_DATABASE_URL" desc:"the fake carrier's database, which verify checks for pickups booked twice (with SHIPPING_DATABASE_URL)"`
+	// SummaryDir is where the publisher leaves each run's summary: --run-id
+	// finds there what the run sent (duplicates, republishes, poison).
+	SummaryDir string `envconfig:"SUMMARY_DIR" desc:"directory of the publisher's run summaries, <run id>.json: order-publisher writes each run's there (beside -summary), inboxctl verify --run-id reads the run's there; empty: none"`
 }
 
 // Validate reports every out-of-range value, naming its variable.

@@ -135,6 +135,9 @@ func (r *Report) fill(f facts, runs []Run) {
 	deadOrders := map[string]bool{}
 	validDead := 0
 	for _, m := range f.dead {
+		if !ofRuns(m, runs) {
+			continue // another run's, or no run's: the queue is shared
+		}
 		r.DeadLettered[m.Reason]++
 		deadOrders[m.Attrs["order_id"]] = true
 		if published[m.Attrs["order_id"]] {
@@ -177,6 +180,19 @@ func (r *Report) fill(f facts, runs []Run) {
 	for _, s := range [][]string{r.Lost, r.ChargedTwice, r.PaidWithoutCharge, r.UnexpectedPayments, r.ChargesWithoutOrder} {
 		slices.Sort(s)
 	}
+}
+
+// ofRuns reports whether a dead letter (or a parked message) is one of the
+// runs' messages: an order of a run (<run id>-<n>, <run id>-poison-<i>, the
+// order id of its log attributes) or one of its poison messages, whose
+// message ids are poison-<run id>-<i>-<kind>.
+func ofRuns(m deadletter.Message, runs []Run) bool {
+	for _, run := range runs {
+		if strings.HasPrefix(m.ID, "poison-"+run.RunID+"-") || strings.HasPrefix(m.Attrs["order_id"], run.RunID+"-") {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Report) check() {
