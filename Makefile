@@ -21,12 +21,12 @@ build:
 # so that they disturb no other. The fault kit's scenarios (TestPaymentUnderFaults,
 # TestShippingUnderFaults and their buffered twins: a dozen minutes of crashes and
 # restarts) run in the first pass only.
-COMMIT_PACKAGES = ./internal/inbox ./internal/consumer ./internal/payment ./internal/deadletter ./internal/e2e ./examples/...
+COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
 	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults' $(COMMIT_PACKAGES)
-	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/consumer ./internal/e2e
+	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
 

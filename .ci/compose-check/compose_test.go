@@ -203,7 +203,7 @@ type envEntry struct {
 func (e envEntry) composeOnly() bool { return slices.Equal(e.programs, []string{"compose"}) }
 
 // envExampleEntries reads .env.example as NAME=value lines, each with the
-// programs named at the start of the comment above it (internal/config's test
+// programs named at the start of the comment above it (internal/demo/config's test
 // holds that list to the programs' configuration structs).
 func envExampleEntries(t *testing.T) map[string]envEntry {
 	t.Helper()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Validates the container stack without a Docker engine:
-#   1. internal/config's .env.example test (every variable the programs read,
+#   1. internal/demo/config's .env.example test (every variable the programs read,
 #      with its default, and nothing else);
 #   2. this module's tests: docker-compose.yml loaded by compose-go, the loader
 #      Docker Compose uses, with and without .env.example, plus the stack's
@@ -47,7 +47,7 @@ compose() {
 }
 
 log ".env.example against the programs' configuration"
-(cd "$root" && go test -count=1 -run 'TestEnvExampleMatchesPrograms|TestEveryProgramConfigIsListed' ./internal/config)
+(cd "$root" && go test -count=1 -run 'TestEnvExampleMatchesPrograms|TestEveryProgramConfigIsListed' ./internal/demo/config)
 
 log "docker-compose.yml and Dockerfile (compose-go)"
 (cd "$here" && go test -count=1 ./...)

@@ -20,12 +20,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/config"
-	"github.com/inbox-template/payment-service/internal/database"
-	"github.com/inbox-template/payment-service/internal/fakecarrier"
-	"github.com/inbox-template/payment-service/internal/health"
-	"github.com/inbox-template/payment-service/internal/logging"
-	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/demo/config"
+	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/health"
+	"github.com/inbox-template/payment-service/internal/kit/logging"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
 )
 
 func main() {

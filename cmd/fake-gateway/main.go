@@ -25,10 +25,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/inbox-template/payment-service/internal/config"
-	"github.com/inbox-template/payment-service/internal/database"
-	"github.com/inbox-template/payment-service/internal/fakegateway"
-	"github.com/inbox-template/payment-service/internal/migrations"
+	"github.com/inbox-template/payment-service/internal/demo/config"
+	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
 )
 
 const shutdownTimeout = 10 * time.Second

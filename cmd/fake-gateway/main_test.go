@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/gateway"
-	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/payment/gateway"
 )
 
 func TestRunServesUntilCancelled(t *testing.T) {

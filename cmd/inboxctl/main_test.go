@@ -11,10 +11,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/migrations"
-	"github.com/inbox-template/payment-service/internal/rabbit"
-	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 )
 
 // inboxctl runs the command as main does, with stdin as its input.

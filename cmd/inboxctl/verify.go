@@ -13,12 +13,12 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/config"
-	"github.com/inbox-template/payment-service/internal/database"
-	"github.com/inbox-template/payment-service/internal/logging"
-	"github.com/inbox-template/payment-service/internal/rabbit"
-	"github.com/inbox-template/payment-service/internal/service"
-	"github.com/inbox-template/payment-service/internal/verify"
+	"github.com/inbox-template/payment-service/internal/demo/config"
+	"github.com/inbox-template/payment-service/internal/demo/verify"
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/logging"
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/service"
 )
 
 // errInvariant makes the exit code 1 after the report was printed.

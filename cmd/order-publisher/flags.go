@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/producer"
+	"github.com/inbox-template/payment-service/internal/demo/producer"
 )
 
 // options are the command-line flags; the broker comes from the environment.

@@ -15,9 +15,9 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/inbox-template/payment-service/internal/config"
-	"github.com/inbox-template/payment-service/internal/logging"
-	"github.com/inbox-template/payment-service/internal/producer"
+	"github.com/inbox-template/payment-service/internal/demo/config"
+	"github.com/inbox-template/payment-service/internal/demo/producer"
+	"github.com/inbox-template/payment-service/internal/kit/logging"
 )
 
 func main() {

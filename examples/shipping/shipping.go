@@ -1,7 +1,7 @@
 // Package shipping is the example consumer of docs/writing-a-service.md: it
 // books a carrier pickup for each OrderPaid event and records the shipment,
 // exactly once. It is a handler, an event, a carrier client and a migration;
-// the kit (internal/service) does the rest.
+// the kit (internal/kit/service) does the rest.
 package shipping
 
 import (
@@ -13,10 +13,10 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/faults"
-	"github.com/inbox-template/payment-service/internal/migrations"
-	"github.com/inbox-template/payment-service/internal/service"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/faults"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/service"
 )
 
 // OrderPaid is the event this service consumes.

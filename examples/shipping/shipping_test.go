@@ -13,9 +13,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/faults"
-	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/faults"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 )
 
 // service is the example's main, built once and run as a process by each test.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 )
 
 // This file holds tests that disturb the whole broker, not just their vhost.

@@ -9,8 +9,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/testenv"
-	"github.com/inbox-template/payment-service/internal/testenv/faultkit"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/testenv/faultkit"
 )
 
 // paymentService is the payment service's binary, as the fault kit runs it.

@@ -20,7 +20,7 @@ func TestNewProjectScript(t *testing.T) {
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir)
 	mustRun(t, dir, "go", "build", "./...")
 	mustRun(t, dir, "go", "vet", "./...")
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/orders", "./internal/service", "./internal/faults", "./internal/gateway", "./internal/config")
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/payment/orders", "./internal/kit/service", "./internal/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
 	if out, err := exec.Command("grep", "-rIl", "--exclude-dir=.git", "github.com/inbox-template/payment-service", dir).Output(); err == nil {
 		t.Errorf("files still name the template's module path:\n%s", out)
 	}

@@ -14,11 +14,11 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/database"
-	"github.com/inbox-template/payment-service/internal/gateway"
-	"github.com/inbox-template/payment-service/internal/orders"
-	"github.com/inbox-template/payment-service/internal/outbox"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/outbox"
+	"github.com/inbox-template/payment-service/internal/payment/gateway"
+	"github.com/inbox-template/payment-service/internal/payment/orders"
 )
 
 // Payment statuses.

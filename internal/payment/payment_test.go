@@ -17,16 +17,16 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/database"
-	"github.com/inbox-template/payment-service/internal/fakegateway"
-	"github.com/inbox-template/payment-service/internal/gateway"
-	"github.com/inbox-template/payment-service/internal/migrations"
-	"github.com/inbox-template/payment-service/internal/orders"
-	"github.com/inbox-template/payment-service/internal/outbox"
+	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/outbox"
+	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/internal/service/servicetest"
-	"github.com/inbox-template/payment-service/internal/testenv"
+	"github.com/inbox-template/payment-service/internal/payment/gateway"
+	"github.com/inbox-template/payment-service/internal/payment/orders"
 )
 
 // stack is the payment service as cmd/payment-service runs it (its Options,

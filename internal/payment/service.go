@@ -4,12 +4,12 @@ import (
 	"context"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/consumer"
-	"github.com/inbox-template/payment-service/internal/faults"
-	"github.com/inbox-template/payment-service/internal/gateway"
-	"github.com/inbox-template/payment-service/internal/migrations"
-	"github.com/inbox-template/payment-service/internal/orders"
-	"github.com/inbox-template/payment-service/internal/service"
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/faults"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/internal/payment/gateway"
+	"github.com/inbox-template/payment-service/internal/payment/orders"
 )
 
 // Settings are the payment handler's own: the gateway it charges through.

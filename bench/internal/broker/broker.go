@@ -16,7 +16,7 @@ import (
 )
 
 // The payment service's names and its work queue's delivery limit, at their
-// defaults (internal/config/payment.go of the template).
+// defaults (internal/demo/config/payment.go of the template).
 const (
 	Exchange           = "orders"
 	RoutingKey         = "order.placed"
@@ -30,7 +30,7 @@ const (
 	EventsSink     = "bench.events"
 )
 
-// QueueArgs are the work queue's arguments, as internal/rabbit/topology.go of
+// QueueArgs are the work queue's arguments, as internal/kit/rabbit/topology.go of
 // the template declares them; that package is internal to the template's module,
 // so the bench mirrors it. A drift cannot go unnoticed: RabbitMQ refuses the
 // service's own declaration of a queue with other arguments

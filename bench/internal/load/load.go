@@ -28,7 +28,7 @@ type Message struct {
 	PublishedAt time.Time
 }
 
-// orderPlaced is the event's contract (internal/orders of the template).
+// orderPlaced is the event's contract (internal/payment/orders of the template).
 type orderPlaced struct {
 	EventID     string    `json:"event_id"`
 	OrderID     string    `json:"order_id"`

@@ -1,0 +1,87 @@
+package consumer
+
+import (
+	"errors"
+
+	"github.com/inbox-template/payment-service/internal/kit/inbox"
+)
+
+// The failure decision, in one place for both modes: decide turns a failed
+// run into a verdict, and each mode only carries the verdict out (inline:
+// settling the delivery on the broker; buffered: releasing, failing or
+// parking the stored message).
+
+// action is what becomes of a message whose run failed.
+type action int
+
+const (
+	// actAbandon leaves the message as it is: the runtime is stopping and
+	// the run was cut short (inline: unacked, redelivered later; buffered:
+	// released for another replica).
+	actAbandon action = iota
+	// actDeadLetter ends the message with verdict.reason (inline: the
+	// dead-letter exchange; buffered: parked).
+	actDeadLetter
+	// actPutBack gives the message back without spending its attempt.
+	actPutBack
+	// actPause puts the message back and pauses consumption (verdict.cause).
+	actPause
+	// actRetry spends the attempt and schedules the next.
+	actRetry
+)
+
+func (a action) String() string {
+	return [...]string{"abandon", "dead-letter", "put back", "pause", "retry"}[a]
+}
+
+// verdict is decide's answer.
+type verdict struct {
+	act    action
+	reason Reason // actDeadLetter: the dead-letter (park) reason
+	cause  Cause  // actPause: the pause cause
+}
+
+// failure is what decide needs to know about a failed run. The two facts
+// that cost something to learn are asked only when the rules reach them:
+// cause (the infrastructure at fault, "" for none: it may ask the database)
+// and inARow (it counts this failure in the run of failing messages, and
+// reports whether that run now pauses consumption).
+type failure struct {
+	err         error
+	stopping    bool // the runtime is stopping and cut the run short
+	attempt     int  // this run, 1-based, of the message's budget
+	maxAttempts int
+	cause       func() Cause
+	inARow      func() bool
+}
+
+// decide applies the rules in order: a stop cuts the run short; the
+// message's own fault (a permanent error, another payload under its id) ends
+// it; a dependency down or the database's trouble is nobody's fault of the
+// message's and pauses; a wait on a lock puts it back; then its own budget is
+// decided, before the run of failures of distinct messages, which pauses
+// when a dependency fails every message alike; else it is retried.
+func decide(f failure) verdict {
+	switch {
+	case f.stopping:
+		return verdict{act: actAbandon}
+	case errors.Is(f.err, inbox.ErrPayloadMismatch):
+		return verdict{act: actDeadLetter, reason: ReasonPayloadMismatch}
+	case errors.Is(f.err, ErrPermanent):
+		return verdict{act: actDeadLetter, reason: permanentReason(f.err)}
+	}
+	if cause := f.cause(); cause != "" {
+		return verdict{act: actPause, cause: cause}
+	}
+	if waited(f.err) {
+		return verdict{act: actPutBack}
+	}
+	inARow := f.inARow()
+	switch {
+	case f.attempt >= f.maxAttempts:
+		return verdict{act: actDeadLetter, reason: ReasonRetriesExhausted}
+	case inARow:
+		return verdict{act: actPause, cause: CauseFailing}
+	}
+	return verdict{act: actRetry}
+}

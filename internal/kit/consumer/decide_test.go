@@ -1,0 +1,60 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inbox-template/payment-service/internal/kit/inbox"
+)
+
+func TestDecide(t *testing.T) {
+	lockWait := &pgconn.PgError{Code: "55P03"}
+	cases := []struct {
+		name     string
+		f        failure
+		cause    Cause
+		inARow   bool
+		want     verdict
+		asked    bool // whether the run of failures counted this one
+		noCauses bool // decided before the cause is asked
+	}{
+		{name: "stopping", f: failure{err: context.Canceled, stopping: true, attempt: 5, maxAttempts: 5},
+			want: verdict{act: actAbandon}, noCauses: true},
+		{name: "permanent with a reason", f: failure{err: Permanent("invalid_amount", nil), attempt: 1, maxAttempts: 5},
+			want: verdict{act: actDeadLetter, reason: "invalid_amount"}, noCauses: true},
+		{name: "permanent without one", f: failure{err: &PermanentError{}, attempt: 1, maxAttempts: 5},
+			want: verdict{act: actDeadLetter, reason: ReasonPermanent}, noCauses: true},
+		{name: "payload mismatch", f: failure{err: fmt.Errorf("x: %w", inbox.ErrPayloadMismatch), attempt: 1, maxAttempts: 5},
+			want: verdict{act: actDeadLetter, reason: ReasonPayloadMismatch}, noCauses: true},
+		{name: "database down on the last attempt", f: failure{err: errors.New("eof"), attempt: 5, maxAttempts: 5}, cause: CauseDatabase,
+			want: verdict{act: actPause, cause: CauseDatabase}},
+		{name: "lock wait on the last attempt", f: failure{err: lockWait, attempt: 5, maxAttempts: 5},
+			want: verdict{act: actPutBack}},
+		{name: "budget before the run of failures", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true,
+			want: verdict{act: actDeadLetter, reason: ReasonRetriesExhausted}, asked: true},
+		{name: "run of failures", f: failure{err: errTransient, attempt: 2, maxAttempts: 5}, inARow: true,
+			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
+		{name: "retry", f: failure{err: errTransient, attempt: 1, maxAttempts: 5},
+			want: verdict{act: actRetry}, asked: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			causeAsked, counted := false, false
+			c.f.cause = func() Cause { causeAsked = true; return c.cause }
+			c.f.inARow = func() bool { counted = true; return c.inARow }
+			if got := decide(c.f); got != c.want {
+				t.Errorf("decide = %+v (%s), want %+v (%s)", got, got.act, c.want, c.want.act)
+			}
+			if counted != c.asked {
+				t.Errorf("counted in the run of failures: %v, want %v", counted, c.asked)
+			}
+			if c.noCauses && causeAsked {
+				t.Error("asked for the infrastructure's fault of a failure decided without it")
+			}
+		})
+	}
+}

@@ -1,0 +1,99 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/inbox"
+)
+
+// committer runs the final transactions of messages: their inbox claim and
+// their handler's writes. A fixed number of committers (Config.Committers)
+// each take a batch of up to GroupCommitMax messages that finished their
+// handler close together (waiting at most GroupCommitWait for the batch to
+// fill) and commit them in one transaction, a savepoint each. So the database
+// sees a bounded number of connections whatever the number of workers, and one
+// COMMIT (one WAL flush) for many messages. With GroupCommitMax 1 every
+// message has its own transaction.
+type committer struct {
+	*batcher[*commitJob]
+	inbox   *inbox.Inbox
+	timeout time.Duration // bounds one batch's transaction
+	stage   func(Stage)
+	metrics *Metrics
+	name    string
+}
+
+func newCommitter(ib *inbox.Inbox, max int, wait, timeout time.Duration, stage func(Stage), m *Metrics, name string) *committer {
+	c := &committer{inbox: ib, timeout: timeout, stage: stage, metrics: m, name: name}
+	c.batcher = newBatcher(max, wait, c.commitBatch)
+	return c
+}
+
+// commitJob is one message waiting for its commit, and then its result.
+type commitJob struct {
+	msg    Message
+	writes Writes
+	hooks  commitHooks // OnCommit of the writes' last run
+	out    Outcome
+	fresh  bool
+	err    error
+	done   chan struct{}
+}
+
+// commit hands a message's writes to the committers and waits for the
+// transaction that holds them. If ctx ends first the message is given up
+// unacked: its writes may still commit, and its redelivery is then a duplicate.
+func (c *committer) commit(ctx context.Context, msg Message, w Writes) (out Outcome, fresh bool, err error) {
+	j := &commitJob{msg: msg, writes: w, done: make(chan struct{})}
+	if err := c.submit(ctx, j, j.done); err != nil {
+		return "", false, err
+	}
+	return j.out, j.fresh, j.err
+}
+
+// commitBatch runs one transaction for the batch and hands each job its result.
+func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
+	// Detached from shutdown: a batch that has begun commits or fails on its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	defer cancel()
+	items := make([]inbox.Item, len(batch))
+	for i, j := range batch {
+		items[i] = inbox.Item{MessageID: j.msg.ID, Body: j.msg.Body, Apply: c.apply(ctx, j)}
+	}
+	c.metrics.batchSize.WithLabelValues(c.name).Observe(float64(len(batch)))
+	start := time.Now()
+	results, err := c.inbox.Commit(ctx, items)
+	c.metrics.commitSeconds.WithLabelValues(c.name).Observe(time.Since(start).Seconds())
+	for i, j := range batch {
+		switch {
+		case err != nil:
+			j.out, j.fresh, j.err = "", false, fmt.Errorf("commit: %w", err)
+		case results[i].Err != nil:
+			j.out, j.fresh, j.err = "", false, results[i].Err
+		default:
+			j.fresh = results[i].Fresh
+			if j.fresh {
+				j.hooks.committed()
+			}
+		}
+		close(j.done)
+	}
+}
+
+// apply runs a job's writes after its claim, keeping the outcome they report.
+func (c *committer) apply(ctx context.Context, j *commitJob) func(tx *gorm.DB) error {
+	return func(tx *gorm.DB) error {
+		c.stage(StageInboxInsert)
+		j.out = ""
+		if j.writes == nil {
+			return nil
+		}
+		out, err := j.writes(j.hooks.run(ctx), tx)
+		j.out = out
+		return err
+	}
+}

@@ -1,0 +1,174 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+)
+
+// publishTimeout bounds a retry or dead-letter publish and its confirm.
+const publishTimeout = 15 * time.Second
+
+// retryJitter shortens each delay by up to this fraction. Retry queues expire
+// messages at the head only, so a jittered message waits at most this much
+// longer than its own expiration behind an earlier one.
+const retryJitter = 0.2
+
+// retry republishes the message to the delay queue of its attempt with the
+// attempt counter raised, then acks the original. If the copy is not confirmed
+// the original is requeued instead: a duplicate is possible, a loss is not.
+func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
+	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
+	pub := republish(d, msg)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1)
+	pub.Headers[HeaderLastError] = truncate(cause.Error())
+	if _, ok := pub.Headers[HeaderFirstError]; !ok {
+		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	}
+	expire := time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
+	pub.Expiration = strconv.FormatInt(max(expire.Milliseconds(), 1), 10)
+	queue := r.cfg.Topology.RetryQueue(delay)
+	if !r.publishThenAck(ctx, s, d, "", queue, pub, log) {
+		return
+	}
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
+	log.get().Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
+		"delay", expire.String(), "err", cause)
+}
+
+// hold puts a message that failed through no fault of its own (the database
+// or a dependency is down) back without spending an attempt: a copy goes to
+// the first delay queue with its attempt count unchanged, then the original is
+// acked. Unlike a nack with requeue, the copy is a new message to the broker,
+// so the work queue's x-delivery-limit never counts an outage against it.
+func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
+	delay := r.cfg.Topology.RetryDelays[0]
+	pub := republish(d, msg)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	held, _ := intHeader(d.Headers, HeaderHeld)
+	pub.Headers[HeaderHeld] = int32(held + 1)
+	pub.Headers[HeaderLastError] = truncate(cause.Error())
+	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
+	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
+		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRequeued)).Inc()
+	}
+}
+
+// returnUnstarted gives back the deliveries a session received but no worker
+// started: each is republished to the work queue and then acked. Left to the
+// channel's close, the broker would requeue them and a quorum queue would
+// count each return in x-delivery-count, so that enough restarts, pauses or
+// deploys would dead-letter valid messages (delivery_limit) that never failed.
+func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+	n := 0
+	for d := range deliveries {
+		msg := Message{ID: d.MessageId, Body: d.Body}
+		log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+		pub := rabbit.Copy(d)
+		stampSeen(pub.Headers, publishedAt(d), time.Now())
+		if d.Redelivered {
+			// It may have run in a replica that died: the copy is a new
+			// message to the broker, without the redelivered flag.
+			pub.Headers[HeaderMayHaveRun] = true
+		}
+		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, pub, log) {
+			n++
+		}
+	}
+	if n > 0 {
+		r.log.Info("returned unstarted deliveries to the work queue", "count", n)
+	}
+}
+
+// retryDelay is the delay after a failed attempt (1-based): the n-th delay,
+// the last one repeating.
+func retryDelay(delays []time.Duration, attempt int) time.Duration {
+	return delays[min(max(attempt, 1)-1, len(delays)-1)]
+}
+
+// deadLetter publishes the message to the dead-letter exchange with the reason
+// and last error in its headers, then acks the original. A broker-side reject
+// could not add those headers.
+func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
+	pub := republish(d, msg)
+	pub.Headers[HeaderDeadLetterReason] = string(reason)
+	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
+	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	if _, ok := pub.Headers[HeaderFirstError]; !ok {
+		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	}
+	t := r.cfg.Topology
+	if !r.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
+		return
+	}
+	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
+	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, string(reason)).Inc()
+	log.get().Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
+}
+
+func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *messageLog) bool {
+	if err := s.waitUnblocked(ctx); err != nil {
+		return false // shutting down: the original stays unacked and is redelivered
+	}
+	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
+		log.get().Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
+		if errors.Is(err, rabbit.ErrReturned) {
+			s.requestRedeclare() // a queue is gone: the next session declares it again
+		}
+		sleep(ctx, time.Second) // the broker will not route it any better right away
+		_ = d.Nack(false, true)
+		return false
+	}
+	if err := d.Ack(false); err != nil {
+		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
+		return false
+	}
+	return true
+}
+
+// republish copies a delivery for a retry or dead-letter publish, keeping its
+// properties and its message id (the inbox key, resolved from the body if need
+// be), and marking it HeaderMayHaveRun if it may have run.
+func republish(d amqp.Delivery, msg Message) amqp.Publishing {
+	p := rabbit.Copy(d)
+	p.MessageId = msg.ID
+	if msg.MayHaveRun() {
+		p.Headers[HeaderMayHaveRun] = true
+	}
+	stampSeen(p.Headers, msg.PublishedAt, msg.seenAt)
+	delete(p.Headers, "x-death") // the broker's own history; ours is in x-attempt
+	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
+		p.Headers[HeaderOriginalExchange] = d.Exchange
+		p.Headers[HeaderOriginalKey] = d.RoutingKey
+	}
+	return p
+}
+
+func truncate(s string) string {
+	const maxLen = 1024
+	if len(s) <= maxLen {
+		return s
+	}
+	return s[:maxLen] + "…"
+}
+
+// stampSeen gives a copy of a message that has no publish time the time the
+// runtime first received it, as its publish time (HeaderTimestampMillis):
+// the key-expiry guard counts a message's age from its publish time, and a
+// copy without one would pass it at any age. The first receipt bounds the
+// message's first outside call from below, as a publish time does.
+func stampSeen(h amqp.Table, published, seen time.Time) {
+	if published.IsZero() && !seen.IsZero() {
+		h[HeaderTimestampMillis] = seen.UnixMilli()
+	}
+}

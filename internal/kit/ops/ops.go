@@ -1,0 +1,186 @@
+// Package ops holds the operations commands that every service built on the
+// kit carries in its own binary: migrate, dlq list|replay|purge, inbox
+// prune|status|parked|retry|skip|export and outbox status|parked|retry. They
+// read the service's own configuration (the same variables and defaults as
+// the running service), so they find its database, queues and retention:
+//
+//	shipping-service dlq list
+//	payment-service inbox prune --dry-run
+//
+// A service's main calls Run: with no arguments it serves, with a command it
+// runs that command. inboxctl is the payment service's commands plus the
+// payment stack's own (verify, the gateway's schema).
+package ops
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/logging"
+	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/service"
+)
+
+// Usage lists the commands; SERVICE stands for the program's name.
+const Usage = `commands:
+  (none)                       serve: consume until SIGINT or SIGTERM
+  healthcheck                  exit 0 if the local service is ready (/readyz)
+  migrate                      apply the service's schemas (the inbox and the
+                               buffered inbox, then its own) to DATABASE_URL
+                               and print their versions
+  dlq list [--limit N] [--json]
+                               show the first N (default 100) dead letters and
+                               leave them in the dead-letter queue
+  dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N] [--force]
+                               move the chosen dead letters back to the work
+                               queue with a fresh retry budget; a message
+                               replayed N (default 3) times already is refused,
+                               and so is one first published longer ago than
+                               IDEMPOTENCY_KEY_TTL less its retries: the
+                               services it calls may have forgotten its keys
+                               and repeat its side effects. --force replays
+                               those too: only when you know the side effect
+                               did not happen
+  dlq purge [--yes]            delete every dead letter; asks to type the
+                               queue name unless --yes
+  inbox prune [--older-than D] [--batch N] [--dry-run]
+                               delete inbox rows older than D (default
+                               INBOX_RETENTION) in batches of N (default
+                               INBOX_PRUNE_BATCH) and print how long it took;
+                               also the buffered inbox's finished messages
+  inbox status [--json]        the buffered inbox (INBOX_MODE=buffered): counts
+                               per status, the oldest unprocessed message's
+                               age, the keys blocked by a parked head
+  inbox parked [--limit N] [--key K]
+                               list parked messages, longest parked first
+  inbox retry (--id ID | --key K | --all)
+                               give parked messages a fresh retry budget
+  inbox skip (--id ID | --key K)
+                               give up a parked message; its key goes on
+  inbox export (--id ID | --key K | --all) [--dry-run]
+                               move parked messages to the dead-letter queue
+                               (then dlq list / replay); their keys go on
+  outbox status [--json]       the outbox: rows pending (committed, not yet
+                               confirmed by the broker) and parked, the
+                               oldest pending row's age
+  outbox parked [--limit N]    list parked rows (publishes the broker returned
+                               or refused OUTBOX_MAX_ATTEMPTS times), longest
+                               parked first
+  outbox retry (--id ID | --all)
+                               make parked rows pending again with a fresh
+                               budget (bind the missing queue first)
+
+Every command reads the service's configuration: dlq its broker and queues
+(AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …) and the replay age limit
+(IDEMPOTENCY_KEY_TTL, RETRY_DELAYS, MAX_ATTEMPTS, HANDLER_TIMEOUT), inbox prune
+its database and retention (DATABASE_URL, CONSUMER_NAME, INBOX_RETENTION,
+INBOX_PRUNE_BATCH, RETRY_DELAYS, MAX_ATTEMPTS), the buffered inbox's commands
+its database and CONSUMER_NAME (export also its broker), the outbox's its
+database and CONSUMER_NAME.
+`
+
+// usage is the usage error's text.
+var usage = "usage: SERVICE [command]\n\n" + Usage
+
+// Run runs the service (no arguments, or healthcheck) or one of its commands.
+func Run(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
+	if len(args) == 0 || len(args) == 1 && args[0] == "healthcheck" {
+		return service.Run(ctx, opts, args, stdout)
+	}
+	err := Command(ctx, opts, args, stdin, stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		_, err = io.WriteString(stdout, strings.ReplaceAll(usage, "SERVICE", opts.Name))
+	}
+	return err
+}
+
+// ErrUnknown is matched by the error of a command that is not one of these:
+// a program with commands of its own tries them first.
+var ErrUnknown = errors.New("unknown command")
+
+// Command runs one command of the service's; flag.ErrHelp asks for the usage.
+func Command(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("no command\n" + usage)
+	}
+	switch args[0] {
+	case "migrate":
+		if len(args) > 1 {
+			return fmt.Errorf("migrate: unexpected arguments %q\n%s", args[1:], usage)
+		}
+		return migrate(ctx, opts, stdout)
+	case "dlq":
+		return dlq(ctx, opts, args[1:], stdin, stdout)
+	case "inbox":
+		return inbox(ctx, opts, args[1:], stdout)
+	case "outbox":
+		return outboxCommand(ctx, opts, args[1:], stdout)
+	case "help", "-h", "--help":
+		return flag.ErrHelp
+	}
+	return fmt.Errorf("%w %q\n%s", ErrUnknown, args[0], usage)
+}
+
+// parseFlags parses a subcommand's flags and allows no positional arguments.
+// The flag package's own messages go nowhere: the error carries them.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%s: %w\n%s", fs.Name(), err, usage)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q\n%s", fs.Name(), fs.Arg(0), usage)
+	}
+	return nil
+}
+
+// isSet reports whether the flag name was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// migrate applies the service's schemas to its database.
+func migrate(ctx context.Context, opts service.Options, stdout io.Writer) error {
+	cfg, err := service.LoadConfig(opts)
+	if err != nil {
+		return err
+	}
+	return Migrate(ctx, cfg.URL, opts.Name, service.Schemas(opts), stdout)
+}
+
+// Migrate applies sets to the database at url and prints their versions.
+func Migrate(ctx context.Context, url, name string, sets []migrations.Set, stdout io.Writer) error {
+	log := logging.New(io.Discard, "error", name)
+	db, err := database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: 5 * time.Minute, AppName: name + " migrate"}, log)
+	if err != nil {
+		return err
+	}
+	defer database.Close(db)
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	applied, err := migrations.Apply(ctx, sqlDB, sets...)
+	if err != nil {
+		return err
+	}
+	for _, set := range sets {
+		version, err := migrations.Version(ctx, sqlDB, set)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s: %s schema at version %d (applied now: %v)\n", name, set.Name(), version, applied[set.Name()])
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+// Package outbox is the kit's transactional outbox: a handler adds the
+// messages it emits to the outbox table from its writes, through the same
+// transaction as the inbox row and its business writes, so that they leave
+// exactly when those commit; the relay (Relay) publishes the committed rows
+// with publisher confirms and marks them sent only after the broker confirmed
+// them. Each message gets its id at insert, a UUID that is the AMQP
+// message_id of every publish of it: a republish after a crash between the
+// confirm and the mark carries the same id, for the next consumer's inbox to
+// suppress.
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+)
+
+// Message is one message to emit.
+type Message struct {
+	Exchange    string
+	RoutingKey  string
+	ContentType string // "" means application/json
+	Headers     map[string]any
+	Body        []byte
+	// OrderingKey, if set, publishes the messages of one key one at a time,
+	// in the order their transactions committed, across replicas and
+	// restarts; "" publishes the message as soon as possible (the fastest).
+	OrderingKey string
+	// Optional publishes the message even if no queue is bound for it (the
+	// broker drops it: an announcement nobody subscribes to yet). By default
+	// a message no queue takes is a failure, retried and then parked.
+	Optional bool
+}
+
+// Outbox adds messages to the outbox table of one producer (the service).
+// Safe for concurrent use.
+type Outbox struct {
+	producer  string
+	exchanges []string // those the relay declares; nil takes any
+	wake      chan struct{}
+}
+
+// New returns the outbox of producer, the service's name. With exchanges
+// (the service's Publishes, which the relay declares), Enqueue refuses a
+// message to any other but the default exchange: the broker would close the
+// relay's channel on it (404) at every try.
+func New(producer string, exchanges ...string) *Outbox {
+	return &Outbox{producer: producer, exchanges: exchanges, wake: make(chan struct{}, 1)}
+}
+
+// Producer is the name the outbox's rows carry.
+func (o *Outbox) Producer() string { return o.producer }
+
+// maxKeyLen bounds an ordering key, as the inbox bounds a message id.
+const maxKeyLen = 255
+
+// Enqueue adds msgs to the outbox through tx, the transaction of a handler's
+// writes, and returns their ids (the message_id each will be published
+// with). They commit with tx or not at all. Within the writes of the consumer
+// runtime, the relay of this process is woken once the transaction commits;
+// from a transaction of the caller's own, call Wake after its commit (else
+// the relay finds the rows at its next poll).
+//
+// An ordered message takes its key's next sequence number under a lock on
+// the key's row, held until tx ends: transactions emitting to one key commit
+// one after the other.
+func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]string, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	for i, m := range msgs {
+		if err := m.validate(); err != nil {
+			return nil, fmt.Errorf("outbox message %d: %w", i, err)
+		}
+		if m.Exchange != "" && o.exchanges != nil && !slices.Contains(o.exchanges, m.Exchange) {
+			return nil, fmt.Errorf("outbox message %d: exchange %q is not one the service publishes to (Options.Publishes: %q)", i, m.Exchange, o.exchanges)
+		}
+	}
+	ids := make([]string, len(msgs))
+	var v values
+	for i, m := range msgs {
+		ids[i] = newID()
+		ct := m.ContentType
+		if ct == "" {
+			ct = "application/json"
+		}
+		var key any
+		if m.OrderingKey != "" {
+			key = m.OrderingKey
+		}
+		v.row(i, ids[i], m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), m.Body, !m.Optional, key)
+	}
+	// One statement, one round trip: the messages (m), the sequence of
+	// their ordering keys raised under each key row's lock (k: keys in
+	// byte order within the call, as MarkSent takes them, so that two
+	// transactions lock the keys they share in one order; see the
+	// deadlocks in docs/outbox.md), then the rows: an ordered message's
+	// number follows its key's last, in the call's order, and only its
+	// key's head (the first not yet sent) is due now, the others waiting
+	// at infinity.
+	err := tx.WithContext(ctx).Exec(`WITH m (idx, id, exchange, routing_key, content_type, headers, body, mandatory, ordering_key) AS (
+			VALUES `+v.sql("(?::int, ?::uuid, ?::text, ?::text, ?::text, ?::jsonb, ?::bytea, ?::boolean, ?::text)")+`
+		), ranked AS (
+			SELECT m.*, row_number() OVER (PARTITION BY ordering_key ORDER BY idx) AS nth,
+				count(*) OVER (PARTITION BY ordering_key) AS of_key
+			FROM m
+		), k AS (
+			INSERT INTO outbox_keys AS k (producer, ordering_key, last_seq)
+			SELECT ?, ordering_key, count(*) FROM m WHERE ordering_key IS NOT NULL
+			GROUP BY ordering_key ORDER BY ordering_key COLLATE "C"
+			ON CONFLICT (producer, ordering_key) DO UPDATE SET last_seq = k.last_seq + EXCLUDED.last_seq
+			RETURNING ordering_key, last_seq, next_seq
+		)
+		INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body, mandatory, ordering_key, seq, available_at)
+		SELECT r.id, ?, r.exchange, r.routing_key, r.content_type, r.headers, r.body, r.mandatory, r.ordering_key, q.seq,
+			CASE WHEN q.seq IS NULL OR q.seq = k.next_seq THEN now() ELSE 'infinity'::timestamptz END
+		FROM ranked r LEFT JOIN k ON k.ordering_key = r.ordering_key
+		CROSS JOIN LATERAL (SELECT k.last_seq - r.of_key + r.nth AS seq) q
+		ORDER BY r.idx`, append(v.args, o.producer, o.producer)...).Error
+	if err != nil {
+		return nil, fmt.Errorf("enqueue %d outbox messages: %w", len(msgs), err)
+	}
+	consumer.OnCommit(ctx, o.Wake)
+	return ids, nil
+}
+
+// Wake tells this process's relay that messages were committed.
+func (o *Outbox) Wake() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (m Message) validate() error {
+	switch {
+	case m.RoutingKey == "" && m.Exchange == "":
+		return errors.New("no exchange and no routing key")
+	case len(m.OrderingKey) > maxKeyLen || !utf8.ValidString(m.OrderingKey) || strings.ContainsFunc(m.OrderingKey, unicode.IsControl):
+		return errors.New("ordering key longer than 255 bytes, not UTF-8, or with a control character")
+	}
+	return nil
+}
+
+// values builds the VALUES list of a multi-row statement.
+type values struct {
+	rows int
+	args []any
+}
+
+func (v *values) row(cols ...any) {
+	v.rows++
+	v.args = append(v.args, cols...)
+}
+
+func (v *values) sql(row string) string {
+	return strings.TrimSuffix(strings.Repeat(row+", ", v.rows), ", ")
+}
+
+// newID is a UUID version 7: the time in milliseconds, then randomness, so
+// that ids inserted together sit together in the primary key's index.
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	binary.BigEndian.PutUint64(b[:8], uint64(time.Now().UnixMilli())<<16|uint64(binary.BigEndian.Uint16(b[6:8])))
+	b[6] = b[6]&0x0f | 0x70 // version 7
+	b[8] = b[8]&0x3f | 0x80 // variant 10
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}

@@ -1,0 +1,429 @@
+// Package faultkit runs the fault scenarios of the fault kit against any
+// service on the kit, from its own tests: the service's replicas run as real
+// processes (testenv.Program), a supervisor starts again each one that dies
+// (as systemd, Kubernetes or Docker's restart policy would) and arms its
+// crash points again, and the faults are the real ones: crash points,
+// SIGKILL, the broker closing every connection, the database terminating
+// every session.
+//
+// A service's test gives each scenario a fresh Trial (its replicas, its load
+// and its own invariants); Run injects the fault under the load, waits for
+// the load and the drain, checks what the kit promises of every service
+// (every replica consuming again, nothing left in the work and retry
+// queues, the buffered inbox or the outbox) and then the service's
+// invariants:
+//
+//	faultkit.Run(t, faultkit.Scenarios("after-carrier-book"), func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
+//		s := faultkit.Start(t, faultkit.Config{Program: service, Replicas: sc.Replicas, AMQPURL: …, DBURL: …})
+//		return &faultkit.Trial{Stack: s, Load: …, Progress: …, Verify: …}
+//	})
+package faultkit
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inbox-template/payment-service/internal/kit/faults"
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
+)
+
+// Config is the service under fault.
+type Config struct {
+	Program  *testenv.Program
+	Replicas int // 1 or more
+	// AMQPURL and DBURL are the run's vhost and the service's database
+	// (testenv.VHost, testenv.Postgres); both are in every replica's
+	// environment, with Env.
+	AMQPURL, DBURL string
+	Env            []string
+	// Sinks are queues of the vhost that no replica consumes (where a
+	// downstream service would read the events the service emits): the
+	// drain does not wait for them.
+	Sinks []string
+}
+
+// Stack is a service's replicas under a supervisor, and the faults.
+type Stack struct {
+	t        testing.TB
+	cfg      Config
+	replicas []*replica
+	// Crashes counts the replicas found exited at a crash point (the exit
+	// status faults.ExitCode) that the stack did not kill; Kills the
+	// SIGKILLs it sent to live replicas; Restarts the replicas it started
+	// again. Any other exit of a replica fails the test.
+	Crashes, Kills, Restarts int
+	// UnderLoad counts the faults the scenario injected while its load was
+	// still being published.
+	UnderLoad int
+	notes     []string
+	// phaseCrashes is what the last CrashPhase counted.
+	phaseCrashes int
+}
+
+type replica struct {
+	proc  *testenv.Process
+	alive bool // as the supervisor last saw it
+	armed []Arm
+	held  bool // stopped on purpose: not started again
+}
+
+// Arm is a crash point armed with a probability per message (1: the next).
+type Arm struct {
+	Point string
+	P     float64
+}
+
+// Start starts the replicas, each ready, and kills them when the test ends.
+func Start(t testing.TB, cfg Config) *Stack {
+	t.Helper()
+	if cfg.Replicas < 1 {
+		cfg.Replicas = 1
+	}
+	s := &Stack{t: t, cfg: cfg}
+	env := append([]string{"AMQP_URL=" + cfg.AMQPURL, "DATABASE_URL=" + cfg.DBURL, "LOG_LEVEL=info"}, cfg.Env...)
+	for range cfg.Replicas {
+		s.replicas = append(s.replicas, &replica{proc: cfg.Program.Start(t, env...), alive: true})
+	}
+	return s
+}
+
+// Replicas is the number of replicas.
+func (s *Stack) Replicas() int { return len(s.replicas) }
+
+// Process is replica i (0-based) as it runs now.
+func (s *Stack) Process(i int) *testenv.Process { return s.replicas[i].proc }
+
+// Note adds a line to what the run reports about its fault.
+func (s *Stack) Note(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	s.notes = append(s.notes, line)
+	s.t.Logf("fault: %s", line)
+}
+
+// Notes is what the run noted about its fault.
+func (s *Stack) Notes() []string { return s.notes }
+
+// Supervise starts again every replica that died and is not held, and arms
+// its crash points again; a death the stack did not cause counts as a
+// crash.
+func (s *Stack) Supervise() {
+	s.t.Helper()
+	for i, r := range s.replicas {
+		if r.held || !r.proc.Exited() {
+			continue
+		}
+		if r.alive {
+			if code := r.proc.ExitCode(); code != faults.ExitCode {
+				s.t.Errorf("replica %d exited with status %d, not at a crash point (%d): the fault broke it\n%s",
+					i, code, faults.ExitCode, tail(r.proc.Out.String(), 20))
+			} else {
+				s.Crashes++
+			}
+		}
+		r.alive = false
+		s.Restarts++
+		r.proc.Revive(s.t)
+		r.alive = true
+		s.arm(r)
+	}
+}
+
+// SuperviseFor keeps the replicas up for d.
+func (s *Stack) SuperviseFor(d time.Duration) {
+	s.t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		s.Supervise()
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// SuperviseWhile keeps the replicas up while busy holds, for at most
+// timeout (then it fails the test).
+func (s *Stack) SuperviseWhile(timeout time.Duration, what string, busy func() bool) {
+	s.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for busy() {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("still %s after %s", what, timeout)
+		}
+		s.Supervise()
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Kill sends SIGKILL to replica i and reports whether it was running (a
+// replica that died meanwhile is left to the supervisor, not counted); the
+// supervisor starts it again.
+func (s *Stack) Kill(i int) bool {
+	s.t.Helper()
+	r := s.replicas[i]
+	if r.proc.Exited() {
+		return false
+	}
+	r.proc.Kill(s.t)
+	r.alive = false
+	s.Kills++
+	return true
+}
+
+// KillRandom sends SIGKILL to a live replica at random and returns which
+// (-1 if none was running).
+func (s *Stack) KillRandom() int {
+	s.t.Helper()
+	for _, i := range rand.Perm(len(s.replicas)) {
+		if s.Kill(i) {
+			return i
+		}
+	}
+	return -1
+}
+
+// tail is the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
+}
+
+// Hold stops replica i (SIGKILL) and keeps it stopped; Release starts it
+// again, ready.
+func (s *Stack) Hold(i int) {
+	s.t.Helper()
+	s.Kill(i)
+	s.replicas[i].held = true
+}
+
+// Release starts a held replica again and waits until it is ready.
+func (s *Stack) Release(i int) {
+	s.t.Helper()
+	r := s.replicas[i]
+	r.held = false
+	s.Restarts++
+	r.proc.Restart(s.t)
+	r.alive = true
+	s.arm(r)
+}
+
+// ArmAll arms the crash points on every replica, now and after each restart
+// (none: disarm).
+func (s *Stack) ArmAll(arms ...Arm) {
+	s.t.Helper()
+	for _, r := range s.replicas {
+		r.armed = arms
+		if !r.proc.Exited() {
+			s.arm(r)
+		}
+	}
+}
+
+// arm clears the replica's crash points and arms those it keeps, each call
+// tried three times. A replica that dies meanwhile is armed when the
+// supervisor starts it again; a live one that refuses fails the test, so
+// that no point stays armed unseen.
+func (s *Stack) arm(r *replica) {
+	s.t.Helper()
+	calls := [][2]string{{http.MethodDelete, "http://" + r.proc.Addr + "/faults/crash"}}
+	for _, a := range r.armed {
+		calls = append(calls, [2]string{http.MethodPost,
+			fmt.Sprintf("http://%s/faults/crash?at=%s&probability=%g", r.proc.Addr, url.QueryEscape(a.Point), a.P)})
+	}
+	for _, c := range calls {
+		ok := false
+		for try := 0; try < 3 && !ok && !r.proc.Exited(); try++ {
+			ok = faultsCall(c[0], c[1])
+		}
+		if r.proc.Exited() {
+			return
+		}
+		if !ok {
+			s.t.Fatalf("%s %s failed three times on a live replica", c[0], c[1])
+		}
+	}
+}
+
+var client = &http.Client{Timeout: 5 * time.Second}
+
+func faultsCall(method, u string) bool {
+	req, err := http.NewRequest(method, u, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode/100 == 2
+}
+
+// CrashPhase arms point with probability p on every replica and supervises
+// for d, and then for as long as busy holds and fewer than min crashes were
+// seen; then it disarms and returns the crashes of the phase.
+func (s *Stack) CrashPhase(point string, p float64, d time.Duration, min int, busy func() bool) int {
+	s.t.Helper()
+	before, start := s.Crashes, time.Now()
+	s.ArmAll(Arm{Point: point, P: p})
+	s.SuperviseFor(d)
+	for s.Crashes-before < min && busy() {
+		s.Supervise()
+		time.Sleep(200 * time.Millisecond)
+	}
+	s.ArmAll()
+	s.Supervise()
+	n := s.Crashes - before
+	s.phaseCrashes = n
+	s.Note("the service killed itself %d times at %s (armed with probability %g a message for %s) and was started again each time",
+		n, point, p, time.Since(start).Round(time.Second))
+	return n
+}
+
+// CloseConnections makes the broker close every connection of the run's
+// vhost: the replicas' and a publisher's.
+func (s *Stack) CloseConnections() {
+	s.t.Helper()
+	testenv.Ctl(s.t, "close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+}
+
+func (s *Stack) vhost() string {
+	u, err := url.Parse(s.cfg.AMQPURL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	v := strings.TrimPrefix(u.Path, "/")
+	if v == "" {
+		return "/"
+	}
+	v, _ = url.PathUnescape(v)
+	return v
+}
+
+// TerminateBackends terminates every session of the service's database
+// (pg_terminate_backend) and returns how many. The server keeps running:
+// it may be shared.
+func (s *Stack) TerminateBackends() int {
+	s.t.Helper()
+	return s.queryInt(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+}
+
+func (s *Stack) queryInt(sql string) int {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.cfg.DBURL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+		s.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// Pending counts what the service still has to do: the messages ready or
+// unacked in the vhost's queues but the dead-letter queues and the sinks, the buffered
+// inbox's messages not yet processed (pending, processing, failed), and the
+// outbox's events not yet confirmed by the broker.
+func (s *Stack) Pending() int {
+	s.t.Helper()
+	out := testenv.Ctl(s.t, "list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_unacknowledged")
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || strings.HasSuffix(f[0], ".dlq") || slices.Contains(s.cfg.Sinks, f[0]) {
+			continue
+		}
+		var ready, unacked int
+		fmt.Sscan(f[1], &ready)
+		fmt.Sscan(f[2], &unacked)
+		n += ready + unacked
+	}
+	return n + s.queryInt(`SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
+		+ (SELECT count(*) FROM outbox WHERE status = 'pending')`)
+}
+
+// Drain supervises until nothing is pending and progress (the service's
+// effects: a count of rows) stood still over two polls a second apart, for
+// at most timeout.
+func (s *Stack) Drain(timeout time.Duration, progress func() int) {
+	s.t.Helper()
+	deadline, last, quiet := time.Now().Add(timeout), -1, 0
+	for quiet < 2 {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("not drained after %s: %d pending, progress %d", timeout, s.Pending(), progress())
+		}
+		s.Supervise()
+		n := progress()
+		if s.Pending() == 0 && n == last {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		last = n
+		time.Sleep(time.Second)
+	}
+}
+
+// Consuming checks that every replica is consuming again (/readyz 200
+// within 30 s): one alive but wedged hides behind a healthy one, since the
+// queues drain all the same.
+func (s *Stack) Consuming() {
+	s.t.Helper()
+	for i, r := range s.replicas {
+		if r.held {
+			continue
+		}
+		testenv.Eventually(s.t, 30*time.Second, fmt.Sprintf("replica %d consuming again (/readyz 200)", i), func() (bool, error) {
+			if r.proc.Exited() {
+				return false, fmt.Errorf("replica %d exited", i)
+			}
+			resp, err := client.Get("http://" + r.proc.Addr + "/readyz")
+			if err != nil {
+				return false, err
+			}
+			resp.Body.Close()
+			return resp.StatusCode == http.StatusOK, nil
+		})
+	}
+}
+
+// MetricSum is the sum of a metric over the live replicas (a replica's
+// counters start again from zero when it restarts).
+func (s *Stack) MetricSum(name string, labels ...string) float64 {
+	s.t.Helper()
+	var sum float64
+	for _, r := range s.replicas {
+		if !r.proc.Exited() {
+			sum += r.proc.Metric(s.t, name, labels...)
+		}
+	}
+	return sum
+}
+
+// CountLogged counts the replicas' log lines, across restarts, that hold
+// every one of texts.
+func (s *Stack) CountLogged(texts ...string) int {
+	n := 0
+	for _, r := range s.replicas {
+		for line := range strings.SplitSeq(r.proc.Logs(), "\n") {
+			all := line != ""
+			for _, x := range texts {
+				all = all && strings.Contains(line, x)
+			}
+			if all {
+				n++
+			}
+		}
+	}
+	return n
+}
