@@ -20,7 +20,6 @@
 package faultkit
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -29,8 +28,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
@@ -310,24 +307,8 @@ func (s *Stack) vhost() string {
 // it may be shared.
 func (s *Stack) TerminateBackends() int {
 	s.t.Helper()
-	return s.queryInt(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	return testenv.Count(s.t, s.cfg.DBURL, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid()`)
-}
-
-func (s *Stack) queryInt(sql string) int {
-	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, s.cfg.DBURL)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
-		s.t.Fatalf("%s: %v", sql, err)
-	}
-	return n
 }
 
 // Pending counts what the service still has to do: the messages ready or
@@ -348,7 +329,7 @@ func (s *Stack) Pending() int {
 		fmt.Sscan(f[2], &unacked)
 		n += ready + unacked
 	}
-	return n + s.queryInt(`SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
+	return n + testenv.Count(s.t, s.cfg.DBURL, `SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
 		+ (SELECT count(*) FROM outbox WHERE status = 'pending')`)
 }
 
