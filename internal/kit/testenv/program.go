@@ -208,6 +208,16 @@ func (pr *Process) Exited() bool {
 	}
 }
 
+// ExitsWithin reports whether the process has exited or exits within d.
+func (pr *Process) ExitsWithin(d time.Duration) bool {
+	select {
+	case <-pr.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
 // ExitCode is the status the process exited with, -1 while it runs.
 func (pr *Process) ExitCode() int {
 	if !pr.Exited() {
