@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"fmt"
-	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -35,7 +34,7 @@ func TestBufferedGatewayOutage(t *testing.T) {
 	if p := s.payments(t); p != 0 || tried == 0 || paused == 0 {
 		t.Fatalf("during the outage: %d payments, %d failed runs, %d pauses; want none paid, the processing paused", p, tried, paused)
 	}
-	gatewayFaults(t, s, `{"error_rate":0}`)
+	gatewayFaults(t, "http://"+s.gatewayAddr, `{"error_rate":0}`)
 	s.assertExactlyOnce(t, 200)
 	if n := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE status <> 'processed'"); n != 0 {
 		t.Errorf("%d stored messages not processed", n)
@@ -61,16 +60,4 @@ func brokerHolds(t *testing.T, amqpURL, queue string) (ready, unacked int) {
 	}
 	t.Fatalf("queue %s not listed:\n%s", queue, out)
 	return 0, 0
-}
-
-func gatewayFaults(t *testing.T, s *stack, body string) {
-	t.Helper()
-	resp, err := http.Post("http://"+s.gatewayAddr+"/faults", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		t.Fatalf("POST /faults %s answered %d", body, resp.StatusCode)
-	}
 }

@@ -1,7 +1,10 @@
 package e2e_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -9,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/internal/demo/producer"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/kit/testenv/faultkit"
 )
@@ -22,8 +26,91 @@ var paymentService = testenv.NewProgram("../../cmd/payment-service")
 // dropped, database sessions terminated, each under the publisher's load
 // with duplicates and poison; then inboxctl verify: nothing lost, no order
 // charged twice, only the poison dead-lettered.
+//
+// Then the payment service's own scenarios: the gateway losing responses
+// after it charged, a burst of poison before the orders, a producer that
+// sends every other order twice. They test the handler and the inbox, not
+// the mode, so they run in the inline mode only.
 func TestPaymentUnderFaults(t *testing.T) {
-	faultkit.Run(t, faultkit.Scenarios("after-gateway-charge", "after-outbox-publish"), paymentTrial(nil))
+	scenarios := append(faultkit.Scenarios("after-gateway-charge", "after-outbox-publish"),
+		gatewayLosesResponses, poisonBurst, producerRepublishes)
+	faultkit.Run(t, scenarios, paymentTrial(nil))
+}
+
+// gatewayLosesResponses is the gateway-lost-responses scenario: the fake
+// gateway stores 30% of the charges and drops the connection without an
+// answer. The service cannot know whether the card was charged: it retries
+// with the same Idempotency-Key and gets the stored result (the trial's
+// Verify counts the replays).
+var gatewayLosesResponses = faultkit.Scenario{
+	Name:     "gateway-lost-responses",
+	Replicas: 1,
+	Fault: func(s *faultkit.Stack, busy func() bool) {
+		gw := s.Getenv("GATEWAY_URL")
+		gatewayFaults(s.T(), gw, `{"lost_response_rate":0.3}`)
+		s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
+		s.SuperviseFor(3 * time.Second)
+		gatewayFaults(s.T(), gw, `{"lost_response_rate":0}`)
+		s.Note("the fake gateway dropped 30%% of its responses after storing the charge while the load was published")
+	},
+	Check: func(t testing.TB, s *faultkit.Stack) {
+		if n := s.MetricSum("consumer_messages_total", "outcome", "retried"); n == 0 {
+			t.Errorf("the service never retried while the gateway lost 30%% of its responses")
+		}
+	},
+}
+
+// poisonBurst is the poison-burst scenario: 50 poison messages at once (one
+// of every kind the publisher knows, in turn), then 300 valid orders. Each
+// poison message is dead-lettered once with its reason (inboxctl verify
+// counts them by reason) and the same process, never restarted, pays every
+// order after the burst.
+var poisonBurst = faultkit.Scenario{
+	Name:     "poison-burst",
+	Replicas: 1,
+	Fault:    func(s *faultkit.Stack, busy func() bool) { s.Note("a burst of 50 poison messages, then 300 valid orders") },
+	Check: func(t testing.TB, s *faultkit.Stack) {
+		if s.Restarts != 0 {
+			t.Errorf("the service was started again %d times: poison must not crash it", s.Restarts)
+		}
+		if n := s.MetricSum("consumer_messages_total", "outcome", "dead_lettered"); n != 50 {
+			t.Errorf("the service dead-lettered %v messages, want the 50 of the burst", n)
+		}
+	},
+}
+
+// producerRepublishes is the producer-republishes scenario: half of the
+// orders are sent twice with the same message id (a retry after a lost
+// confirm), half again under a new message id (a producer that emits the
+// event again). The inbox key catches the first, the unique order_id of
+// payments the second; the trial's Verify counts them.
+var producerRepublishes = faultkit.Scenario{
+	Name:     "producer-republishes",
+	Replicas: 1,
+	Fault:    func(s *faultkit.Stack, busy func() bool) { s.Note("half of the orders sent twice, half again under a new message id") },
+}
+
+// paymentLoads is what a scenario publishes, as order-publisher's flags, one
+// run after the other; the others publish paymentLoad.
+var (
+	paymentLoad  = []string{"-count", "300", "-duplicate-rate", "0.1", "-republish-rate", "0.05", "-poison", "3", "-rate", "35"}
+	paymentLoads = map[string][][]string{
+		"poison-burst":         {{"-count", "0", "-poison", "50"}, {"-count", "300", "-duplicate-rate", "0.1", "-rate", "100"}},
+		"producer-republishes": {{"-count", "300", "-duplicate-rate", "0.5", "-republish-rate", "0.5", "-rate", "100"}},
+	}
+)
+
+// gatewayFaults sets the fake gateway's fault rates (POST /faults).
+func gatewayFaults(t testing.TB, gatewayURL, body string) {
+	t.Helper()
+	resp, err := http.Post(gatewayURL+"/faults", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("POST %s/faults: %v", gatewayURL, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("POST %s/faults %s: %s", gatewayURL, body, resp.Status)
+	}
 }
 
 // The same with the buffered inbox.
@@ -42,7 +129,7 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 		amqpURL, paymentsDB, gatewayDB := testenv.VHost(t), testenv.Postgres(t), testenv.Postgres(t)
 		gatewayAddr := testenv.FreeAddr(t)
-		start(t, "fake-gateway", []string{"DATABASE_URL=" + gatewayDB, "HTTP_ADDR=" + gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow})
+		start(t, "fake-gateway", []string{"DATABASE_URL=" + gatewayDB, "HTTP_ADDR=" + gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow, "FAULTS_ENABLED=true"})
 		waitHTTP(t, "http://"+gatewayAddr+"/healthz")
 		testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 			if err := ch.ExchangeDeclare("payments", "topic", true, false, false, false, nil); err != nil {
@@ -61,23 +148,36 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 				// lease: the shortest the relay takes.
 				"OUTBOX_LEASE=16s"}, env...),
 		})
-		summary := filepath.Join(t.TempDir(), "summary.json")
+		loads, ok := paymentLoads[sc.Name]
+		if !ok {
+			loads = [][]string{paymentLoad}
+		}
+		var summaries []string
+		for i := range loads {
+			summaries = append(summaries, filepath.Join(t.TempDir(), fmt.Sprintf("summary-%d.json", i)))
+		}
 		return &faultkit.Trial{
 			Stack: s,
 			Load: func() error {
-				code, out := run(t, 4*time.Minute, "order-publisher", []string{"AMQP_URL=" + amqpURL},
-					"-count", "300", "-duplicate-rate", "0.1", "-republish-rate", "0.05", "-poison", "3", "-rate", "35", "-summary", summary)
-				if code != 0 {
-					return fmt.Errorf("order-publisher exited %d:\n%s", code, out)
+				for i, args := range loads {
+					code, out := run(t, 4*time.Minute, "order-publisher", []string{"AMQP_URL=" + amqpURL},
+						append(args, "-run-id", fmt.Sprintf("%s-%d", sc.Name, i), "-summary", summaries[i])...)
+					if code != 0 {
+						return fmt.Errorf("order-publisher exited %d:\n%s", code, out)
+					}
 				}
 				return nil
 			},
 			Progress: func() int { return scalar(t, paymentsDB, "SELECT count(*) FROM payments") },
 			Verify: func(t *testing.T) {
+				args := []string{"verify"}
+				for _, f := range summaries {
+					args = append(args, "--summary", f)
+				}
 				code, out := run(t, time.Minute, "inboxctl", []string{
 					"AMQP_URL=" + amqpURL, "DATABASE_URL=" + paymentsDB, "GATEWAY_DATABASE_URL=" + gatewayDB,
 					"RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8", "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow,
-				}, "verify", "--summary", summary)
+				}, args...)
 				if code != 0 || !strings.Contains(out, "PASS: every invariant holds") {
 					t.Errorf("inboxctl verify: exit %d\n%s", code, out)
 				}
@@ -88,14 +188,36 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 				if got := distinctIDs(t, amqpURL, faultSink); got != paid {
 					t.Errorf("%d distinct OrderPaid events reached %s for %d succeeded payments", got, faultSink, paid)
 				}
-				if sc.Name == "crash-after-gateway-charge" {
+				switch sc.Name {
+				case "crash-after-gateway-charge", "gateway-lost-responses":
 					if n := scalar(t, gatewayDB, "SELECT coalesce(sum(replays), 0) FROM charges"); n == 0 {
-						t.Errorf("no charge was replayed after a crash between the charge and the commit")
+						t.Errorf("%s: the gateway replayed no stored charge", sc.Name)
 					}
+				case "producer-republishes":
+					sum := readSummary(t, summaries[0])
+					sent := sum.Duplicates + sum.Republishes
+					if n := s.MetricSum("consumer_messages_total", "outcome", "duplicate"); int(n) != sent || sent < 100 {
+						t.Errorf("the service counted %v duplicates for %d sent again (%d duplicates, %d republishes)", n, sent, sum.Duplicates, sum.Republishes)
+					}
+					s.Note("%d duplicates and %d republishes sent, every one counted as a duplicate", sum.Duplicates, sum.Republishes)
 				}
 			},
 		}
 	}
+}
+
+// readSummary reads an order-publisher summary.
+func readSummary(t testing.TB, path string) producer.Summary {
+	t.Helper()
+	var sum producer.Summary
+	raw, err := os.ReadFile(path)
+	if err == nil {
+		err = json.Unmarshal(raw, &sum)
+	}
+	if err != nil {
+		t.Fatalf("summary %s: %v", path, err)
+	}
+	return sum
 }
 
 // distinctIDs takes every message of queue and counts their distinct

@@ -93,6 +93,22 @@ func Start(t testing.TB, cfg Config) *Stack {
 	return s
 }
 
+// T is the test the stack runs in, for a service's own scenarios.
+func (s *Stack) T() testing.TB { return s.t }
+
+// Getenv is a variable of the replicas' environment as Config.Env sets it
+// (where the service's own dependencies are, for its scenarios), "" if
+// unset.
+func (s *Stack) Getenv(name string) string {
+	v := ""
+	for _, kv := range s.cfg.Env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == name {
+			v = val
+		}
+	}
+	return v
+}
+
 // Replicas is the number of replicas.
 func (s *Stack) Replicas() int { return len(s.replicas) }
 
