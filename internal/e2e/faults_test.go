@@ -68,7 +68,9 @@ var gatewayLosesResponses = faultkit.Scenario{
 var poisonBurst = faultkit.Scenario{
 	Name:     "poison-burst",
 	Replicas: 1,
-	Fault:    func(s *faultkit.Stack, busy func() bool) { s.Note("a burst of 50 poison messages, then 300 valid orders") },
+	Fault: func(s *faultkit.Stack, busy func() bool) {
+		s.Note("a burst of 50 poison messages, then 300 valid orders")
+	},
 	Check: func(t testing.TB, s *faultkit.Stack) {
 		if s.Restarts != 0 {
 			t.Errorf("the service was started again %d times: poison must not crash it", s.Restarts)
@@ -87,7 +89,9 @@ var poisonBurst = faultkit.Scenario{
 var producerRepublishes = faultkit.Scenario{
 	Name:     "producer-republishes",
 	Replicas: 1,
-	Fault:    func(s *faultkit.Stack, busy func() bool) { s.Note("half of the orders sent twice, half again under a new message id") },
+	Fault: func(s *faultkit.Stack, busy func() bool) {
+		s.Note("half of the orders sent twice, half again under a new message id")
+	},
 }
 
 // paymentLoads is what a scenario publishes, as order-publisher's flags, one
@@ -97,6 +101,10 @@ var (
 	paymentLoads = map[string][][]string{
 		"poison-burst":         {{"-count", "0", "-poison", "50"}, {"-count", "300", "-duplicate-rate", "0.1", "-rate", "100"}},
 		"producer-republishes": {{"-count", "300", "-duplicate-rate", "0.5", "-republish-rate", "0.5", "-rate", "100"}},
+		// Long enough for two broker restarts under load.
+		"broker-restart": {{"-count", "600", "-duplicate-rate", "0.1", "-poison", "3", "-rate", "40"}},
+		// Published while the replica is held: the faster the better.
+		"broker-stop-outbox-backlog": {{"-count", "300", "-duplicate-rate", "0.1", "-rate", "150"}},
 	}
 )
 
@@ -115,10 +123,13 @@ func gatewayFaults(t testing.TB, gatewayURL, body string) {
 
 // The same with the buffered inbox.
 func TestPaymentUnderFaultsBuffered(t *testing.T) {
-	faultkit.Run(t, faultkit.BufferedScenarios("after-gateway-charge", "after-outbox-publish"), paymentTrial([]string{
-		"INBOX_MODE=buffered", "BUFFER_RETRY_DELAYS=200ms,1s,2s", "BUFFER_MAX_ATTEMPTS=30",
-		"HANDLER_TIMEOUT=2s", "GATEWAY_TIMEOUT=1s",
-	}))
+	faultkit.Run(t, faultkit.BufferedScenarios("after-gateway-charge", "after-outbox-publish"), paymentTrial(bufferedFaultEnv))
+}
+
+// bufferedFaultEnv is the buffered mode with its retry delays scaled down.
+var bufferedFaultEnv = []string{
+	"INBOX_MODE=buffered", "BUFFER_RETRY_DELAYS=200ms,1s,2s", "BUFFER_MAX_ATTEMPTS=30",
+	"HANDLER_TIMEOUT=2s", "GATEWAY_TIMEOUT=1s",
 }
 
 // faultSink stands for the shipping service's queue: the OrderPaid events

@@ -62,8 +62,11 @@ type Stack struct {
 	// still being published.
 	UnderLoad int
 	notes     []string
-	// phaseCrashes is what the last CrashPhase counted.
-	phaseCrashes int
+	// phaseCrashes is what the last CrashPhase counted; backlog the outbox
+	// backlog BrokerStopOutboxBacklog saw.
+	phaseCrashes, backlog int
+	// watermark is the broker's memory watermark while MemoryAlarm holds.
+	watermark string
 }
 
 type replica struct {
@@ -318,6 +321,53 @@ func (s *Stack) vhost() string {
 	}
 	v, _ = url.PathUnescape(v)
 	return v
+}
+
+// StopBroker stops the broker application (rabbitmqctl stop_app) for d,
+// supervising the replicas meanwhile, and starts it again. It stops every
+// vhost: only for tests that run alone.
+func (s *Stack) StopBroker(d time.Duration) {
+	s.t.Helper()
+	testenv.Ctl(s.t, "stop_app")
+	restarted := false
+	s.t.Cleanup(func() {
+		if !restarted {
+			testenv.Ctl(s.t, "start_app")
+		}
+	})
+	s.t.Logf("fault: broker stopped for %s", d)
+	s.SuperviseFor(d)
+	testenv.Ctl(s.t, "start_app")
+	testenv.Ctl(s.t, "await_startup")
+	restarted = true
+	s.t.Logf("fault: broker started again")
+}
+
+// MemoryAlarm raises a memory alarm on the broker: every connection that
+// publishes blocks, on every vhost. ClearMemoryAlarm clears it; the test's
+// cleanup does if the test ends first.
+func (s *Stack) MemoryAlarm() {
+	s.t.Helper()
+	s.watermark = strings.TrimSpace(testenv.Ctl(s.t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	testenv.Ctl(s.t, "set_vm_memory_high_watermark", "0.000001")
+	s.t.Cleanup(s.ClearMemoryAlarm)
+	// The memory monitor raises the alarm at its next check, not at once.
+	testenv.Eventually(s.t, 30*time.Second, "the broker's memory alarm", func() (bool, error) {
+		return strings.Contains(testenv.Ctl(s.t, "eval", "rabbit_alarm:get_alarms()."), "memory"), nil
+	})
+}
+
+// ClearMemoryAlarm sets the broker's memory watermark back.
+func (s *Stack) ClearMemoryAlarm() {
+	if s.watermark != "" {
+		testenv.Ctl(s.t, "set_vm_memory_high_watermark", s.watermark)
+		s.watermark = ""
+	}
+}
+
+// outboxBacklog counts the outbox's events not yet sent.
+func (s *Stack) outboxBacklog() int {
+	return testenv.Count(s.t, s.cfg.DBURL, `SELECT count(*) FROM outbox WHERE status = 'pending'`)
 }
 
 // TerminateBackends terminates every session of the service's database

@@ -1,9 +1,12 @@
 package faultkit
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 )
 
 // Scenario is one fault, the same for every service on the kit.
@@ -218,4 +221,74 @@ func catalogue(points []string) []Scenario {
 		out = append(out, CrashAt(p, 0.05))
 	}
 	return append(out, SIGKILLReplicas, BrokerDropsConnections, DatabaseSessionsTerminated)
+}
+
+// The broker scenarios stop the whole broker or raise an alarm on it: every
+// vhost and every other client of it is disturbed. Run them on their own
+// (the Makefile's disruptive pass: -tags disruptive -p 1), never beside
+// other tests of a shared broker.
+
+// BrokerRestart is the broker-restart scenario: RabbitMQ stops (stop_app)
+// for 4 s under load and starts again, twice. The service sees its
+// connection die, reports not ready, reconnects with backoff, declares its
+// topology again and consumes; deliveries of the dead channel are never
+// settled on the new one; the load republishes what was not confirmed.
+var BrokerRestart = Scenario{
+	Name:     "broker-restart",
+	Replicas: 1,
+	Fault: func(s *Stack, busy func() bool) {
+		underLoad(s, busy, 2, func() time.Duration { return 3 * time.Second }, func() bool {
+			s.StopBroker(4 * time.Second)
+			return true
+		})
+		s.Note("RabbitMQ stopped for 4 s and started again %d times under load", s.UnderLoad)
+	},
+	Check: func(t testing.TB, s *Stack) {
+		checkUnderLoad(t, s, "broker restarts", 2)
+		if n := s.MetricSum("consumer_reconnects_total"); n < 2 {
+			t.Errorf("the service reconnected %v times after %d broker restarts, want at least 2", n, s.UnderLoad)
+		}
+		if n := s.CountLogged("unknown delivery tag"); n != 0 {
+			t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
+		}
+	},
+}
+
+// BrokerStopOutboxBacklog is the broker-stop-outbox-backlog scenario, for a
+// service that emits events: its outbox has a backlog when RabbitMQ goes
+// away for 20 s. The replica is held while the load fills its queue; a
+// memory alarm then blocks every publishing connection, so that when the
+// replica starts again it applies the queued messages (its acks travel on
+// a connection that does not publish) while its relay cannot publish: the
+// events pile up in the outbox. Then the broker stops, starts again, the
+// alarm clears, and the relay drains the outbox. Nothing may be parked for
+// the broker's absence: it spends no attempt.
+func BrokerStopOutboxBacklog(backlog int) Scenario {
+	return Scenario{
+		Name:     "broker-stop-outbox-backlog",
+		Replicas: 1,
+		Fault: func(s *Stack, busy func() bool) {
+			s.Hold(0)
+			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
+			s.MemoryAlarm()
+			s.Release(0)
+			n := 0
+			testenv.Eventually(s.t, 2*time.Minute, fmt.Sprintf("a backlog of %d events in the outbox", backlog), func() (bool, error) {
+				n = s.outboxBacklog()
+				return n >= backlog, nil
+			})
+			s.StopBroker(20 * time.Second)
+			s.ClearMemoryAlarm()
+			s.Note("the outbox held %d unsent events when RabbitMQ stopped for 20 s (a memory alarm had blocked the relay)", n)
+			s.backlog = n
+		},
+		Check: func(t testing.TB, s *Stack) {
+			if s.backlog < backlog {
+				t.Errorf("the outbox held %d events when the broker stopped, want at least %d", s.backlog, backlog)
+			}
+			if n := testenv.Count(t, s.cfg.DBURL, `SELECT count(*) FROM outbox WHERE status = 'parked'`); n != 0 {
+				t.Errorf("%d outbox events parked: the broker's absence must spend no attempt", n)
+			}
+		},
+	}
 }
