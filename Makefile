@@ -39,12 +39,6 @@ vet:
 clean:
 	rm -rf $(BIN)
 
-# Fault scripts (scripts/faults, scripts/chaos.sh): local processes on the local
-# RabbitMQ and PostgreSQL (or docker compose: STACK=compose), each run on a fresh
-# vhost and fresh databases. `faults` runs every scenario in turn and stops at
-# the first FAIL; scripts/faults/broker-restart.sh stops the local broker for a
-# few seconds. `chaos` is the bounded run CI uses; `chaos-buffered` runs it with
-# INBOX_MODE=buffered.
 # The Compose stack in one command: what is missing said precisely, stand-in
 # images built when no registry answers, up --build --wait, then one line
 # about the demo load (orders -> payments, duplicates suppressed, dead
@@ -56,18 +50,25 @@ up:
 down:
 	docker compose down -v --remove-orphans
 
+# Fault scripts (scripts/faults, scripts/chaos.sh): by default each runs its
+# Go scenario (go test of the service's fault test: local processes on the
+# local RabbitMQ and PostgreSQL, a fresh vhost and fresh databases), or the
+# Compose stack with STACK=compose. `faults` runs every scenario in turn and
+# stops at the first FAIL; broker-restart and broker-stop-outbox-backlog stop
+# the local broker. `chaos` is the bounded run CI uses; `chaos-buffered` runs
+# it with INBOX_MODE=buffered.
 .PHONY: faults chaos chaos-buffered
 FAULT_SCRIPTS ?= $(sort $(wildcard scripts/faults/*.sh))
 CHAOS_FLAGS   ?= --duration 60s --orders 1500
 
-faults: build
+faults:
 	@for s in $(FAULT_SCRIPTS); do echo "== $$s"; bash $$s || exit 1; done
 
-chaos: build
+chaos:
 	bash scripts/chaos.sh $(CHAOS_FLAGS)
 
 # The same with the buffered inbox (every fault script takes INBOX_MODE).
-chaos-buffered: build
+chaos-buffered:
 	INBOX_MODE=buffered bash scripts/chaos.sh $(CHAOS_FLAGS)
 
 # Benchmarks: bench/ is a Go module of its own, so that this go.mod never

@@ -10,6 +10,9 @@
 # Then the faults stop, dead replicas are restarted, the queues drain, and
 # inboxctl verify checks every invariant. Exit 0 only if all hold.
 #
+# Local mode (the default) runs the same in Go: TestPaymentChaos of
+# internal/e2e (go test -tags chaos), which reads CHAOS_DURATION, CHAOS_ORDERS
+# and CHAOS_CRASH_PROBABILITY; --compose runs it on the Compose stack.
 # CI runs a bounded version: scripts/chaos.sh --duration 60s --orders 1500
 # INBOX_MODE=buffered runs the service with the buffered inbox, with its two
 # processing crash points (after-claim, after-process-commit) armed too.
@@ -54,6 +57,8 @@ if ! [[ $ORDERS =~ ^[0-9]+$ ]] || ((ORDERS == 0)); then
 fi
 ((DURATION >= 10)) || { echo "--duration must be at least 10s" >&2; exit 2; }
 
+# The local mode's Go chaos run (TestPaymentChaos) reads these.
+export CHAOS_DURATION="${DURATION}s" CHAOS_ORDERS=$ORDERS CHAOS_CRASH_PROBABILITY=$CRASH_P
 kit_init chaos "${rest[@]}"
 
 DROPS=0

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # faults-cleanup.sh: removes what fault runs left behind on the local broker and
-# PostgreSQL: vhosts inbox-faults-<scenario>-<timestamp>-<pid> and databases
-# faults_<timestamp>_<pid>_{payments,gateway}, from runs kept with KEEP=1 or
-# whose script was killed before its EXIT trap ran. Resources of a run whose
-# script is still alive (its pid, in the name) are left alone. Run directories
-# under ${TMPDIR:-/tmp}/inbox-faults are kept (delete them by hand).
+# PostgreSQL: the vhosts and databases t_faults<pid>_… of a local-mode run (its
+# Go test) killed before its cleanup ran, and those of earlier versions of the
+# kit (inbox-faults-<scenario>-<timestamp>-<pid>, faults_<timestamp>_<pid>_…).
+# Resources of a run whose script is still alive (its pid, in the name) are
+# left alone. Run directories under ${TMPDIR:-/tmp}/inbox-faults are kept
+# (delete them by hand).
 set -euo pipefail
 
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
@@ -15,7 +16,7 @@ alive() { kill -0 "$1" 2>/dev/null; }
 
 removed=0
 while read -r vhost; do
-  [[ $vhost =~ ^inbox-faults-.+-[0-9]{14}-([0-9]+)$ ]] || continue
+  [[ $vhost =~ ^t_faults([0-9]+)_ || $vhost =~ ^inbox-faults-.+-[0-9]{14}-([0-9]+)$ ]] || continue
   alive "${BASH_REMATCH[1]}" && continue
   timeout 60 "${rabbitmqctl[@]}" -q delete_vhost "$vhost" >/dev/null
   echo "deleted vhost $vhost"
@@ -23,11 +24,11 @@ while read -r vhost; do
 done < <(timeout 60 "${rabbitmqctl[@]}" -q list_vhosts name --no-table-headers)
 
 while read -r db; do
-  [[ $db =~ ^faults_[0-9]{14}_([0-9]+)_(payments|gateway)$ ]] || continue
+  [[ $db =~ ^t_faults([0-9]+)_ || $db =~ ^faults_[0-9]{14}_([0-9]+)_[a-z]+$ ]] || continue
   alive "${BASH_REMATCH[1]}" && continue
   timeout 60 dropdb --if-exists --force "$db"
   echo "dropped database $db"
   removed=$((removed + 1))
-done < <(timeout 30 psql -d postgres -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'faults\_%'")
+done < <(timeout 30 psql -d postgres -Atqc "SELECT datname FROM pg_database WHERE datname LIKE 'faults\_%' OR datname LIKE 't\_faults%'")
 
 echo "$removed leftovers removed"

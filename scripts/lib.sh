@@ -1,19 +1,20 @@
 # shellcheck shell=bash
 # lib.sh: what every fault script shares. Source it, then
 #
-#   kit_init SCENARIO "$@"      # mode, run directory, traps
-#   stack_up [REPLICAS]         # a clean stack: fake gateway + payment-service replicas
+#   kit_init SCENARIO "$@"      # mode, run directory, traps (local mode: the Go scenario)
+#   stack_up                    # a clean Compose stack: fake gateway, two payment-service replicas
 #   publish_bg NAME FLAGS...    # order-publisher in the background, summary in the run dir
 #   ... cause the fault ...
 #   wait_publishers; wait_drain
 #   finish                      # inboxctl verify, the report, PASS/FAIL SCENARIO, exit 0/1
 #
 # Two modes, chosen on purpose (nothing is guessed from what the machine has):
-#   local    (the default, or --local, STACK=local): the programs of bin/ run as local
-#            processes on the local RabbitMQ and PostgreSQL, in a fresh vhost and two
-#            fresh databases, on free ports; logs in the run directory. The EXIT trap
-#            kills every process it started and, unless KEEP=1, deletes the vhost and
-#            the databases.
+#   local    (the default, or --local, STACK=local): kit_init runs the scenario's Go
+#            version (internal/kit/testenv/faultkit) with go test, as the service's test
+#            of that name, and exits with its verdict: the service's replicas run as local
+#            processes on the local RabbitMQ and PostgreSQL, in a fresh vhost and fresh
+#            databases the test removes. FAULT_SERVICE=payment (default) or shipping
+#            picks the service; the rest of the script is the Compose mode's.
 #   compose  (--compose or STACK=compose): drives the Compose stack of the repository
 #            (docker-compose.yml, plus docker-compose.override.yml if there is one, or
 #            the files of COMPOSE_FILE, relative to the repository) under its own
@@ -23,15 +24,12 @@
 #            from `docker compose port`. The EXIT trap appends the containers' logs to
 #            compose.log in the run directory and runs `down -v` unless KEEP=1.
 #
-# Every wait is bounded: a timeout fails the script. Settings (environment):
-#   KEEP=1                  keep the vhost and databases (local) or the containers (compose)
+# Every wait is bounded: a timeout fails the script. Settings (environment) of the
+# Compose mode (the local mode's are the Go test's: docs/fault-kit.md):
+#   KEEP=1                  keep the containers
 #   STACK=local|compose     the mode (default local)
 #   COMPOSE_PROJECT         compose project name (default inbox-faults-<pid>: runs never collide)
 #   FAULTS_DIR              parent of the run directories (default ${TMPDIR:-/tmp}/inbox-faults)
-#   BIN_DIR                 where the programs are (default bin/ of the repository)
-#   PGHOST PGPORT PGUSER    local PostgreSQL (default 127.0.0.1 5432 postgres; trust auth)
-#   AMQP_BASE               local broker without vhost (default amqp://guest:guest@127.0.0.1:5672)
-#   RABBITMQCTL             command for rabbitmqctl (default rabbitmqctl; e.g. "sudo rabbitmqctl")
 #   RETRY_DELAYS MAX_ATTEMPTS RECONNECT_MAX_WAIT   passed to the service (short defaults: quick drains)
 #   GATEWAY_IN_FLIGHT_TIMEOUT  the gateway's IN_FLIGHT_TAKEOVER and what the service is told of it
 #                           (default 5s: the short retries, at least 8.96s, must outlast it)
@@ -42,10 +40,6 @@
 set -Eeuo pipefail
 
 KIT_ROOT=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
-BIN_DIR=${BIN_DIR:-$KIT_ROOT/bin}
-export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
-AMQP_BASE=${AMQP_BASE:-amqp://guest:guest@127.0.0.1:5672}
-read -r -a RABBITMQCTL_CMD <<<"${RABBITMQCTL:-rabbitmqctl}"
 KIT_RETRY_DELAYS=${RETRY_DELAYS:-200ms,1s,2s}
 KIT_MAX_ATTEMPTS=${MAX_ATTEMPTS:-8}
 KIT_RECONNECT_MAX_WAIT=${RECONNECT_MAX_WAIT:-5s}
@@ -60,24 +54,10 @@ SCENARIO=""
 MODE=""
 RUN_DIR=""
 RUN_TAG=""
-VHOST=""
-AMQP_URL_RUN=""
-DB_PAYMENTS=""
-DB_GATEWAY=""
-DB_SHIPPING=""
-DB_CARRIER=""
 GATEWAY_ADDR=""
-GATEWAY_PID=""
-CARRIER_ADDR=""
-CARRIER_PID=""
-SHIPPING_ADDR=""
-SHIPPING_PID=""
 REPLICAS=0
-SERVICE_PORT=()
-SERVICE_PID=()
-SERVICE_SEEN=() # last instance seen by supervise: a pid (local) or a start time (compose)
+SERVICE_SEEN=() # last instance seen by supervise: a container's start time
 SERVICE_ARM=()  # crash points to arm after each (re)start: "POINT:P POINT:P"
-SERVICE_ENV=()  # extra environment for local replicas
 SERVICE_HELD=() # 1 for a replica the scenario stopped on purpose (service_hold): not restarted
 PUB_PIDS=()
 PUB_NAMES=()
@@ -125,9 +105,10 @@ usage: $0 [--local | --compose]
 
 Runs the fault scenario "$SCENARIO" on a clean stack and checks the invariants with
 inboxctl verify; prints PASS $SCENARIO or FAIL $SCENARIO and exits 0 or 1.
-Modes: local processes from bin/ on the local RabbitMQ and PostgreSQL (the
-default, --local), or the Compose stack (--compose or STACK=compose).
-KEEP=1 keeps the vhost and databases (or the compose project) for inspection.
+Modes: the scenario's Go version (go test) with local processes on the local
+RabbitMQ and PostgreSQL (the default, --local; FAULT_SERVICE=payment|shipping,
+INBOX_MODE=inline|buffered), or the Compose stack (--compose or STACK=compose).
+KEEP=1 keeps the compose project for inspection.
 Logs: \${TMPDIR:-/tmp}/inbox-faults/<scenario>-<timestamp>/.
 EOF
 }
@@ -158,20 +139,57 @@ kit_init() {
   trap cleanup EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
+  if [[ $MODE == local ]]; then
+    go_scenario # gives the verdict and exits
+  fi
   local tool
-  for tool in curl timeout awk; do
+  for tool in curl timeout awk docker; do
     command -v "$tool" >/dev/null || die "$tool is needed"
   done
-  if [[ $MODE == local ]]; then
-    for tool in psql createdb dropdb "${RABBITMQCTL_CMD[0]}"; do
-      command -v "$tool" >/dev/null || die "$tool is needed in local mode"
-    done
-    local prog
-    for prog in payment-service fake-gateway order-publisher inboxctl shipping-service fake-carrier; do
-      [[ -x $BIN_DIR/$prog ]] || die "$BIN_DIR/$prog is missing: run make build"
-    done
-  fi
   say "$SCENARIO: $MODE mode, logs in $RUN_DIR"
+}
+
+# go_scenario runs the scenario's Go version, in local mode: the service's
+# fault test (TestPaymentUnderFaults, TestShippingUnderFaults; Buffered with
+# INBOX_MODE=buffered; the broker scenarios under -tags disruptive, chaos
+# under -tags chaos) restricted to the scenario's subtest, with the race
+# detector. Its output goes to the terminal and to go-test.txt in the run
+# directory; PASS or FAIL SCENARIO follows.
+go_scenario() {
+  local service=${FAULT_SERVICE:-payment} pkg test tags="" name=$SCENARIO rc=0
+  case $service in
+    payment) pkg=./internal/e2e test=TestPaymentUnderFaults ;;
+    shipping) pkg=./examples/shipping test=TestShippingUnderFaults ;;
+    *) die "FAULT_SERVICE must be payment or shipping, got $service" ;;
+  esac
+  case $SCENARIO in
+    database-restart) name=database-sessions-terminated ;; # a shared server is not restarted
+    broker-restart | broker-stop-outbox-backlog)
+      [[ $service == payment ]] || die "$SCENARIO runs against the payment service only"
+      tags=disruptive test=TestDisruptivePaymentUnderBrokerFaults
+      warn "this stops the local RabbitMQ (and may raise a memory alarm on it): every vhost and every other client of it is disturbed"
+      ;;
+    chaos)
+      [[ $service == payment ]] || die "chaos runs against the payment service only"
+      tags=chaos test=TestPaymentChaos
+      ;;
+  esac
+  [[ $KIT_INBOX_MODE == buffered ]] && test+=Buffered
+  command -v go >/dev/null || die "go is needed in local mode"
+  # The test's vhosts and databases are named t_<run>_…: this pid in the run's
+  # name lets scripts/faults-cleanup.sh tell a dead run's leftovers.
+  export TEST_RUN_ID=${TEST_RUN_ID:-faults$$}
+  say "$SCENARIO: local mode: go test -tags '$tags' -run '^$test\$/^$name\$' $pkg (output in $RUN_DIR/go-test.txt)"
+  (cd "$KIT_ROOT" && go test -race -count=1 -v -timeout 30m -tags "$tags" -run "^$test\$/^$name\$" "$pkg") 2>&1 |
+    tee "$RUN_DIR/go-test.txt" || rc=$?
+  if ((rc == 0)) && ! grep -q -- "--- PASS: $test/$name " "$RUN_DIR/go-test.txt"; then
+    warn "$test has no scenario $name in $KIT_INBOX_MODE mode: nothing ran"
+    rc=1
+  fi
+  if ((rc == 0)); then verdict PASS; exit 0; fi
+  echo "logs: $RUN_DIR"
+  verdict FAIL
+  exit 1
 }
 
 # cleanup is the EXIT trap: no process of ours survives the script.
@@ -183,6 +201,7 @@ cleanup() {
     printf 'FAIL %s (stopped with exit %s; logs in %s)\n' "$SCENARIO" "$rc" "$RUN_DIR"
     ((rc == 0)) && rc=1
   fi
+  [[ $MODE == local ]] && exit "$rc" # the Go test cleans up after itself
   if ((BROKER_STOPPED)); then
     warn "the broker was left stopped: starting it again"
     broker_start_app
@@ -196,34 +215,15 @@ cleanup() {
     disown "$pid" 2>/dev/null # no "Killed" job notice
     kill -TERM "$pid" 2>/dev/null
   done
-  if [[ $MODE == compose ]]; then
-    {
-      echo "=== containers' logs at exit ($(date -Is))"
-      compose logs --no-color --timestamps
-    } >>"$RUN_DIR/compose.log" 2>&1
-    if [[ ${KEEP:-0} == 1 ]]; then
-      echo "KEEP=1: the compose project $COMPOSE_PROJECT is still up; remove it with"
-      echo "  (cd $KIT_ROOT && docker compose -p $COMPOSE_PROJECT down -v)"
-    else
-      compose_down
-    fi
-    exit "$rc"
-  fi
-  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID" "$SHIPPING_PID" "$CARRIER_PID"; do
-    [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null
-  done
-  for pid in "${PUB_PIDS[@]}" "${SERVICE_PID[@]}" "$GATEWAY_PID" "$SHIPPING_PID" "$CARRIER_PID"; do
-    [[ -n $pid ]] && wait_gone "$pid"
-  done
-  local db
+  {
+    echo "=== containers' logs at exit ($(date -Is))"
+    compose logs --no-color --timestamps
+  } >>"$RUN_DIR/compose.log" 2>&1
   if [[ ${KEEP:-0} == 1 ]]; then
-    [[ -n $VHOST ]] && echo "KEEP=1: kept vhost $VHOST and databases $DB_PAYMENTS, $DB_GATEWAY, $DB_SHIPPING, $DB_CARRIER; remove them with"
-    [[ -n $VHOST ]] && echo "  rabbitmqctl delete_vhost $VHOST; dropdb --force DB (each)"
+    echo "KEEP=1: the compose project $COMPOSE_PROJECT is still up; remove it with"
+    echo "  (cd $KIT_ROOT && docker compose -p $COMPOSE_PROJECT down -v)"
   else
-    [[ -n $VHOST ]] && timeout 60 "${RABBITMQCTL_CMD[@]}" -q delete_vhost "$VHOST" >/dev/null 2>&1
-    for db in "$DB_PAYMENTS" "$DB_GATEWAY" "$DB_SHIPPING" "$DB_CARRIER"; do
-      [[ -n $db ]] && timeout 60 dropdb --if-exists --force "$db" 2>/dev/null
-    done
+    compose_down
   fi
   exit "$rc"
 }
@@ -232,29 +232,7 @@ cleanup() {
 # user's own `docker compose` there would: COMPOSE_FILE, or docker-compose.yml
 # and docker-compose.override.yml, and .env.
 compose() { (cd "$KIT_ROOT" && timeout 900 docker compose -p "$COMPOSE_PROJECT" "$@"); }
-rmq() { timeout 60 "${RABBITMQCTL_CMD[@]}" "$@"; }
 
-# free_port prints a TCP port of 127.0.0.1 that nothing listens on and that
-# this run has not taken yet, below the kernel's ephemeral range: a port in
-# that range may be the local end of some outgoing connection (the services'
-# own, to PostgreSQL and RabbitMQ), and a listener's bind to it then fails
-# with "address already in use", at start or at any restart of a replica.
-free_port() {
-  local p tries lo=32768 span
-  read -r lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || lo=32768
-  span=$((lo - 20000))
-  ((span >= 1000)) || span=1000 # a range starting below 21000: take what there is
-  for ((tries = 0; tries < 200; tries++)); do
-    p=$((20000 + RANDOM % span))
-    [[ " ${SERVICE_PORT[*]} ${GATEWAY_ADDR##*:} ${CARRIER_ADDR##*:} ${SHIPPING_ADDR##*:} " == *" $p "* ]] && continue
-    if ! (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      echo "$p"
-      return 0
-    fi
-  done
-  echo "no free port found" >&2
-  return 1
-}
 
 # wait_until SECONDS WHAT CMD...: polls CMD every second; fails the run on timeout.
 wait_until() {
@@ -267,94 +245,16 @@ wait_until() {
   done
 }
 
-# wait_gone PID: at most 10 s for a killed process to disappear.
-wait_gone() {
-  local n
-  for ((n = 0; n < 100; n++)); do
-    kill -0 "$1" 2>/dev/null || return 0
-    sleep 0.1
-  done
-  return 0
-}
 
 http_ok() { curl -fsS -o /dev/null --max-time 3 "$1" 2>/dev/null; }
 
-# wait_started SECONDS WHAT PID LOG URL: URL answers 2xx, or the run fails;
-# at once, with the end of LOG, if the process PID exits meanwhile.
-wait_started() {
-  local limit=$1 what=$2 pid=$3 log=$4 url=$5
-  local deadline=$((SECONDS + limit))
-  until http_ok "$url"; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -n 5 "$log" >&2
-      die "$what exited during start"
-    fi
-    ((SECONDS < deadline)) || {
-      tail -n 5 "$log" >&2
-      die "timed out after ${limit}s waiting for $what"
-    }
-    sleep 0.5
-  done
-}
 
-# stack_up [REPLICAS]: a clean stack with the fake gateway and REPLICAS (1 or 2)
-# payment-service replicas, each ready.
+# stack_up: the Compose stack, clean (its two payment-service replicas).
 stack_up() {
-  REPLICAS=${1:-1}
-  if [[ $MODE == compose ]]; then
-    compose_up
-    return
-  fi
-  VHOST="inbox-faults-$SCENARIO-$RUN_TAG"
-  DB_PAYMENTS="faults_${RUN_TAG//-/_}_payments"
-  DB_GATEWAY="faults_${RUN_TAG//-/_}_gateway"
-  DB_SHIPPING="faults_${RUN_TAG//-/_}_shipping"
-  DB_CARRIER="faults_${RUN_TAG//-/_}_carrier"
-  AMQP_URL_RUN="$AMQP_BASE/$VHOST"
-  say "fresh vhost $VHOST, databases $DB_PAYMENTS, $DB_GATEWAY, $DB_SHIPPING and $DB_CARRIER"
-  rmq -q add_vhost "$VHOST" >/dev/null
-  rmq -q set_permissions -p "$VHOST" guest '.*' '.*' '.*' >/dev/null
-  local db
-  for db in "$DB_PAYMENTS" "$DB_GATEWAY" "$DB_SHIPPING" "$DB_CARRIER"; do
-    timeout 60 createdb "$db"
-  done
-  GATEWAY_ADDR="127.0.0.1:$(free_port)"
-  env DATABASE_URL="$(pg_url "$DB_GATEWAY")" HTTP_ADDR="$GATEWAY_ADDR" IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
-    FAULTS_ENABLED=true LOG_LEVEL=info "$BIN_DIR/fake-gateway" >>"$RUN_DIR/fake-gateway.log" 2>&1 &
-  GATEWAY_PID=$!
-  disown "$GATEWAY_PID" # no job notices; cleanup kills it by pid
-  wait_started 30 "the fake gateway on $GATEWAY_ADDR" "$GATEWAY_PID" "$RUN_DIR/fake-gateway.log" "http://$GATEWAY_ADDR/healthz"
-  pipeline_up
-  local i
-  for ((i = 1; i <= REPLICAS; i++)); do
-    SERVICE_PORT[i]=$(free_port)
-    service_start "$i"
-  done
-  say "stack up: fake-gateway $GATEWAY_ADDR, payment-service ×$REPLICAS ($KIT_INBOX_MODE inbox) on $(service_addrs); pipeline: shipping-service $SHIPPING_ADDR, fake-carrier $CARRIER_ADDR"
+  compose_up
 }
 
-# pipeline_up starts the pipeline's second half in local mode, as Compose
-# does: the fake carrier, and one shipping-service consuming the payment
-# service's order.paid events (its queue is declared before any order is
-# published, so that no event finds it missing).
-pipeline_up() {
-  CARRIER_ADDR="127.0.0.1:$(free_port)"
-  env DATABASE_URL="$(pg_url "$DB_CARRIER")" HTTP_ADDR="$CARRIER_ADDR" CARRIER_IN_FLIGHT_TAKEOVER="$KIT_IN_FLIGHT" \
-    LOG_LEVEL=info "$BIN_DIR/fake-carrier" >>"$RUN_DIR/fake-carrier.log" 2>&1 &
-  CARRIER_PID=$!
-  disown "$CARRIER_PID"
-  wait_started 30 "the fake carrier on $CARRIER_ADDR" "$CARRIER_PID" "$RUN_DIR/fake-carrier.log" "http://$CARRIER_ADDR/healthz"
-  SHIPPING_ADDR="127.0.0.1:$(free_port)"
-  env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_SHIPPING")" CARRIER_URL="http://$CARRIER_ADDR" \
-    HTTP_ADDR="$SHIPPING_ADDR" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
-    RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" SHUTDOWN_TIMEOUT=10s LOG_LEVEL=info \
-    "$BIN_DIR/shipping-service" >>"$RUN_DIR/shipping-service.log" 2>&1 &
-  SHIPPING_PID=$!
-  disown "$SHIPPING_PID"
-  wait_started 60 "the shipping service on $SHIPPING_ADDR" "$SHIPPING_PID" "$RUN_DIR/shipping-service.log" "http://$SHIPPING_ADDR/readyz"
-}
 
-pg_url() { echo "postgres://$PGUSER@$PGHOST:$PGPORT/$1?sslmode=disable"; }
 
 # compose_down removes the project, its volumes and its network. A container
 # of `docker compose run` (the publisher, inboxctl) survives its client's
@@ -419,11 +319,7 @@ service_container() {
 # service_addr I prints host:port of replica I (compose maps a new port after a
 # restart), or nothing while its container has none (Docker is restarting it).
 service_addr() {
-  if [[ $MODE == local ]]; then
-    echo "127.0.0.1:${SERVICE_PORT[$1]}"
-  else
-    compose port --index "$1" payment-service 8080 2>/dev/null | tail -n1 || true
-  fi
+  compose port --index "$1" payment-service 8080 2>/dev/null | tail -n1 || true
 }
 
 service_addrs() {
@@ -432,23 +328,18 @@ service_addrs() {
   echo "${out% }"
 }
 
-# service_instance I prints what identifies the running process of replica I (a
-# pid, or a container start time), "restarting" while Docker's restart policy
+# service_instance I prints what identifies the running process of replica I
+# (its container's start time), "restarting" while Docker's restart policy
 # brings the container back, or "dead".
 service_instance() {
-  if [[ $MODE == local ]]; then
-    local pid=${SERVICE_PID[$1]:-}
-    if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then echo "$pid"; else echo dead; fi
-  else
-    local state
-    state=$(docker inspect -f '{{.State.Restarting}} {{.State.Running}} {{.State.StartedAt}}' \
-      "$(service_container "$1")" 2>/dev/null) || state=""
-    case $state in
-      true*) echo restarting ;; # Docker reports a restarting container as running too
-      "false true "*) echo "${state#false true }" ;;
-      *) echo dead ;;
-    esac
-  fi
+  local state
+  state=$(docker inspect -f '{{.State.Restarting}} {{.State.Running}} {{.State.StartedAt}}' \
+    "$(service_container "$1")" 2>/dev/null) || state=""
+  case $state in
+    true*) echo restarting ;; # Docker reports a restarting container as running too
+    "false true "*) echo "${state#false true }" ;;
+    *) echo dead ;;
+  esac
 }
 
 service_alive() { [[ $(service_instance "$1") != dead ]]; }
@@ -459,19 +350,7 @@ service_alive() { [[ $(service_instance "$1") != dead ]]; }
 # crash points set for it with set_crash_points.
 service_start() {
   local i=$1 probe=${2:-readyz}
-  if [[ $MODE == local ]]; then
-    printf '{"kit":"=== started by %s at %s"}\n' "$SCENARIO" "$(date -Is)" >>"$RUN_DIR/payment-service-$i.log"
-    env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" GATEWAY_URL="http://$GATEWAY_ADDR" \
-      HTTP_ADDR="127.0.0.1:${SERVICE_PORT[i]}" RETRY_DELAYS="$KIT_RETRY_DELAYS" MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" \
-      RECONNECT_MAX_WAIT="$KIT_RECONNECT_MAX_WAIT" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
-      SHUTDOWN_TIMEOUT=10s FAULTS_ENABLED=true LOG_LEVEL=info \
-      INBOX_MODE="$KIT_INBOX_MODE" BUFFER_RETRY_DELAYS="$KIT_BUFFER_RETRY_DELAYS" BUFFER_MAX_ATTEMPTS="$KIT_BUFFER_MAX_ATTEMPTS" \
-      "${SERVICE_ENV[@]}" "$BIN_DIR/payment-service" >>"$RUN_DIR/payment-service-$i.log" 2>&1 &
-    SERVICE_PID[i]=$!
-    disown "${SERVICE_PID[i]}" # no "Killed" job notices when it crashes; bash still reaps it
-  else
-    docker start "$(service_container "$i")" >/dev/null || die "docker start $(service_container "$i") failed"
-  fi
+  docker start "$(service_container "$i")" >/dev/null || die "docker start $(service_container "$i") failed"
   service_wait "$i" 60 "$probe"
   SERVICE_SEEN[i]=$(service_instance "$i")
   arm_replica "$i"
@@ -484,10 +363,6 @@ service_wait() {
   local i=$1 limit=$2 probe=${3:-readyz}
   local deadline=$((SECONDS + limit))
   until service_probe "$i" "$probe"; do
-    if [[ $MODE == local ]] && ! service_alive "$i"; then
-      tail -n 5 "$RUN_DIR/payment-service-$i.log" >&2
-      die "payment-service replica $i exited during start"
-    fi
     ((SECONDS < deadline)) || die "payment-service replica $i: /$probe not 200 within ${limit}s"
     sleep 0.5
   done
@@ -496,12 +371,7 @@ service_wait() {
 # service_kill I: SIGKILL, as an OOM killer or a power cut would.
 service_kill() {
   local i=$1
-  if [[ $MODE == local ]]; then
-    kill -KILL "${SERVICE_PID[i]}" 2>/dev/null || true
-    wait_gone "${SERVICE_PID[i]}"
-  else
-    docker kill -s KILL "$(service_container "$i")" >/dev/null 2>&1 || true
-  fi
+  docker kill -s KILL "$(service_container "$i")" >/dev/null 2>&1 || true
   SERVICE_SEEN[i]=dead
   KILLS=$((KILLS + 1))
 }
@@ -607,10 +477,8 @@ crash_phase() {
 
 # gateway_faults JSON: POST /faults on the fake gateway (error_rate, lost_response_rate, latency).
 gateway_faults() {
-  if [[ $MODE == compose ]]; then
-    # Docker maps a new host port if it restarted the container.
-    GATEWAY_ADDR=$(compose port fake-gateway 8081 2>/dev/null | tail -n1) || true
-  fi
+  # Docker maps a new host port if it restarted the container.
+  GATEWAY_ADDR=$(compose port fake-gateway 8081 2>/dev/null | tail -n1) || true
   curl -fsS -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' -d "$1" \
     "http://$GATEWAY_ADDR/faults" || die "POST /faults $1 to the fake gateway failed"
 }
@@ -618,30 +486,22 @@ gateway_faults() {
 # ---------------------------------------------------------------- broker and database
 
 # broker_ctl ARGS...: rabbitmqctl on the run's broker.
-broker_ctl() {
-  if [[ $MODE == local ]]; then rmq "$@"; else compose exec -T rabbitmq rabbitmqctl "$@"; fi
-}
-
-run_vhost() { if [[ $MODE == local ]]; then echo "$VHOST"; else echo /; fi; }
+broker_ctl() { compose exec -T rabbitmq rabbitmqctl "$@"; }
 
 # close_connections: the broker closes every connection of the run's vhost
 # (the service's and the publisher's).
 close_connections() {
-  broker_ctl -q close_all_connections -p "$(run_vhost)" "fault script $SCENARIO" >/dev/null ||
+  broker_ctl -q close_all_connections -p / "fault script $SCENARIO" >/dev/null ||
     warn "close_all_connections failed"
 }
 
 broker_stop_app() {
   BROKER_STOPPED=1
-  if [[ $MODE == local ]]; then rmq -q stop_app >/dev/null; else compose stop rabbitmq >/dev/null 2>&1; fi
+  compose stop rabbitmq >/dev/null 2>&1
 }
 
 broker_start_app() {
-  if [[ $MODE == local ]]; then
-    rmq -q start_app >/dev/null && rmq -q await_startup --timeout 120 >/dev/null
-  else
-    compose start rabbitmq >/dev/null 2>&1 && compose up -d --wait rabbitmq >/dev/null 2>&1
-  fi && BROKER_STOPPED=0
+  compose start rabbitmq >/dev/null 2>&1 && compose up -d --wait rabbitmq >/dev/null 2>&1 && BROKER_STOPPED=0
 }
 
 # service_hold I stops replica I (SIGKILL) and keeps it stopped: supervise
@@ -671,7 +531,7 @@ alarm_off() {
 
 # queue_depths prints "queue messages unacked" for every queue of the run.
 queue_depths() {
-  broker_ctl -s list_queues -p "$(run_vhost)" name messages messages_unacknowledged
+  broker_ctl -s list_queues -p / name messages messages_unacknowledged
 }
 
 # pending_messages prints how many messages wait in, or are being handled from,
@@ -690,27 +550,15 @@ pending_messages() {
 }
 
 # psql_payments SQL: one query on the payments database, unaligned output.
-psql_payments() {
-  if [[ $MODE == local ]]; then
-    timeout 30 psql -d "$DB_PAYMENTS" -Atqc "$1"
-  else
-    compose exec -T postgres psql -U postgres -d payments -Atqc "$1"
-  fi
-}
+psql_payments() { compose exec -T postgres psql -U postgres -d payments -Atqc "$1"; }
 
 payments_count() { psql_payments "SELECT count(*) FROM payments"; }
 
 # kill_db_backends: pg_terminate_backend on every session of the payments
 # database; prints how many. The cluster itself keeps running (it is shared).
 kill_db_backends() {
-  local sql db
-  if [[ $MODE == local ]]; then db=$DB_PAYMENTS; else db=payments; fi
-  sql="SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '$db' AND pid <> pg_backend_pid()"
-  if [[ $MODE == local ]]; then
-    timeout 30 psql -d postgres -Atqc "$sql"
-  else
-    compose exec -T postgres psql -U postgres -d postgres -Atqc "$sql"
-  fi
+  compose exec -T postgres psql -U postgres -d postgres -Atqc \
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = 'payments' AND pid <> pg_backend_pid()"
 }
 
 # ---------------------------------------------------------------- publisher
@@ -725,14 +573,9 @@ publish_bg() {
   SUMMARIES+=("$summary")
   PUB_NAMES+=("$name")
   say "publishing ($name): order-publisher $*"
-  if [[ $MODE == local ]]; then
-    env AMQP_URL="$AMQP_URL_RUN" "$BIN_DIR/order-publisher" -run-id "$run_id" -summary "$RUN_DIR/$summary" \
-      -timeout 5m "$@" >"$RUN_DIR/publisher-$name.txt" 2>"$RUN_DIR/publisher-$name.log" &
-  else
-    compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" order-publisher \
-      -run-id "$run_id" -summary "/kit/$summary" -timeout 5m "$@" \
-      >"$RUN_DIR/publisher-$name.txt" 2>"$RUN_DIR/publisher-$name.log" &
-  fi
+  compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" order-publisher \
+    -run-id "$run_id" -summary "/kit/$summary" -timeout 5m "$@" \
+    >"$RUN_DIR/publisher-$name.txt" 2>"$RUN_DIR/publisher-$name.log" &
   PUB_PIDS+=($!)
 }
 
@@ -831,16 +674,8 @@ run_verify() {
   for f in "${SUMMARIES[@]}"; do
     ((${#SUMMARIES[@]} == 1)) || printf '== inboxctl verify --summary %s\n' "$f" >>"$RUN_DIR/verify.txt"
     rc=0
-    if [[ $MODE == local ]]; then
-      env AMQP_URL="$AMQP_URL_RUN" DATABASE_URL="$(pg_url "$DB_PAYMENTS")" \
-        GATEWAY_DATABASE_URL="$(pg_url "$DB_GATEWAY")" RETRY_DELAYS="$KIT_RETRY_DELAYS" \
-        SHIPPING_DATABASE_URL="$(pg_url "$DB_SHIPPING")" CARRIER_DATABASE_URL="$(pg_url "$DB_CARRIER")" \
-        MAX_ATTEMPTS="$KIT_MAX_ATTEMPTS" GATEWAY_IN_FLIGHT_TIMEOUT="$KIT_IN_FLIGHT" \
-        timeout 120 "$BIN_DIR/inboxctl" verify --summary "$RUN_DIR/$f" >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
-    else
-      compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \
-        >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
-    fi
+    compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \
+      >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
     ((rc == 0)) || VERIFY_RC=$rc
     ((${#SUMMARIES[@]} == 1)) || echo >>"$RUN_DIR/verify.txt"
   done
@@ -871,12 +706,7 @@ eq() { [[ $1 == "$2" ]]; }
 
 # service_logs: every line the replicas logged in this run, across restarts.
 service_logs() {
-  local svc=${1:-payment-service}
-  if [[ $MODE == local ]]; then
-    cat "$RUN_DIR/$svc"*.log
-  else
-    compose logs --no-color --no-log-prefix "$svc" 2>/dev/null
-  fi
+  compose logs --no-color --no-log-prefix "${1:-payment-service}" 2>/dev/null
 }
 
 # count_logged TEXT...: lines of the replicas' logs containing every TEXT.

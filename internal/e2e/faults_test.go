@@ -136,7 +136,10 @@ var bufferedFaultEnv = []string{
 // the outbox relays are routed there (nobody reads them in these tests).
 const faultSink = "faults.order-paid"
 
-func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
+// paymentTrial is a fresh run of the payment service with env for sc: its
+// publisher runs load (one run each, in turn), or by default the
+// scenario's paymentLoads.
+func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 		amqpURL, paymentsDB, gatewayDB := testenv.VHost(t), testenv.Postgres(t), testenv.Postgres(t)
 		gatewayAddr := testenv.FreeAddr(t)
@@ -163,6 +166,9 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 		if !ok {
 			loads = [][]string{paymentLoad}
 		}
+		if len(load) > 0 {
+			loads = load
+		}
 		var summaries []string
 		for i := range loads {
 			summaries = append(summaries, filepath.Join(t.TempDir(), fmt.Sprintf("summary-%d.json", i)))
@@ -171,7 +177,7 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 			Stack: s,
 			Load: func() error {
 				for i, args := range loads {
-					code, out := run(t, 4*time.Minute, "order-publisher", []string{"AMQP_URL=" + amqpURL},
+					code, out := run(t, 30*time.Minute, "order-publisher", []string{"AMQP_URL=" + amqpURL},
 						append(args, "-run-id", fmt.Sprintf("%s-%d", sc.Name, i), "-summary", summaries[i])...)
 					if code != 0 {
 						return fmt.Errorf("order-publisher exited %d:\n%s", code, out)
@@ -191,6 +197,8 @@ func paymentTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *faultk
 				}, args...)
 				if code != 0 || !strings.Contains(out, "PASS: every invariant holds") {
 					t.Errorf("inboxctl verify: exit %d\n%s", code, out)
+				} else {
+					t.Logf("inboxctl verify:\n%s", out)
 				}
 				// The outbox: every succeeded payment's OrderPaid reached the
 				// broker (at least once: a relay that crashed between the

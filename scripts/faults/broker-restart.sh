@@ -3,17 +3,14 @@
 # service sees its connection die, reports not ready, reconnects with backoff,
 # declares its topology again and consumes; deliveries of the dead channel are
 # never acked on the new one. The publisher republishes what was not confirmed.
-# Local mode stops the whole local broker (rabbitmqctl stop_app / start_app):
-# every vhost, every other user of it. Compose mode restarts the rabbitmq
-# container.
+# Local mode runs faultkit.BrokerRestart (go test -tags disruptive), which
+# stops the whole local broker (rabbitmqctl stop_app / start_app): every
+# vhost, every other user of it. Compose mode restarts the rabbitmq container.
 # Proves: nothing lost across a broker restart, nothing applied twice.
 # shellcheck source=../lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 kit_init broker-restart "$@"
 
-if [[ $MODE == local ]]; then
-  warn "this stops the local RabbitMQ for a few seconds, twice: every vhost and every other client of it is disturbed"
-fi
 
 restart_broker() {
   say "stopping the broker"

@@ -67,6 +67,8 @@ type Stack struct {
 	phaseCrashes, backlog int
 	// watermark is the broker's memory watermark while MemoryAlarm holds.
 	watermark string
+	// chaosRan counts the actions of a chaos run by name.
+	chaosRan map[string]int
 }
 
 type replica struct {

@@ -3,6 +3,7 @@ package faultkit
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -288,6 +289,81 @@ func BrokerStopOutboxBacklog(backlog int) Scenario {
 			}
 			if n := testenv.Count(t, s.cfg.DBURL, `SELECT count(*) FROM outbox WHERE status = 'parked'`); n != 0 {
 				t.Errorf("%d outbox events parked: the broker's absence must spend no attempt", n)
+			}
+		},
+	}
+}
+
+// Action is one kind of fault a chaos run picks among: the kit's (a
+// SIGKILL, the broker dropping connections, the database terminating
+// sessions) and a service's own (its dependency's fault rates, say).
+type Action struct {
+	Name string
+	Do   func(s *Stack)
+	// Reset undoes what Do left in place, once the chaos ends (nil: nothing).
+	Reset func(s *Stack)
+}
+
+// The kit's chaos actions.
+var (
+	KillAction = Action{Name: "SIGKILL", Do: func(s *Stack) {
+		s.t.Logf("chaos: SIGKILL replica %d", s.KillRandom())
+	}}
+	DropAction = Action{Name: "connections dropped", Do: func(s *Stack) {
+		s.CloseConnections()
+		s.t.Logf("chaos: the broker closed every connection of the vhost")
+	}}
+	DatabaseAction = Action{Name: "database sessions terminated", Do: func(s *Stack) {
+		s.t.Logf("chaos: terminated %d sessions of the service's database", s.TerminateBackends())
+	}}
+)
+
+// Chaos is the chaos scenario: every fault at once for d. Two replicas run
+// with the crash points of arms armed; every 2 to 5 s one action happens,
+// in shuffled rounds of the kit's three and the service's extra, so that
+// each kind happens as often as the others. Then the faults stop, the dead
+// replicas start again and the trial drains and verifies as after any
+// scenario. The trial's load should span about 70% of d.
+func Chaos(d time.Duration, arms []Arm, extra ...Action) Scenario {
+	actions := append([]Action{KillAction, DropAction, DatabaseAction}, extra...)
+	return Scenario{
+		Name:     "chaos",
+		Replicas: 2,
+		Fault: func(s *Stack, busy func() bool) {
+			s.ArmAll(arms...)
+			ran := map[string]int{}
+			var round []Action
+			for end := time.Now().Add(d); time.Now().Before(end); {
+				s.SuperviseFor(time.Duration(2000+rand.IntN(3000)) * time.Millisecond)
+				if len(round) == 0 {
+					round = slices.Clone(actions)
+					rand.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
+				}
+				round[0].Do(s)
+				ran[round[0].Name]++
+				round = round[1:]
+			}
+			s.ArmAll()
+			for _, a := range actions {
+				if a.Reset != nil {
+					a.Reset(s)
+				}
+			}
+			s.Supervise()
+			s.chaosRan = ran
+			s.Note("%s of chaos on two replicas, %d crash points armed: %d crashes, %d SIGKILLs, %d restarts", d, len(arms), s.Crashes, s.Kills, s.Restarts)
+			for _, a := range actions {
+				s.Note("%s: %d times", a.Name, ran[a.Name])
+			}
+		},
+		Check: func(t testing.TB, s *Stack) {
+			if s.Restarts == 0 {
+				t.Errorf("no replica died and was started again in %s of chaos", d)
+			}
+			for _, a := range actions {
+				if s.chaosRan[a.Name] == 0 {
+					t.Errorf("%s never happened in %s of chaos: make it longer", a.Name, d)
+				}
 			}
 		},
 	}
