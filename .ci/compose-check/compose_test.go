@@ -80,6 +80,7 @@ var connectionSettings = map[string]func(program, value string) string{
 	"SHIPPING_DATABASE_URL": func(_, v string) string { return wantDatabase(v, "/shipping") },
 	"CARRIER_DATABASE_URL":  func(_, v string) string { return wantDatabase(v, "/carrier") },
 	"GATEWAY_URL":           func(_, v string) string { return wantHost(v, "http", "fake-gateway:8081") },
+	"CARRIER_URL":           func(_, v string) string { return wantHost(v, "http", "fake-carrier:8082") },
 	"HTTP_ADDR": func(prog, v string) string {
 		// inboxctl loads the service's configuration: the service's value.
 		want := map[string]string{"payment-service": ":8080", "fake-gateway": ":8081", "inboxctl": ":8080",

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inbox-template/payment-service/examples/shipping"
 	"github.com/inbox-template/payment-service/internal/kit/service"
 	"github.com/inbox-template/payment-service/internal/payment"
 )
@@ -49,7 +50,9 @@ type program struct {
 // configuration to find the service's queues, database and retention.
 func programs() []program {
 	pay := payment.Service().Describe()
-	out := []program{{"payment-service", pay}}
+	// The shipping example's own settings; the kit's variables it reads too
+	// are the payment service's, set per service in docker-compose.yml.
+	out := []program{{"payment-service", pay}, {"shipping-service", service.Describe(&shipping.Settings{})}}
 	for _, p := range programConfigs {
 		out = append(out, program{p.program, service.Describe(p.spec)})
 	}
@@ -75,7 +78,7 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # .env from the project directory (a variable set in your shell wins) and
 # substitutes it into docker-compose.yml, whose ${NAME:-default} entries pass each
 # variable to the services that read it. The connection variables (AMQP_URL,
-# DATABASE_URL, GATEWAY_DATABASE_URL, GATEWAY_URL, HTTP_ADDR) are set per service
+# DATABASE_URL, GATEWAY_DATABASE_URL, GATEWAY_URL, CARRIER_URL, HTTP_ADDR) are set per service
 # in docker-compose.yml, because inside Compose they name the other containers,
 # and FAULTS_ENABLED is true there for the fault demo.
 `
