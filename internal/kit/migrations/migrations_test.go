@@ -7,15 +7,16 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/pressly/goose/v3"
-
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/payment"
 )
+
+// notes stands for a service's own schema: the kit's tests use no service's.
+var notes = migrations.NewSet("notes", fstest.MapFS{
+	"00001_notes.sql": {Data: []byte("-- +goose Up\nCREATE TABLE notes (id bigint PRIMARY KEY, body text NOT NULL);\n-- +goose Down\nDROP TABLE notes;\n")},
+})
 
 func open(t *testing.T, url string) *sql.DB {
 	t.Helper()
@@ -28,7 +29,7 @@ func open(t *testing.T, url string) *sql.DB {
 }
 
 func TestApplyTwice(t *testing.T) {
-	for _, set := range []migrations.Set{migrations.Inbox, migrations.Buffered, payment.Migrations, fakegateway.Migrations} {
+	for _, set := range []migrations.Set{migrations.Inbox, migrations.Buffered, migrations.Outbox, notes} {
 		db := open(t, testenv.Postgres(t))
 		ctx := context.Background()
 		first, err := migrations.Apply(ctx, db, set)
@@ -81,71 +82,14 @@ func TestApplyConcurrently(t *testing.T) {
 func TestSetsHaveTheirOwnVersions(t *testing.T) {
 	db := open(t, testenv.Postgres(t))
 	ctx := context.Background()
-	if _, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations); err != nil {
+	if _, err := migrations.Apply(ctx, db, migrations.Inbox, notes); err != nil {
 		t.Fatal(err)
 	}
-	for _, table := range []string{"inbox_schema_version", "payments_schema_version"} {
+	for _, table := range []string{"inbox_schema_version", "notes_schema_version"} {
 		var n int
 		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+table+" WHERE version_id > 0").Scan(&n); err != nil || n != 1 {
 			t.Errorf("%s: %d versions, %v; want 1", table, n, err)
 		}
-	}
-}
-
-// legacySchema is the payments database as the first release migrated it:
-// one goose set, in goose's default table, holding the inbox and payments.
-const legacySchema = `-- +goose Up
-CREATE TABLE inbox (
-    message_id     text        NOT NULL CHECK (message_id <> ''),
-    consumer       text        NOT NULL CHECK (consumer <> ''),
-    payload_sha256 bytea       NOT NULL CHECK (octet_length(payload_sha256) = 32),
-    received_at    timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (message_id, consumer)
-);
-CREATE INDEX inbox_received_at_idx ON inbox (received_at);
-CREATE TABLE payments (
-    id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id       text        NOT NULL UNIQUE,
-    message_id     text        NOT NULL,
-    customer_id    text        NOT NULL,
-    amount_cents   bigint      NOT NULL CHECK (amount_cents > 0),
-    currency       char(3)     NOT NULL,
-    status         text        NOT NULL CHECK (status IN ('succeeded', 'declined')),
-    charge_id      text        NOT NULL,
-    decline_reason text,
-    created_at     timestamptz NOT NULL DEFAULT now()
-);
--- +goose Down
-DROP TABLE payments;
-DROP TABLE inbox;
-`
-
-// A database migrated by the first release (one set in goose_db_version) takes
-// the split schemas without error and keeps its rows.
-func TestLegacyDatabaseUpgrades(t *testing.T) {
-	db := open(t, testenv.Postgres(t))
-	ctx := context.Background()
-	legacy := fstest.MapFS{"00001_inbox_and_payments.sql": {Data: []byte(legacySchema)}}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, legacy)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := p.Up(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, `INSERT INTO inbox VALUES ('m1', 'payment-service', sha256('x'), now())`); err != nil {
-		t.Fatal(err)
-	}
-	applied, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations)
-	if err != nil {
-		t.Fatalf("upgrade: %v", err)
-	}
-	if len(applied["inbox"]) != 1 || len(applied["payments"]) != 1 {
-		t.Fatalf("applied %v, want version 1 of each set recorded", applied)
-	}
-	var n int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM inbox`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("inbox rows after the upgrade: %d, %v", n, err)
 	}
 }
 
@@ -155,17 +99,17 @@ func TestLegacyDatabaseUpgrades(t *testing.T) {
 func TestBufferedSetJoinsAnExistingDatabase(t *testing.T) {
 	db := open(t, testenv.Postgres(t))
 	ctx := context.Background()
-	if _, err := migrations.Apply(ctx, db, migrations.Inbox, payment.Migrations); err != nil {
+	if _, err := migrations.Apply(ctx, db, migrations.Inbox, notes); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.ExecContext(ctx, `INSERT INTO inbox VALUES ('m1', 'payment-service', sha256('x'), now())`); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := migrations.Apply(ctx, db, migrations.Inbox, migrations.Buffered, payment.Migrations)
+	applied, err := migrations.Apply(ctx, db, migrations.Inbox, migrations.Buffered, notes)
 	if err != nil {
 		t.Fatalf("upgrade: %v", err)
 	}
-	if len(applied["inbox"]) != 0 || len(applied["payments"]) != 0 || len(applied["buffered"]) != 1 {
+	if len(applied["inbox"]) != 0 || len(applied["notes"]) != 0 || len(applied["buffered"]) != 1 {
 		t.Fatalf("applied %v, want the buffered set's version 1 only", applied)
 	}
 	var n int
