@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# new-project.sh: your own copy of this template, under your module path.
+# new-project.sh: your own copy of this template, under your module path, and
+# optionally a new service in it.
 #
 #   scripts/new-project.sh MODULE_PATH DIR
-#   scripts/new-project.sh example.com/acme/shipping-service ../shipping-service
+#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K
+#   scripts/new-project.sh example.com/acme/refunds ../refunds \
+#     --service refund-service --event refund-requested --exchange payments --routing-key refund.requested
 #
 # Copies the repository's files (those git tracks, or the whole tree of a copy
 # that is not a git checkout, without bin/) into DIR, keeping their modes (the
@@ -13,6 +16,15 @@
 #     of MODULE_PATH; a copy of a copy renames its own names the same way;
 # then checks that nothing names the old module path any more. DIR must not
 # exist or be empty. It changes nothing here. Next steps are printed at the end.
+#
+# With --service, it also writes a new service in the copy, consuming EVENT
+# from the topic exchange X with the binding key K: internal/<pkg>/ (the
+# handler with its contract spelled out and a TODO where the business logic
+# goes, the event and its decoder, Service(), a migration) and cmd/NAME/main.go,
+# where <pkg> is NAME without its -service suffix, and an end-to-end test
+# (internal/<pkg>/<pkg>_test.go) that runs the service as a process against
+# the real RabbitMQ and PostgreSQL, as generated: each record once,
+# duplicates suppressed, poison dead-lettered with its reason.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,12 +36,49 @@ old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/dock
   { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR   (e.g. $0 example.com/acme/shipping-service ../shipping-service)" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K]" >&2
+  echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
-[[ $# -eq 2 ]] || usage
-module=$1
-dir=$2
+args=()
+svc="" event="" exchange="" routing_key=""
+while (($#)); do
+  case $1 in
+    --service | --event | --exchange | --routing-key)
+      [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
+      case $1 in
+        --service) svc=$2 ;;
+        --event) event=$2 ;;
+        --exchange) exchange=$2 ;;
+        --routing-key) routing_key=$2 ;;
+      esac
+      shift 2
+      ;;
+    -h | --help) usage ;;
+    -*) echo "$0: unknown option $1" >&2; usage ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+[[ ${#args[@]} -eq 2 ]] || usage
+module=${args[0]}
+dir=${args[1]}
+if [[ -n $svc$event$exchange$routing_key ]]; then
+  [[ -n $svc && -n $event && -n $exchange && -n $routing_key ]] ||
+    { echo "$0: --service, --event, --exchange and --routing-key go together" >&2; exit 2; }
+  [[ $svc =~ ^[a-z][a-z0-9]*(-[a-z0-9]+)*$ ]] ||
+    { echo "$0: --service $svc: want lowercase words joined by -, e.g. refund-service" >&2; exit 2; }
+  [[ $event =~ ^[a-z][a-z0-9]*(-[a-z0-9]+)*$ ]] ||
+    { echo "$0: --event $event: want lowercase words joined by -, e.g. refund-requested" >&2; exit 2; }
+  [[ $exchange =~ ^[A-Za-z0-9._-]+$ ]] || { echo "$0: --exchange $exchange: letters, digits, . _ - only" >&2; exit 2; }
+  [[ $routing_key =~ ^[A-Za-z0-9._-]+$ ]] || { echo "$0: --routing-key $routing_key: letters, digits, . _ - only (no wildcards)" >&2; exit 2; }
+  # The service's package: its name without -service, e.g. internal/refund.
+  pkg=${svc%-service}
+  pkg=${pkg//-/}
+  [[ -n $pkg ]] || { echo "$0: --service $svc leaves no package name" >&2; exit 2; }
+  for taken in "internal/$pkg" "cmd/$svc"; do
+    [[ ! -e $here/$taken ]] || { echo "$0: --service $svc would write $taken, which the template has" >&2; exit 2; }
+  done
+fi
 [[ $module =~ ^[a-z0-9][a-z0-9.-]*(/[A-Za-z0-9._~-]+)+$ ]] ||
   { echo "$0: $module is not a module path like example.com/acme/shipping-service" >&2; exit 2; }
 name=${module##*/}
@@ -70,6 +119,248 @@ if [[ -n $left ]]; then
   exit 1
 fi
 
+# ---------------------------------------------------------------- a new service
+
+# camel refund-requested prints RefundRequested.
+camel() {
+  local out="" w
+  IFS=- read -r -a words <<<"$1"
+  for w in "${words[@]}"; do out+="${w^}"; done
+  echo "$out"
+}
+
+if [[ -n $svc ]]; then
+  Event=$(camel "$event")
+  table="${pkg}_records"
+  mkdir -p "$dst/internal/$pkg/migrations" "$dst/cmd/$svc"
+
+  cat >"$dst/internal/$pkg/$pkg.go" <<EOF2
+// Package $pkg is $svc: it consumes $Event events from the $exchange
+// exchange (binding key $routing_key) and records each one exactly once.
+// Written by scripts/new-project.sh; the TODOs mark what is yours to write.
+// docs/writing-a-service.md explains every part, examples/shipping is a
+// service with an outside call.
+package $pkg
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"log/slog"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"$module/internal/kit/consumer"
+	"$module/internal/kit/migrations"
+	"$module/internal/kit/service"
+)
+
+// $Event is the event this service consumes. TODO: its fields, as the
+// producer sends them.
+type $Event struct {
+	EventID string \`json:"event_id"\`
+	// Key names the business entity the event is about (an order, an
+	// account): the unique key of the service's effect, and the ordering key
+	// of the buffered mode.
+	Key string \`json:"key"\`
+}
+
+// Record is one row of the $table table: the service's effect, one per key.
+type Record struct {
+	Key       string \`gorm:"primaryKey"\`
+	MessageID string
+}
+
+// TableName is the table the migration creates.
+func (Record) TableName() string { return "$table" }
+
+// Decode$Event decodes and validates a body. A body it refuses is
+// dead-lettered with the reason given here, before any handler runs, and
+// never retried: refuse here what no retry can fix.
+func Decode$Event(body []byte) ($Event, error) {
+	var ev $Event
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return ev, consumer.Permanent("malformed_json", err)
+	}
+	if ev.Key == "" {
+		return ev, consumer.Permanent("missing_field", nil)
+	}
+	return ev, nil
+}
+
+// Handler handles one $Event at a time. The contract (the kit keeps it):
+//   - Handle runs with no transaction open, at least once per message: a
+//     redelivery after a crash runs it again. An outside call made here must
+//     be idempotent (an idempotency key derived from the event, never a fresh
+//     one); then set NoOutsideCalls to false in Service.
+//   - An error from Handle or from the writes is retried with backoff
+//     (RETRY_DELAYS, MAX_ATTEMPTS) and then dead-lettered; one wrapped with
+//     consumer.Permanent is dead-lettered at once with its reason.
+//   - The writes run in the inbox transaction: everything through tx commits
+//     together with the message's inbox row, or nothing does, and a message
+//     whose inbox row exists is never handled again (a duplicate).
+//   - The writes return the outcome: OutcomeProcessed, or OutcomeDuplicate
+//     when the effect was already there (the same key under another message
+//     id).
+type Handler struct{}
+
+// Handle takes the event the Decoder made of the body and returns its writes.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
+	ev, err := consumer.EventOf[$Event](msg) // decoded once, by Service's Decoder
+	if err != nil {
+		return nil, err
+	}
+	// TODO: the business logic. An outside call goes here, before the
+	// writes, with no transaction open.
+	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+		res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&Record{Key: ev.Key, MessageID: msg.ID})
+		switch {
+		case res.Error != nil:
+			return "", res.Error
+		case res.RowsAffected == 0: // the same key under another message id
+			return consumer.OutcomeDuplicate, nil
+		}
+		return consumer.OutcomeProcessed, nil
+	}, nil
+}
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Service describes $svc to the kit. Its queues are derived:
+// $svc.$event, $svc.dlx, $svc.$event.dlq and the retry queues.
+func Service() service.Options {
+	return service.Options{
+		Name:       "$svc",
+		Event:      "$event",
+		Exchange:   "$exchange",
+		RoutingKey: "$routing_key",
+		Migrations: []migrations.Set{migrations.NewSet("$pkg", migrations.Must(migrationFiles, "migrations"))},
+		Decoder: consumer.Events[$Event]{
+			Decode:      Decode$Event,
+			OrderingKey: func(e $Event) string { return e.Key },
+		},
+		LogAttrs: func(body []byte) []slog.Attr {
+			var ev $Event
+			if json.Unmarshal(body, &ev) != nil {
+				return nil
+			}
+			return []slog.Attr{slog.String("key", ev.Key)}
+		},
+		// The handler calls nothing outside its database. TODO: false once
+		// Handle calls out (the kit then bounds the retries by
+		// IDEMPOTENCY_KEY_TTL, the lifetime of the callee's keys).
+		NoOutsideCalls: true,
+		NewHandler:     func(k *service.Kit) (consumer.Handler, error) { return &Handler{}, nil },
+	}
+}
+EOF2
+
+  cat >"$dst/internal/$pkg/migrations/00001_$table.sql" <<EOF2
+-- +goose Up
+-- $table holds one row per key: the unique key makes the same entity under
+-- another message id a duplicate. TODO: the service's own columns.
+CREATE TABLE $table (
+    key        text        PRIMARY KEY,
+    message_id text        NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- +goose Down
+DROP TABLE $table;
+EOF2
+
+  cat >"$dst/cmd/$svc/main.go" <<EOF2
+// Command $svc runs the $pkg service (internal/$pkg) on the kit: the
+// consumer, and its operations commands (dlq, inbox; $svc help).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"$module/internal/$pkg"
+	"$module/internal/kit/ops"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := ops.Run(ctx, $pkg.Service(), os.Args[1:], os.Stdin, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "$svc:", err)
+		os.Exit(1)
+	}
+}
+EOF2
+
+  cat >"$dst/internal/$pkg/${pkg}_test.go" <<EOF2
+package ${pkg}_test
+
+import (
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"$module/internal/kit/consumer"
+	"$module/internal/kit/testenv"
+)
+
+// service is cmd/$svc, built once and run as a process by each test, against
+// the real RabbitMQ and PostgreSQL (testenv: a vhost and a database per test).
+var service = testenv.NewProgram("../../cmd/$svc")
+
+func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
+
+func event(id, key string) amqp.Publishing {
+	return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, \`{"event_id":%q,"key":%q}\`, id, key)}
+}
+
+// Duplicates (the same message id), the same key under a new message id and a
+// poison message: one record per key, the poison in the dead-letter queue with
+// its reason.
+func TestRecordsEachKeyOnce(t *testing.T) {
+	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
+	service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
+	var msgs []amqp.Publishing
+	for i := range 20 {
+		key := fmt.Sprintf("k-%d", i)
+		msgs = append(msgs, event("m-"+key, key), event("m-"+key, key)) // a producer's duplicate
+		if i < 5 {
+			msgs = append(msgs, event("again-"+key, key)) // the same key, a new message id
+		}
+	}
+	msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(\`{"key":\`)})
+	testenv.Publish(t, amqpURL, "$exchange", "$routing_key", msgs...)
+
+	testenv.Eventually(t, time.Minute, "20 records and the poison dead-lettered", func() (bool, error) {
+		return testenv.Count(t, dbURL, "SELECT count(*) FROM $table") == 20 &&
+			testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq") == 1 &&
+			testenv.QueueDepth(t, amqpURL, "$svc.$event") == 0, nil
+	})
+	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != 25 {
+		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
+	}
+	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		d, ok, err := ch.Get("$svc.$event.dlq", true)
+		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[consumer.HeaderDeadLetterReason])
+		}
+		return err
+	})
+}
+EOF2
+  # The imports' order depends on the names: gofmt sorts them.
+  if command -v gofmt >/dev/null; then gofmt -w "$dst/internal/$pkg" "$dst/cmd/$svc"; fi
+fi
+
 cat <<EOF2
 $dst is your copy, module $module.
 Next:
@@ -78,3 +369,10 @@ Next:
   go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
 Then write your handler: docs/writing-a-service.md (examples/shipping is one).
 EOF2
+if [[ -n $svc ]]; then
+  cat <<EOF2
+The new service: internal/$pkg/$pkg.go (the TODOs), its migration in internal/$pkg/migrations/,
+cmd/$svc/main.go; its test runs it against the local RabbitMQ and PostgreSQL:
+  go test ./internal/$pkg
+EOF2
+fi

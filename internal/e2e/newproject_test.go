@@ -11,22 +11,32 @@ import (
 )
 
 // The README's first command for your own copy: scripts/new-project.sh under a
-// new module path. In the copy the module builds, vets and passes its unit
-// tests, no file names the template's module path, and the scripts keep their
-// exec bits.
+// new module path, with a new service. In the copy the module builds, vets
+// and passes its unit tests, the generated service passes its end-to-end test
+// against the real broker and database as generated, no file names the
+// template's module path, and the scripts keep their exec bits.
 func TestNewProjectScript(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "shipping-service")
 	const module = "example.com/acme/shipping-service"
-	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir)
+	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
+		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested")
 	mustRun(t, dir, "go", "build", "./...")
 	mustRun(t, dir, "go", "vet", "./...")
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/payment/orders", "./internal/kit/service", "./internal/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
+	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
+		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
+	}
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/payment/orders", "./internal/kit/service", "./internal/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
 	if out, err := exec.Command("grep", "-rIl", "--exclude-dir=.git", "github.com/inbox-template/payment-service", dir).Output(); err == nil {
 		t.Errorf("files still name the template's module path:\n%s", out)
 	}
 	goMod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 	if err != nil || !strings.HasPrefix(string(goMod), "module "+module+"\n") {
 		t.Errorf("go.mod starts %q (%v)", firstLine(string(goMod)), err)
+	}
+	for _, f := range []string{"internal/refund/refund.go", "internal/refund/migrations/00001_refund_records.sql", "cmd/refund-service/main.go"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("the generated service lacks %s: %v", f, err)
+		}
 	}
 	for _, f := range []string{"scripts/chaos.sh", "scripts/faults/crash-after-commit.sh", ".ci/run"} {
 		st, err := os.Stat(filepath.Join(dir, f))
@@ -54,4 +64,26 @@ func mustRun(t *testing.T, dir, name string, args ...string) {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// The generator refuses what would not make a service, naming the flag.
+func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--service", "refund-service"}, "go together"},
+		{[]string{"--service", "Refund_Service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "--service Refund_Service"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k.#"}, "--routing-key k.#"},
+		{[]string{"--service", "payment-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "internal/payment"},
+		{[]string{"--bogus"}, "unknown option --bogus"},
+	} {
+		dir := filepath.Join(t.TempDir(), "copy")
+		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
+		cmd.Dir = "../.."
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.want) {
+			t.Errorf("new-project.sh %v: %v, want a refusal naming %q:\n%s", tc.args, err, tc.want, out)
+		}
+	}
 }
