@@ -1,5 +1,5 @@
 // Package ops holds the operations commands that every service built on the
-// kit carries in its own binary: migrate, dlq list|replay|purge, inbox
+// kit carries in its own binary: env, migrate, dlq list|replay|purge, inbox
 // prune|status|parked|retry|skip|export and outbox status|parked|retry. They
 // read the service's own configuration (the same variables and defaults as
 // the running service), so they find its database, queues and retention:
@@ -31,6 +31,9 @@ import (
 const Usage = `commands:
   (none)                       serve: consume until SIGINT or SIGTERM
   healthcheck                  exit 0 if the local service is ready (/readyz)
+  env                          print every variable the service reads, each
+                               with its description and default, as a .env
+                               file (NAME=default)
   migrate                      apply the service's schemas (the inbox and the
                                buffered inbox, then its own) to DATABASE_URL
                                and print their versions
@@ -110,6 +113,11 @@ func Command(ctx context.Context, opts service.Options, args []string, stdin io.
 		return errors.New("no command\n" + usage)
 	}
 	switch args[0] {
+	case "env":
+		if len(args) > 1 {
+			return fmt.Errorf("env: unexpected arguments %q\n%s", args[1:], usage)
+		}
+		return env(opts, stdout)
 	case "migrate":
 		if len(args) > 1 {
 			return fmt.Errorf("migrate: unexpected arguments %q\n%s", args[1:], usage)
@@ -125,6 +133,18 @@ func Command(ctx context.Context, opts service.Options, args []string, stdin io.
 		return flag.ErrHelp
 	}
 	return fmt.Errorf("%w %q\n%s", ErrUnknown, args[0], usage)
+}
+
+// env prints the service's variables as a .env file: a comment with the
+// description above each NAME=default.
+func env(opts service.Options, stdout io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Every variable %s reads, set to its default (%s env).\n", opts.Name, opts.Name)
+	for _, v := range opts.Describe() {
+		fmt.Fprintf(&b, "\n# %s\n%s=%s\n", v.Desc, v.Name, v.Default)
+	}
+	_, err := io.WriteString(stdout, b.String())
+	return err
 }
 
 // parseFlags parses a subcommand's flags and allows no positional arguments.

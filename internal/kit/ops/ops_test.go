@@ -1,0 +1,41 @@
+package ops_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/ops"
+	"github.com/inbox-template/payment-service/internal/kit/service"
+)
+
+// env prints every variable with its description and the service's own
+// default: derived names from the service's name and event, the handler's
+// settings after the kit's.
+func TestEnvPrintsEveryVariableWithItsDefault(t *testing.T) {
+	opts := service.WithSettings(service.Options{
+		Name: "refund-service", Event: "refund-requested", Exchange: "payments", RoutingKey: "refund.requested",
+	}, func(k *service.Kit, s *struct {
+		BankURL string `envconfig:"BANK_URL" default:"http://localhost:9000" desc:"the bank's API"`
+	}) (consumer.Handler, error) {
+		return nil, nil
+	})
+	var out strings.Builder
+	if err := ops.Command(context.Background(), opts, []string{"env"}, nil, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"\nQUEUE=refund-service.refund-requested\n",
+		"\nDEAD_LETTER_EXCHANGE=refund-service.dlx\n",
+		"\nEXCHANGE=payments\n",
+		"\n# the bank's API\nBANK_URL=http://localhost:9000\n",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("env lacks %q:\n%s", want, out.String())
+		}
+	}
+	if err := ops.Command(context.Background(), opts, []string{"env", "x"}, nil, &out); err == nil {
+		t.Error("env x: no error")
+	}
+}
