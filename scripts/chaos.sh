@@ -31,7 +31,7 @@ Runs every fault at once for --duration (seconds, or with an s or m suffix)
 while --orders orders are published, then stops the faults, waits for the
 queues to drain and runs inboxctl verify. Prints PASS chaos or FAIL chaos.
 INBOX_MODE=buffered runs the service with the buffered inbox.
-KEEP=1 keeps the vhost and databases; logs go to \${TMPDIR:-/tmp}/inbox-faults/.
+KEEP=1 keeps the Compose project; logs go to \${TMPDIR:-/tmp}/inbox-faults/.
 EOF
 }
 
@@ -55,7 +55,8 @@ if ! [[ $ORDERS =~ ^[0-9]+$ ]] || ((ORDERS == 0)); then
   echo "--orders must be a positive number" >&2
   exit 2
 fi
-((DURATION >= 10)) || { echo "--duration must be at least 10s" >&2; exit 2; }
+# Four kinds of fault, one every 2 to 5 s: each must happen at least once.
+((DURATION >= 20)) || { echo "--duration must be at least 20s" >&2; exit 2; }
 
 # The local mode's Go chaos run (TestPaymentChaos) reads these.
 export CHAOS_DURATION="${DURATION}s" CHAOS_ORDERS=$ORDERS CHAOS_CRASH_PROBABILITY=$CRASH_P

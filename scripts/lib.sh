@@ -142,6 +142,8 @@ kit_init() {
   if [[ $MODE == local ]]; then
     go_scenario # gives the verdict and exits
   fi
+  [[ ${FAULT_SERVICE:-payment} == payment ]] ||
+    { echo "FAULT_SERVICE=$FAULT_SERVICE: Compose mode runs the payment stack only (local mode runs shipping too)" >&2; exit 2; }
   local tool
   for tool in curl timeout awk docker; do
     command -v "$tool" >/dev/null || die "$tool is needed"
@@ -156,41 +158,106 @@ kit_init() {
 # detector. Its output goes to the terminal and to go-test.txt in the run
 # directory; PASS or FAIL SCENARIO follows.
 go_scenario() {
-  local service=${FAULT_SERVICE:-payment} pkg test tags="" name=$SCENARIO rc=0
+  local service=${FAULT_SERVICE:-payment} pkg test tags="" name=$SCENARIO rc=0 timeout=30m
   case $service in
     payment) pkg=./internal/e2e test=TestPaymentUnderFaults ;;
     shipping) pkg=./examples/shipping test=TestShippingUnderFaults ;;
-    *) die "FAULT_SERVICE must be payment or shipping, got $service" ;;
+    *) echo "FAULT_SERVICE must be payment or shipping, got $service" >&2; exit 2 ;;
   esac
+  [[ $KIT_INBOX_MODE == inline || $KIT_INBOX_MODE == buffered ]] ||
+    { echo "INBOX_MODE must be inline or buffered, got $KIT_INBOX_MODE" >&2; exit 2; }
   case $SCENARIO in
     database-restart) name=database-sessions-terminated ;; # a shared server is not restarted
     broker-restart | broker-stop-outbox-backlog)
-      [[ $service == payment ]] || die "$SCENARIO runs against the payment service only"
+      [[ $service == payment ]] || skip "$SCENARIO runs against the payment service only"
       tags=disruptive test=TestDisruptivePaymentUnderBrokerFaults
       warn "this stops the local RabbitMQ (and may raise a memory alarm on it): every vhost and every other client of it is disturbed"
+      # The test starts the broker again and clears the alarm at its end;
+      # an interrupted run may not get there, so the EXIT trap checks.
+      LOCAL_BROKER_DISTURBED=1
+      LOCAL_WATERMARK=$(rmq -q eval 'vm_memory_monitor:get_vm_memory_high_watermark().' | tr -d '\r') ||
+        die "rabbitmqctl eval failed: is the local broker up?"
       ;;
     chaos)
-      [[ $service == payment ]] || die "chaos runs against the payment service only"
-      tags=chaos test=TestPaymentChaos
+      [[ $service == payment ]] || skip "chaos runs against the payment service only"
+      tags=chaos test=TestPaymentChaos timeout=$(((${CHAOS_DURATION%s} + 1200) / 60))m
       ;;
   esac
   [[ $KIT_INBOX_MODE == buffered ]] && test+=Buffered
   command -v go >/dev/null || die "go is needed in local mode"
   # The test's vhosts and databases are named t_<run>_…: this pid in the run's
-  # name lets scripts/faults-cleanup.sh tell a dead run's leftovers.
+  # name lets the EXIT trap, and scripts/faults-cleanup.sh later, tell this
+  # run's leftovers.
   export TEST_RUN_ID=${TEST_RUN_ID:-faults$$}
   say "$SCENARIO: local mode: go test -tags '$tags' -run '^$test\$/^$name\$' $pkg (output in $RUN_DIR/go-test.txt)"
-  (cd "$KIT_ROOT" && go test -race -count=1 -v -timeout 30m -tags "$tags" -run "^$test\$/^$name\$" "$pkg") 2>&1 |
-    tee "$RUN_DIR/go-test.txt" || rc=$?
+  # In the background and in a process group of its own (setsid), so that a
+  # signal to this script reaches its trap at once, and the trap can end the
+  # test with every process it started.
+  : >"$RUN_DIR/go-test.txt"
+  (cd "$KIT_ROOT" && exec setsid go test -race -count=1 -v -timeout "$timeout" -tags "$tags" -run "^$test\$/^$name\$" "$pkg") \
+    >"$RUN_DIR/go-test.txt" 2>&1 &
+  GO_TEST_PID=$!
+  tail -n +1 -f --pid="$GO_TEST_PID" "$RUN_DIR/go-test.txt" &
+  wait "$GO_TEST_PID" || rc=$?
+  GO_TEST_PID=""
+  wait # the tail
   if ((rc == 0)) && ! grep -q -- "--- PASS: $test/$name " "$RUN_DIR/go-test.txt"; then
-    warn "$test has no scenario $name in $KIT_INBOX_MODE mode: nothing ran"
-    rc=1
+    skip "$test has no scenario $name in $KIT_INBOX_MODE mode: nothing ran"
   fi
   if ((rc == 0)); then verdict PASS; exit 0; fi
   echo "logs: $RUN_DIR"
   verdict FAIL
   exit 1
 }
+
+# skip ends a local-mode run that has nothing to run: SKIP SCENARIO, exit 3
+# (make faults goes on to the next scenario; anything else stops it).
+skip() {
+  warn "$*"
+  VERDICT_DONE=1
+  printf 'SKIP %s\n' "$SCENARIO"
+  exit 3
+}
+
+# local_cleanup is the EXIT trap's part in local mode. The Go test removes
+# its own vhosts and databases and restores the broker, but a test ended by
+# a signal runs no cleanup: then the trap ends its process group (go test,
+# the test binary, the programs it started), removes the run's vhosts and
+# databases by their names, and starts the broker again or clears the alarm
+# a broker scenario may have left.
+local_cleanup() {
+  [[ -n ${GO_TEST_PID:-} ]] || return 0
+  kill -KILL -- "-$GO_TEST_PID" 2>/dev/null
+  wait "$GO_TEST_PID" 2>/dev/null
+  if [[ $TEST_RUN_ID == "faults$$" ]]; then
+    local vh db
+    for vh in $(rmq -q list_vhosts name 2>/dev/null | grep "^t_${TEST_RUN_ID}_"); do
+      rmq -q delete_vhost "$vh" >/dev/null 2>&1
+    done
+    for db in $(timeout 30 psql -h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}" -d postgres -Atqc \
+      "SELECT datname FROM pg_database WHERE datname LIKE 't\_${TEST_RUN_ID}\_%'" 2>/dev/null); do
+      timeout 30 psql -h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}" -d postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
+    done
+    say "interrupted: the run's processes ended, its vhosts and databases removed"
+  fi
+  ((${LOCAL_BROKER_DISTURBED:-0})) || return 0
+  if ! rmq -q await_startup --timeout 5 >/dev/null 2>&1; then
+    warn "the local broker was left stopped: starting it again"
+    rmq -q start_app >/dev/null && rmq -q await_startup --timeout 120 >/dev/null
+  fi
+  if [[ -n ${LOCAL_WATERMARK:-} ]] && rmq -q eval 'rabbit_alarm:get_alarms().' 2>/dev/null | grep -q memory; then
+    warn "a memory alarm was left raised: restoring the watermark $LOCAL_WATERMARK"
+    if [[ $LOCAL_WATERMARK =~ ^\{absolute,([0-9]+)\}$ ]]; then
+      rmq -q set_vm_memory_high_watermark absolute "${BASH_REMATCH[1]}" >/dev/null
+    else
+      rmq -q set_vm_memory_high_watermark "$LOCAL_WATERMARK" >/dev/null
+    fi
+  fi
+}
+
+# rmq: rabbitmqctl on the local broker (local mode), bounded.
+rmq() { timeout 60 "${RABBITMQCTL_CMD[@]}" "$@"; }
+read -r -a RABBITMQCTL_CMD <<<"${RABBITMQCTL:-rabbitmqctl}"
 
 # cleanup is the EXIT trap: no process of ours survives the script.
 cleanup() {
@@ -201,7 +268,10 @@ cleanup() {
     printf 'FAIL %s (stopped with exit %s; logs in %s)\n' "$SCENARIO" "$rc" "$RUN_DIR"
     ((rc == 0)) && rc=1
   fi
-  [[ $MODE == local ]] && exit "$rc" # the Go test cleans up after itself
+  if [[ $MODE == local ]]; then
+    local_cleanup
+    exit "$rc"
+  fi
   if ((BROKER_STOPPED)); then
     warn "the broker was left stopped: starting it again"
     broker_start_app
@@ -660,29 +730,18 @@ wait_drain() {
   say "drained: $paid payments, work and retry queues empty"
 }
 
-# run_verify: inboxctl verify on the summaries; the report goes to verify.txt.
-#
-# Each summary is verified alone: `inboxctl verify` with two or more --summary
-# flags currently fails with "operator does not exist: text ~~ record" (gorm
-# expands the run-id slice inside ARRAY[?] into a row). One summary at a time
-# checks the same invariants: each report covers its run's orders, and the
-# queue and dead-letter figures are the broker's, common to all.
+# run_verify: inboxctl verify on every summary at once (one table over all
+# the runs); the report goes to verify.txt.
 run_verify() {
-  local f rc
+  local f args=()
+  for f in "${SUMMARIES[@]}"; do args+=(--summary "/kit/$f"); done
   VERIFY_RC=0
-  : >"$RUN_DIR/verify.txt"
-  for f in "${SUMMARIES[@]}"; do
-    ((${#SUMMARIES[@]} == 1)) || printf '== inboxctl verify --summary %s\n' "$f" >>"$RUN_DIR/verify.txt"
-    rc=0
-    compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify --summary "/kit/$f" \
-      >>"$RUN_DIR/verify.txt" 2>&1 || rc=$?
-    ((rc == 0)) || VERIFY_RC=$rc
-    ((${#SUMMARIES[@]} == 1)) || echo >>"$RUN_DIR/verify.txt"
-  done
+  compose run --rm -T --no-deps --user "$(id -u):$(id -g)" -v "$RUN_DIR:/kit" inboxctl verify "${args[@]}" \
+    >"$RUN_DIR/verify.txt" 2>&1 || VERIFY_RC=$?
 }
 
 # report_value LABEL: a number from the verify table, e.g. "gateway replays
-# served" (from the last table when there are several).
+# served".
 report_value() {
   awk -v k="$1" '{ sub(/^ +/, "") } index($0, k) == 1 && substr($0, length(k) + 1) ~ /^ +[0-9]+$/ { v = $NF } END { print v }' \
     "$RUN_DIR/verify.txt"

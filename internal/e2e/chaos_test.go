@@ -52,10 +52,13 @@ func paymentChaos(t *testing.T, env []string, points ...string) {
 // gatewayChaos sets the fake gateway's 503 and lost-response rates at random.
 var gatewayChaos = faultkit.Action{
 	Name: "gateway fault rates changed",
-	Do: func(s *faultkit.Stack) {
-		e, l := []float64{0, 0.05, 0.2}[rand.IntN(3)], []float64{0, 0.05, 0.15}[rand.IntN(3)]
+	// Never both rates 0: each change injects a fault.
+	Do: func(s *faultkit.Stack) bool {
+		rates := [][2]float64{{0.05, 0}, {0.2, 0}, {0, 0.05}, {0, 0.15}, {0.05, 0.05}, {0.2, 0.15}}[rand.IntN(6)]
+		e, l := rates[0], rates[1]
 		gatewayFaults(s.T(), s.Getenv("GATEWAY_URL"), fmt.Sprintf(`{"error_rate":%g,"lost_response_rate":%g}`, e, l))
 		s.T().Logf("chaos: fake gateway error_rate %g, lost_response_rate %g", e, l)
+		return true
 	},
 	Reset: func(s *faultkit.Stack) {
 		gatewayFaults(s.T(), s.Getenv("GATEWAY_URL"), `{"error_rate":0,"lost_response_rate":0,"latency":"0s"}`)

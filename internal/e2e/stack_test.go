@@ -263,3 +263,23 @@ func TestMigrateFromTwoProcessesAtOnce(t *testing.T) {
 		t.Fatalf("third migrate: exit %d, %q", code, out)
 	}
 }
+
+// column is the first column of every row of sql, as text.
+func column(t *testing.T, url, sql string) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, sql)
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return out
+}

@@ -169,8 +169,8 @@ func (pr *Process) start(t testing.TB, probePath string) {
 	})
 	Eventually(t, time.Minute, filepath.Base(pr.path)+" "+probePath+" 200", func() (bool, error) {
 		select {
-		case <-done:
-			return false, fmt.Errorf("exited with status %d:\n%s", cmd.ProcessState.ExitCode(), out)
+		case <-done: // it will not answer: no point in waiting out the minute
+			t.Fatalf("%s exited with status %d during its start:\n%s", filepath.Base(pr.path), cmd.ProcessState.ExitCode(), out)
 		default:
 		}
 		resp, err := probe.Get("http://" + pr.Addr + probePath)

@@ -21,6 +21,7 @@ package faultkit
 
 import (
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -65,8 +66,9 @@ type Stack struct {
 	// phaseCrashes is what the last CrashPhase counted; backlog the outbox
 	// backlog BrokerStopOutboxBacklog saw.
 	phaseCrashes, backlog int
-	// watermark is the broker's memory watermark while MemoryAlarm holds.
-	watermark string
+	// watermark is the broker's memory watermark while MemoryAlarm holds,
+	// as set_vm_memory_high_watermark's arguments.
+	watermark []string
 	// chaosRan counts the actions of a chaos run by name.
 	chaosRan map[string]int
 }
@@ -179,8 +181,9 @@ func (s *Stack) SuperviseWhile(timeout time.Duration, what string, busy func() b
 }
 
 // Kill sends SIGKILL to replica i and reports whether it was running (a
-// replica that died meanwhile is left to the supervisor, not counted); the
-// supervisor starts it again.
+// replica that died meanwhile, even between the look and the signal, is
+// left to the supervisor, which checks its exit status, and not counted);
+// the supervisor starts it again.
 func (s *Stack) Kill(i int) bool {
 	s.t.Helper()
 	r := s.replicas[i]
@@ -188,6 +191,9 @@ func (s *Stack) Kill(i int) bool {
 		return false
 	}
 	r.proc.Kill(s.t)
+	if r.proc.ExitCode() != -1 {
+		return false // it exited by itself before the signal: not ours
+	}
 	r.alive = false
 	s.Kills++
 	return true
@@ -264,24 +270,35 @@ func (s *Stack) arm(r *replica) {
 			return
 		}
 		if !ok {
-			s.t.Fatalf("%s %s failed three times on a live replica", c[0], c[1])
+			s.t.Fatalf("%s %s failed three times on a live replica (last: %s)", c[0], c[1], lastAnswer)
 		}
 	}
 }
 
 var client = &http.Client{Timeout: 5 * time.Second}
 
+// lastAnswer is what the last failed fault call got, for the failure's
+// message (calls are made from the test's goroutine only).
+var lastAnswer string
+
 func faultsCall(method, u string) bool {
 	req, err := http.NewRequest(method, u, nil)
 	if err != nil {
+		lastAnswer = err.Error()
 		return false
 	}
 	resp, err := client.Do(req)
 	if err != nil {
+		lastAnswer = err.Error()
 		return false
 	}
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	resp.Body.Close()
-	return resp.StatusCode/100 == 2
+	if resp.StatusCode/100 != 2 {
+		lastAnswer = resp.Status + ": " + strings.TrimSpace(string(body))
+		return false
+	}
+	return true
 }
 
 // CrashPhase arms point with probability p on every replica and supervises
@@ -327,16 +344,18 @@ func (s *Stack) vhost() string {
 
 // StopBroker stops the broker application (rabbitmqctl stop_app) for d,
 // supervising the replicas meanwhile, and starts it again. It stops every
-// vhost: only for tests that run alone.
+// vhost: only for tests that run alone. If the test ends meanwhile, its
+// cleanup starts the broker again.
 func (s *Stack) StopBroker(d time.Duration) {
 	s.t.Helper()
-	testenv.Ctl(s.t, "stop_app")
 	restarted := false
 	s.t.Cleanup(func() {
 		if !restarted {
 			testenv.Ctl(s.t, "start_app")
+			testenv.Ctl(s.t, "await_startup")
 		}
 	})
+	testenv.Ctl(s.t, "stop_app")
 	s.t.Logf("fault: broker stopped for %s", d)
 	s.SuperviseFor(d)
 	testenv.Ctl(s.t, "start_app")
@@ -350,7 +369,7 @@ func (s *Stack) StopBroker(d time.Duration) {
 // cleanup does if the test ends first.
 func (s *Stack) MemoryAlarm() {
 	s.t.Helper()
-	s.watermark = strings.TrimSpace(testenv.Ctl(s.t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	s.watermark = watermarkArgs(testenv.Ctl(s.t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
 	testenv.Ctl(s.t, "set_vm_memory_high_watermark", "0.000001")
 	s.t.Cleanup(s.ClearMemoryAlarm)
 	// The memory monitor raises the alarm at its next check, not at once.
@@ -361,10 +380,21 @@ func (s *Stack) MemoryAlarm() {
 
 // ClearMemoryAlarm sets the broker's memory watermark back.
 func (s *Stack) ClearMemoryAlarm() {
-	if s.watermark != "" {
-		testenv.Ctl(s.t, "set_vm_memory_high_watermark", s.watermark)
-		s.watermark = ""
+	if s.watermark != nil {
+		testenv.Ctl(s.t, append([]string{"set_vm_memory_high_watermark"}, s.watermark...)...)
+		s.watermark = nil
 	}
+}
+
+// watermarkArgs turns the broker's watermark as eval prints it (0.4, or
+// {absolute,1073741824} when it was set in bytes) into the arguments of
+// set_vm_memory_high_watermark that set it again.
+func watermarkArgs(eval string) []string {
+	v := strings.TrimSpace(eval)
+	if rest, ok := strings.CutPrefix(v, "{absolute,"); ok {
+		return []string{"absolute", strings.TrimSuffix(rest, "}")}
+	}
+	return []string{v}
 }
 
 // outboxBacklog counts the outbox's events not yet sent.
@@ -387,17 +417,17 @@ func (s *Stack) TerminateBackends() int {
 // outbox's events not yet confirmed by the broker.
 func (s *Stack) Pending() int {
 	s.t.Helper()
-	out := testenv.Ctl(s.t, "list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_unacknowledged")
+	// messages counts the ready and the unacknowledged ones.
+	out := testenv.Ctl(s.t, "list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages")
 	n := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) != 3 || strings.HasSuffix(f[0], ".dlq") || slices.Contains(s.cfg.Sinks, f[0]) {
+		if len(f) != 2 || strings.HasSuffix(f[0], ".dlq") || slices.Contains(s.cfg.Sinks, f[0]) {
 			continue
 		}
-		var ready, unacked int
-		fmt.Sscan(f[1], &ready)
-		fmt.Sscan(f[2], &unacked)
-		n += ready + unacked
+		var messages int
+		fmt.Sscan(f[1], &messages)
+		n += messages
 	}
 	return n + testenv.Count(s.t, s.cfg.DBURL, `SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
 		+ (SELECT count(*) FROM outbox WHERE status = 'pending')`)

@@ -80,7 +80,7 @@ func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenari
 				sc.Check(t, s)
 			}
 			tr.Verify(t)
-			t.Logf("%s: %d crashes, %d kills, %d restarts; %v", sc.Name, s.Crashes, s.Kills, s.Restarts, s.Notes())
+			t.Logf("%s: %d crashes, %d kills, %d restarts", sc.Name, s.Crashes, s.Kills, s.Restarts)
 		})
 	}
 }
@@ -112,7 +112,7 @@ func CrashAt(point string, p float64) Scenario {
 			n := s.CountLogged(`"msg":"message duplicate"`, `"redelivered":true`)
 			s.Note("%d redelivered messages were found applied already and suppressed", n)
 			if n == 0 {
-				t.Errorf("no redelivery was suppressed as a duplicate after %d crashes between commit and ack", s.Crashes)
+				t.Errorf("no redelivery was suppressed as a duplicate after %d crashes between commit and ack", s.phaseCrashes)
 			}
 		},
 	}
@@ -299,22 +299,29 @@ func BrokerStopOutboxBacklog(backlog int) Scenario {
 // sessions) and a service's own (its dependency's fault rates, say).
 type Action struct {
 	Name string
-	Do   func(s *Stack)
+	// Do injects the fault and reports whether it did (a SIGKILL finds no
+	// replica running, say: it did not happen, and does not count).
+	Do func(s *Stack) bool
 	// Reset undoes what Do left in place, once the chaos ends (nil: nothing).
 	Reset func(s *Stack)
 }
 
 // The kit's chaos actions.
 var (
-	KillAction = Action{Name: "SIGKILL", Do: func(s *Stack) {
-		s.t.Logf("chaos: SIGKILL replica %d", s.KillRandom())
+	KillAction = Action{Name: "SIGKILL", Do: func(s *Stack) bool {
+		i := s.KillRandom()
+		s.t.Logf("chaos: SIGKILL replica %d", i)
+		return i >= 0
 	}}
-	DropAction = Action{Name: "connections dropped", Do: func(s *Stack) {
+	DropAction = Action{Name: "connections dropped", Do: func(s *Stack) bool {
 		s.CloseConnections()
 		s.t.Logf("chaos: the broker closed every connection of the vhost")
+		return true
 	}}
-	DatabaseAction = Action{Name: "database sessions terminated", Do: func(s *Stack) {
-		s.t.Logf("chaos: terminated %d sessions of the service's database", s.TerminateBackends())
+	DatabaseAction = Action{Name: "database sessions terminated", Do: func(s *Stack) bool {
+		n := s.TerminateBackends()
+		s.t.Logf("chaos: terminated %d sessions of the service's database", n)
+		return n > 0
 	}}
 )
 
@@ -339,8 +346,9 @@ func Chaos(d time.Duration, arms []Arm, extra ...Action) Scenario {
 					round = slices.Clone(actions)
 					rand.Shuffle(len(round), func(i, j int) { round[i], round[j] = round[j], round[i] })
 				}
-				round[0].Do(s)
-				ran[round[0].Name]++
+				if round[0].Do(s) {
+					ran[round[0].Name]++
+				}
 				round = round[1:]
 			}
 			s.ArmAll()
