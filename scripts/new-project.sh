@@ -25,6 +25,12 @@
 # (internal/<pkg>/<pkg>_test.go) that runs the service as a process against
 # the real RabbitMQ and PostgreSQL, as generated: each record once,
 # duplicates suppressed, poison dead-lettered with its reason.
+#
+# With --bare (and --service), the copy keeps the kit and that one service:
+# no payment service, fake gateway, shipping example, demo, bench or fault
+# scripts. It gets its own README, Makefile, .ci/run, Dockerfile,
+# docker-compose.yml (RabbitMQ, PostgreSQL, the service) and .env.example
+# (the service's `env` command), and go mod tidy drops what it no longer uses.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,14 +42,15 @@ old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/dock
   { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K]" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--bare]]" >&2
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
 args=()
-svc="" event="" exchange="" routing_key=""
+svc="" event="" exchange="" routing_key="" bare=0
 while (($#)); do
   case $1 in
+    --bare) bare=1; shift ;;
     --service | --event | --exchange | --routing-key)
       [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
@@ -62,6 +69,10 @@ done
 [[ ${#args[@]} -eq 2 ]] || usage
 module=${args[0]}
 dir=${args[1]}
+if ((bare)) && [[ -z $svc ]]; then
+  echo "$0: --bare needs --service: the copy keeps the kit and one service of yours" >&2
+  exit 2
+fi
 if [[ -n $svc$event$exchange$routing_key ]]; then
   [[ -n $svc && -n $event && -n $exchange && -n $routing_key ]] ||
     { echo "$0: --service, --event, --exchange and --routing-key go together" >&2; exit 2; }
@@ -138,8 +149,8 @@ if [[ -n $svc ]]; then
 // Package $pkg is $svc: it consumes $Event events from the $exchange
 // exchange (binding key $routing_key) and records each one exactly once.
 // Written by scripts/new-project.sh; the TODOs mark what is yours to write.
-// docs/writing-a-service.md explains every part, examples/shipping is a
-// service with an outside call.
+// The template's docs/writing-a-service.md explains every part, and its
+// shipping example is a service with an outside call.
 package $pkg
 
 import (
@@ -361,14 +372,263 @@ EOF2
   if command -v gofmt >/dev/null; then gofmt -w "$dst/internal/$pkg" "$dst/cmd/$svc"; fi
 fi
 
+# ---------------------------------------------------------------- --bare
+
+# fill FILE...: replaces the placeholders of the --bare files (written from
+# quoted here-documents: nothing in them is expanded by the shell).
+fill() {
+  sed -i -e "s#@SVC@#$svc#g" -e "s#@PKG@#$pkg#g" -e "s#@EVENT@#$event#g" -e "s#@EVENTTYPE@#$Event#g" \
+    -e "s#@EXCHANGE@#$exchange#g" -e "s#@ROUTING_KEY@#$routing_key#g" -e "s#@NAME@#$name#g" \
+    -e "s#@DB@#$db#g" -e "s#@GO_VERSION@#$go_version#g" "$@"
+}
+
+if ((bare)); then
+  db=${svc//-/_}
+  go_version=$(awk '$1 == "go" { print $2; exit }' "$dst/go.mod")
+  (
+    cd "$dst"
+    rm -rf internal/payment internal/demo internal/e2e examples bench scripts/faults docs deploy/prometheus \
+      .ci/stack .ci/stack-images .ci/compose-check .ci/compose-plugin.sh .env.example
+    rm -f scripts/chaos.sh scripts/lib.sh scripts/faults-cleanup.sh scripts/up.sh
+    for c in cmd/*; do [[ $c == "cmd/$svc" ]] || rm -rf "$c"; done
+    printf 'bin/\n*.test\n*.out\n.env\n' >.gitignore
+  )
+
+  cat >"$dst/README.md" <<'EOF2'
+# @SVC@
+
+A RabbitMQ consumer on the inbox kit (`internal/kit`): it consumes @EVENTTYPE@ events
+from the `@EXCHANGE@` exchange (binding key `@ROUTING_KEY@`) with manual acks, and
+applies each message's effect exactly once: its writes commit in one PostgreSQL
+transaction with the message's inbox row, so a redelivery is found there and
+suppressed; a message that cannot be processed goes to the dead-letter queue
+`@SVC@.@EVENT@.dlq` with its reason.
+
+- `internal/@PKG@/`: the service: the event and its decoder, the handler (its
+  contract is its doc comment), `Service()`, the migration;
+- `cmd/@SVC@/`: its main, which also carries the operations commands
+  (`@SVC@ help`: `env`, `migrate`, `dlq`, `inbox`, `outbox`, `healthcheck`);
+- `internal/kit/`: the kit: configuration, the consumer runtime (inline and
+  buffered modes), the inbox, the outbox, retries and dead letters, metrics,
+  health, shutdown. Its tests run here too.
+
+## Run it
+
+Needs Go, PostgreSQL on `127.0.0.1:5432` (user `postgres`, trust auth) and RabbitMQ
+on `127.0.0.1:5672` (`guest`/`guest`, with `rabbitmqctl`).
+
+```sh
+createdb -h 127.0.0.1 -U postgres @DB@
+go run ./cmd/@SVC@            # every variable and its default: go run ./cmd/@SVC@ env
+```
+
+Or the whole stack, with Docker Compose: `docker compose up --build --wait`
+(RabbitMQ, PostgreSQL and the service; `docker compose down -v` removes it).
+
+## Test it
+
+```sh
+make test
+```
+
+gofmt, go vet, then every test with the race detector against the local broker and
+database (each test makes its own vhost and database). CI runs `.ci/run`, which
+starts both servers if they are down and then runs the same.
+EOF2
+
+  cat >"$dst/Makefile" <<'EOF2'
+# The test command CI runs is `make test`. It needs PostgreSQL on 127.0.0.1:5432
+# (trust auth, user postgres) and RabbitMQ on 127.0.0.1:5672 (guest/guest) with
+# rabbitmqctl on PATH: the tests create their own databases and vhosts.
+GO  ?= go
+BIN ?= bin
+
+.PHONY: all build test check fmt vet clean
+all: check build
+
+build:
+	@mkdir -p $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
+
+test: check
+	$(GO) test -race -count=1 -timeout 40m ./...
+
+check: fmt vet
+
+fmt:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)
+EOF2
+
+  cat >"$dst/.ci/run" <<'EOF2'
+#!/usr/bin/env bash
+# CI entry point: make sure PostgreSQL and RabbitMQ are up, then run the
+# README's test command. The tests create (and drop) their own databases and
+# vhosts, named t_<run>_…: at the end this run removes what it left.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI=true
+
+if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf "%f\n" | sort -n | tail -n1)
+  pg_ctlcluster --skip-systemctl-redirect "$version" main start
+  for _ in $(seq 60); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
+fi
+if ! rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
+  rabbitmq-server -detached || true
+  rabbitmqctl -q await_startup --timeout 120
+fi
+
+TEST_RUN_ID="ci$(date +%s)$$"
+export TEST_RUN_ID
+cleanup_run() {
+  for vh in $(rabbitmqctl -q list_vhosts name | grep "^t_${TEST_RUN_ID}_" || true); do rabbitmqctl -q delete_vhost "$vh" || true; done
+  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "select datname from pg_database where datname like 't\_${TEST_RUN_ID}\_%'"); do
+    psql -h 127.0.0.1 -U postgres -d postgres -qc "drop database if exists \"$db\" with (force)" || true
+  done
+}
+trap cleanup_run EXIT
+
+make test
+EOF2
+  chmod +x "$dst/.ci/run"
+
+  cat >"$dst/Dockerfile" <<'EOF2'
+# The service's image: a static binary on distroless static.
+#   docker build -t @NAME@/@SVC@:dev .
+# It needs BuildKit (the cache mounts); Docker Compose builds with it.
+ARG GO_VERSION=@GO_VERSION@
+
+FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY cmd/ cmd/
+COPY internal/ internal/
+ARG TARGETOS TARGETARCH
+RUN --mount=type=cache,target=/go/pkg/mod \
+    --mount=type=cache,target=/root/.cache/go-build \
+    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
+    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/@SVC@
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/@SVC@ /usr/local/bin/
+USER nonroot:nonroot
+# /healthz, /readyz and /metrics.
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/@SVC@"]
+EOF2
+
+  cat >"$dst/.dockerignore" <<'EOF2'
+# The image is built from go.mod, go.sum, cmd/ and internal/ only.
+*
+!go.mod
+!go.sum
+!cmd/
+!internal/
+**/*_test.go
+**/testdata/
+EOF2
+
+  cat >"$dst/deploy/postgres/init-databases.sql" <<'EOF2'
+-- Run by the postgres image's entrypoint once, when the data volume is empty.
+-- @SVC@ creates its tables itself at start.
+CREATE DATABASE @DB@;
+EOF2
+
+  cat >"$dst/docker-compose.yml" <<'EOF2'
+# RabbitMQ, PostgreSQL and @SVC@.
+#   docker compose up --build --wait
+#   docker compose down -v
+name: @NAME@
+
+services:
+  rabbitmq:
+    image: rabbitmq:4.1-management
+    hostname: rabbitmq
+    restart: unless-stopped
+    ports:
+      - "127.0.0.1:${RABBITMQ_HOST_PORT:-5672}:5672"
+      - "127.0.0.1:${RABBITMQ_UI_HOST_PORT:-15672}:15672"
+    volumes:
+      - rabbitmq-data:/var/lib/rabbitmq
+      - ./deploy/rabbitmq/20-max-message-size.conf:/etc/rabbitmq/conf.d/20-max-message-size.conf:ro
+    healthcheck:
+      test: ["CMD", "rabbitmq-diagnostics", "-q", "ping"]
+      interval: 5s
+      timeout: 10s
+      retries: 5
+      start_period: 60s
+
+  postgres:
+    image: postgres:17
+    restart: unless-stopped
+    environment:
+      POSTGRES_USER: postgres
+      POSTGRES_PASSWORD: postgres
+    ports:
+      - "127.0.0.1:${POSTGRES_HOST_PORT:-5432}:5432"
+    volumes:
+      - postgres-data:/var/lib/postgresql/data
+      - ./deploy/postgres/init-databases.sql:/docker-entrypoint-initdb.d/10-databases.sql:ro
+    healthcheck:
+      test: ["CMD", "pg_isready", "-h", "127.0.0.1", "-U", "postgres", "-d", "@DB@"]
+      interval: 2s
+      timeout: 5s
+      retries: 5
+      start_period: 30s
+
+  @SVC@:
+    image: @NAME@/@SVC@:dev
+    build:
+      context: .
+    restart: unless-stopped
+    environment:
+      AMQP_URL: amqp://guest:guest@rabbitmq:5672/
+      DATABASE_URL: postgres://postgres:postgres@postgres:5432/@DB@?sslmode=disable
+      HTTP_ADDR: ":8080"
+      LOG_LEVEL: ${LOG_LEVEL:-info}
+    ports:
+      - target: 8080
+        host_ip: 127.0.0.1
+    depends_on:
+      rabbitmq:
+        condition: service_healthy
+      postgres:
+        condition: service_healthy
+    healthcheck:
+      test: ["CMD", "/usr/local/bin/@SVC@", "healthcheck"]
+      interval: 2s
+      timeout: 5s
+      retries: 3
+      start_period: 30s
+    stop_grace_period: 30s
+
+volumes:
+  rabbitmq-data:
+  postgres-data:
+EOF2
+  fill "$dst/README.md" "$dst/Dockerfile" "$dst/deploy/postgres/init-databases.sql" "$dst/docker-compose.yml"
+
+  if command -v go >/dev/null; then
+    (cd "$dst" && go mod tidy && go run "./cmd/$svc" env >.env.example) ||
+      { echo "$0: go mod tidy or $svc env failed in $dst" >&2; exit 1; }
+  fi
+fi
+
 cat <<EOF2
 $dst is your copy, module $module.
 Next:
   cd $dir
   git init && git add -A && git commit -m "From the RabbitMQ inbox consumer template"
   go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
-Then write your handler: docs/writing-a-service.md (examples/shipping is one).
 EOF2
+((bare)) || echo "Then write your handler: docs/writing-a-service.md (examples/shipping is one)."
 if [[ -n $svc ]]; then
   cat <<EOF2
 The new service: internal/$pkg/$pkg.go (the TODOs), its migration in internal/$pkg/migrations/,

@@ -77,6 +77,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k.#"}, "--routing-key k.#"},
 		{[]string{"--service", "payment-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "internal/payment"},
 		{[]string{"--bogus"}, "unknown option --bogus"},
+		{[]string{"--bare"}, "--bare needs --service"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
@@ -84,6 +85,49 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		if err == nil || !strings.Contains(string(out), tc.want) {
 			t.Errorf("new-project.sh %v: %v, want a refusal naming %q:\n%s", tc.args, err, tc.want, out)
+		}
+	}
+}
+
+// --bare: the copy keeps the kit and the generated service only. It builds,
+// vets, is gofmt-clean and the generated service passes its end-to-end test;
+// nothing of the payment service, the demo or the examples is left, and its
+// .env.example is the service's own env command.
+func TestNewProjectScriptBare(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "refunds")
+	mustRun(t, "../..", "bash", "scripts/new-project.sh", "example.com/acme/refunds", dir,
+		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare")
+	mustRun(t, dir, "go", "vet", "./...")
+	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
+		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
+	}
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/kit/ops", "./internal/kit/migrations")
+	cmds, _ := filepath.Glob(filepath.Join(dir, "cmd", "*"))
+	if len(cmds) != 1 || filepath.Base(cmds[0]) != "refund-service" {
+		t.Errorf("cmd/ holds %v, want refund-service only", cmds)
+	}
+	for _, gone := range []string{"internal/payment", "internal/demo", "internal/e2e", "examples", "bench", "scripts/faults", "scripts/lib.sh", ".ci/stack", "docs"} {
+		if _, err := os.Stat(filepath.Join(dir, gone)); err == nil {
+			t.Errorf("%s is still in the bare copy", gone)
+		}
+	}
+	// The kit's comments may name the template's services as examples, and
+	// the generator knows what --bare removes; the copy's own files must not.
+	if out, err := exec.Command("grep", "-rIlE", "--exclude-dir=kit", "--exclude=new-project.sh",
+		"OrderPlaced|order-placed|fake-gateway|fake-carrier|order-publisher|inboxctl|internal/payment|internal/demo|examples/shipping", dir).Output(); err == nil {
+		t.Errorf("the bare copy still names the payment stack:\n%s", out)
+	}
+	env, err := os.ReadFile(filepath.Join(dir, ".env.example"))
+	if err != nil || !strings.Contains(string(env), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(env), "GATEWAY_URL") {
+		t.Errorf(".env.example is not refund-service's (%v):\n%s", err, env)
+	}
+	for f, want := range map[string]string{
+		"docker-compose.yml": "\n  refund-service:\n", "Dockerfile": "./cmd/refund-service", "README.md": "# refund-service\n",
+		".ci/run": "make test", "Makefile": "$(GO) test", "deploy/postgres/init-databases.sql": "CREATE DATABASE refund_service;",
+	} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || !strings.Contains(string(b), want) {
+			t.Errorf("%s lacks %q (%v)", f, want, err)
 		}
 	}
 }

@@ -16,15 +16,15 @@ type Decoder interface {
 
 // Events describes the event type E a handler consumes.
 //
-//	Decoder: consumer.Events[orders.OrderPlaced]{
-//		Decode:      decodeOrder,
-//		ID:          func(e orders.OrderPlaced) string { return e.EventID },
-//		OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
+//	Decoder: consumer.Events[billing.InvoiceDue]{
+//		Decode:      decodeInvoiceDue,
+//		ID:          func(e billing.InvoiceDue) string { return e.EventID },
+//		OrderingKey: func(e billing.InvoiceDue) string { return e.InvoiceID },
 //	},
 //
 // and in the handler:
 //
-//	ev, err := consumer.EventOf[orders.OrderPlaced](msg)
+//	ev, err := consumer.EventOf[billing.InvoiceDue](msg)
 type Events[E any] struct {
 	// Decode parses and validates a body. It runs before the handler, once
 	// the body passed the size and content-type checks. A body it refuses is

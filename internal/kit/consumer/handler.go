@@ -32,7 +32,7 @@ type Message struct {
 	Redelivered bool      // the broker delivered it before (a crash, a lost connection)
 	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
 	// Event is what the service's Decoder (Config.Decoder) made of Body, the
-	// handler's to read with EventOf: consumer.EventOf[orders.OrderPlaced](msg). Nil
+	// handler's to read with EventOf: consumer.EventOf[billing.InvoiceDue](msg). Nil
 	// without a Decoder.
 	Event any
 	// ran is set once the handler was called on this delivery: every copy
