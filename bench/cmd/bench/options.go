@@ -102,7 +102,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.groupCommitWait, "group-commit-wait", "", "GROUP_COMMIT_WAIT of the group-commit configurations (default: the service's)")
 	fs.StringVar(&serviceEnv, "service-env", "", "more `NAME=value,...` for every payment-service run")
 	fs.DurationVar(&o.paced, "paced", 10*time.Second, "length of the paced phase after each drain, where publish→commit is measured (0: none)")
-	fs.Float64Var(&o.pacedFraction, "paced-fraction", 0.8, "paced rate as a fraction of the configuration's drain rate")
+	fs.Float64Var(&o.pacedFraction, "paced-fraction", 0.7, "paced rate as a fraction of the configuration's drain rate (0.7: the latency targets' pace)")
 	fs.Float64Var(&o.pacedMaxRate, "paced-max-rate", 2000, "cap of the paced rate, messages per second")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 5*time.Minute, "give a configuration up after a drain this long")
 	fs.StringVar(&o.binDir, "bin", "bin", "directory of the built programs (make build, make bench)")
