@@ -46,6 +46,14 @@ usage() {
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
+# camel refund-requested prints RefundRequested.
+camel() {
+  local out="" w
+  IFS=- read -r -a words <<<"$1"
+  for w in "${words[@]}"; do out+="${w^}"; done
+  echo "$out"
+}
+
 args=()
 svc="" event="" exchange="" routing_key="" bare=0
 while (($#)); do
@@ -86,6 +94,23 @@ if [[ -n $svc$event$exchange$routing_key ]]; then
   pkg=${svc%-service}
   pkg=${pkg//-/}
   [[ -n $pkg ]] || { echo "$0: --service $svc leaves no package name" >&2; exit 2; }
+  case $pkg in
+    break | case | chan | const | continue | default | defer | else | fallthrough | for | func | go | goto | if | \
+      import | interface | map | package | range | return | select | struct | switch | type | var | main)
+      echo "$0: --service $svc: its package would be $pkg, which Go does not allow; choose another name" >&2
+      exit 2
+      ;;
+    inbox | outbox | buffered)
+      echo "$0: --service $svc: $pkg names one of the kit's schemas; choose another name" >&2
+      exit 2
+      ;;
+  esac
+  case $(camel "$event") in
+    Record | Handler | Service)
+      echo "$0: --event $event: its type would collide with the generated $(camel "$event"); choose another name" >&2
+      exit 2
+      ;;
+  esac
   for taken in "internal/$pkg" "cmd/$svc"; do
     [[ ! -e $here/$taken ]] || { echo "$0: --service $svc would write $taken, which the template has" >&2; exit 2; }
   done
@@ -101,9 +126,10 @@ if [[ -e $dir ]] && [[ -n $(ls -A "$dir") ]]; then
 fi
 
 src=$here
-mkdir -p "$dir"
-dst=$(cd "$dir" && pwd)
+[[ ! -e $dir || -d $dir ]] || { echo "$0: $dir exists and is not a directory" >&2; exit 2; }
+dst=$(realpath -m -- "$dir")
 [[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
+mkdir -p "$dst"
 
 # tar keeps the modes: the scripts stay executable.
 if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -131,14 +157,6 @@ if [[ -n $left ]]; then
 fi
 
 # ---------------------------------------------------------------- a new service
-
-# camel refund-requested prints RefundRequested.
-camel() {
-  local out="" w
-  IFS=- read -r -a words <<<"$1"
-  for w in "${words[@]}"; do out+="${w^}"; done
-  echo "$out"
-}
 
 if [[ -n $svc ]]; then
   Event=$(camel "$event")
@@ -200,20 +218,25 @@ func Decode$Event(body []byte) ($Event, error) {
 	return ev, nil
 }
 
-// Handler handles one $Event at a time. The contract (the kit keeps it):
+// Handler handles $Event events, on up to WORKERS goroutines at once. The
+// contract (the kit keeps its side of it):
 //   - Handle runs with no transaction open, at least once per message: a
-//     redelivery after a crash runs it again. An outside call made here must
-//     be idempotent (an idempotency key derived from the event, never a fresh
-//     one); then set NoOutsideCalls to false in Service.
-//   - An error from Handle or from the writes is retried with backoff
-//     (RETRY_DELAYS, MAX_ATTEMPTS) and then dead-lettered; one wrapped with
-//     consumer.Permanent is dead-lettered at once with its reason.
+//     redelivery after a crash runs it again, and so may a second replica.
+//     An outside call made here must be idempotent, with a key derived from
+//     the business entity (ev.Key), never from the message or a fresh one;
+//     then set NoOutsideCalls to false in Service.
+//   - An error from Handle or from the writes is retried with backoff and
+//     then dead-lettered (the buffered mode: parked); one wrapped with
+//     consumer.Permanent is dead-lettered at once with its reason. A fault of
+//     the database is not the message's: it is put back without spending an
+//     attempt.
 //   - The writes run in the inbox transaction: everything through tx commits
-//     together with the message's inbox row, or nothing does, and a message
-//     whose inbox row exists is never handled again (a duplicate).
+//     together with the message's inbox row, or nothing does. They may run
+//     again (a rolled-back batch is retried) or not at all (the inbox row
+//     exists: a duplicate), so they touch nothing but tx.
 //   - The writes return the outcome: OutcomeProcessed, or OutcomeDuplicate
 //     when the effect was already there (the same key under another message
-//     id).
+//     id); an empty outcome is refused. Nothing to write: consumer.NoWrites.
 type Handler struct{}
 
 // Handle takes the event the Decoder made of the body and returns its writes.
@@ -247,9 +270,11 @@ func Service() service.Options {
 		Event:      "$event",
 		Exchange:   "$exchange",
 		RoutingKey: "$routing_key",
-		Migrations: []migrations.Set{migrations.NewSet("$pkg", migrations.Must(migrationFiles, "migrations"))},
+		Migrations: []migrations.Set{migrations.NewSet("$svc", migrations.Must(migrationFiles, "migrations"))},
+		// A body without a message_id property is deduped by its event_id.
 		Decoder: consumer.Events[$Event]{
 			Decode:      Decode$Event,
+			ID:          func(e $Event) string { return e.EventID },
 			OrderingKey: func(e $Event) string { return e.Key },
 		},
 		LogAttrs: func(body []byte) []slog.Attr {
@@ -294,13 +319,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"$module/internal/$pkg"
+	app "$module/internal/$pkg"
 	"$module/internal/kit/ops"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := ops.Run(ctx, $pkg.Service(), os.Args[1:], os.Stdin, os.Stdout)
+	err := ops.Run(ctx, app.Service(), os.Args[1:], os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "$svc:", err)
@@ -339,7 +364,7 @@ func event(id, key string) amqp.Publishing {
 // its reason.
 func TestRecordsEachKeyOnce(t *testing.T) {
 	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
-	service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
+	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
 	var msgs []amqp.Publishing
 	for i := range 20 {
 		key := fmt.Sprintf("k-%d", i)
@@ -352,10 +377,19 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	testenv.Publish(t, amqpURL, "$exchange", "$routing_key", msgs...)
 
 	testenv.Eventually(t, time.Minute, "20 records and the poison dead-lettered", func() (bool, error) {
-		return testenv.Count(t, dbURL, "SELECT count(*) FROM $table") == 20 &&
-			testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq") == 1 &&
-			testenv.QueueDepth(t, amqpURL, "$svc.$event") == 0, nil
+		records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
+		if records != 20 || dead != 1 || testenv.QueueDepth(t, amqpURL, "$svc.$event") != 0 {
+			return false, fmt.Errorf("%d records, %d dead letters so far", records, dead)
+		}
+		return true, nil
 	})
+	// 20 processed; 25 duplicates: 20 with the same message id, 5 of the
+	// same key under a new one.
+	for outcome, want := range map[string]float64{"processed": 20, "duplicate": 25} {
+		if n := p.Metric(t, "consumer_messages_total", "outcome", outcome); n != want {
+			t.Errorf("consumer_messages_total{outcome=%q} = %v, want %v", outcome, n, want)
+		}
+	}
 	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != 25 {
 		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
 	}

@@ -78,6 +78,9 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "payment-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "internal/payment"},
 		{[]string{"--bogus"}, "unknown option --bogus"},
 		{[]string{"--bare"}, "--bare needs --service"},
+		{[]string{"--service", "type-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "Go does not allow"},
+		{[]string{"--service", "outbox-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "kit's schemas"},
+		{[]string{"--service", "r-service", "--event", "record", "--exchange", "x", "--routing-key", "k"}, "collide"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)

@@ -141,6 +141,9 @@ func env(opts service.Options, stdout io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Every variable %s reads, set to its default (%s env).\n", opts.Name, opts.Name)
 	for _, v := range opts.Describe() {
+		if v.Name == "IDEMPOTENCY_KEY_TTL" && opts.NoOutsideCalls {
+			continue // a service with no outside calls refuses it
+		}
 		fmt.Fprintf(&b, "\n# %s\n%s=%s\n", v.Desc, v.Name, v.Default)
 	}
 	_, err := io.WriteString(stdout, b.String())

@@ -39,3 +39,17 @@ func TestEnvPrintsEveryVariableWithItsDefault(t *testing.T) {
 		t.Error("env x: no error")
 	}
 }
+
+// A service with no outside calls refuses IDEMPOTENCY_KEY_TTL: env leaves it
+// out, so that its output starts the service.
+func TestEnvLeavesOutWhatTheServiceRefuses(t *testing.T) {
+	opts := service.Options{Name: "notes", Event: "note-taken", Exchange: "x", RoutingKey: "k", NoOutsideCalls: true,
+		NewHandler: func(k *service.Kit) (consumer.Handler, error) { return nil, nil }}
+	var out strings.Builder
+	if err := ops.Command(context.Background(), opts, []string{"env"}, nil, &out); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "IDEMPOTENCY_KEY_TTL") || !strings.Contains(out.String(), "\nQUEUE=notes.note-taken\n") {
+		t.Errorf("env of a service with no outside calls:\n%s", out.String())
+	}
+}
