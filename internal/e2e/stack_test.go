@@ -61,17 +61,7 @@ func (s *stack) startService(t *testing.T) {
 
 func scalar(t *testing.T, url, sql string) int {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-	return n
+	return testenv.Count(t, url, sql)
 }
 
 func queueDepth(t *testing.T, amqpURL, queue string) int {

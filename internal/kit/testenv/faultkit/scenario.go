@@ -138,6 +138,20 @@ func checkUnderLoad(t testing.TB, s *Stack, what string, min int) {
 	}
 }
 
+// checkReconnected is the check of a scenario that cuts the service's
+// connections: at least min of them hit the load, the service reconnected
+// at least twice, and no delivery was settled on a channel it did not come
+// from.
+func checkReconnected(t testing.TB, s *Stack, what string, min int) {
+	checkUnderLoad(t, s, what, min)
+	if n := s.MetricSum("consumer_reconnects_total"); n < 2 {
+		t.Errorf("the service reconnected %v times after %d %s under load, want at least 2", n, s.UnderLoad, what)
+	}
+	if n := s.CountLogged("unknown delivery tag"); n != 0 {
+		t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
+	}
+}
+
 // SIGKILLReplicas is the sigkill-replicas scenario: two replicas share the
 // queue; one of them, at random, gets SIGKILL every second or so under load
 // and is started again; what it held goes to the other or back to the
@@ -170,15 +184,7 @@ var BrokerDropsConnections = Scenario{
 		})
 		s.Note("the broker closed every connection of the vhost %d times under load", s.UnderLoad)
 	},
-	Check: func(t testing.TB, s *Stack) {
-		checkUnderLoad(t, s, "connection drops", 3)
-		if n := s.MetricSum("consumer_reconnects_total"); n < 2 {
-			t.Errorf("the service reconnected %v times after %d drops under load, want at least 2", n, s.UnderLoad)
-		}
-		if n := s.CountLogged("unknown delivery tag"); n != 0 {
-			t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
-		}
-	},
+	Check: func(t testing.TB, s *Stack) { checkReconnected(t, s, "connection drops", 3) },
 }
 
 // DatabaseSessionsTerminated is the database-restart scenario of a shared
@@ -244,15 +250,7 @@ var BrokerRestart = Scenario{
 		})
 		s.Note("RabbitMQ stopped for 4 s and started again %d times under load", s.UnderLoad)
 	},
-	Check: func(t testing.TB, s *Stack) {
-		checkUnderLoad(t, s, "broker restarts", 2)
-		if n := s.MetricSum("consumer_reconnects_total"); n < 2 {
-			t.Errorf("the service reconnected %v times after %d broker restarts, want at least 2", n, s.UnderLoad)
-		}
-		if n := s.CountLogged("unknown delivery tag"); n != 0 {
-			t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
-		}
-	},
+	Check: func(t testing.TB, s *Stack) { checkReconnected(t, s, "broker restarts", 2) },
 }
 
 // BrokerStopOutboxBacklog is the broker-stop-outbox-backlog scenario, for a
