@@ -26,6 +26,7 @@ type result struct {
 	lat      quantiles
 	rss      int64         // bytes; 0 if not measured
 	cpu      cpuPerMessage // over the drain
+	instr    float64       // the consumer's instructions per message over the drain; 0 if not counted
 	conns    scratchdb.Connections
 	note     string // what the configuration measured beyond the table's columns
 	err      error
@@ -109,9 +110,22 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 	if err != nil {
 		return err
 	}
+	var instr *proc.Instructions
+	if b.perf == nil {
+		if instr, err = p.CountInstructions(); err != nil {
+			return err
+		}
+	}
 	emptied, done, err := w.drained(ctx, p, b.o.messages, b.o.drainTimeout)
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
+	}
+	if instr != nil {
+		n, err := instr.Stop()
+		if err != nil {
+			return fmt.Errorf("count instructions: %w", err)
+		}
+		r.instr = float64(n) / float64(len(prefill))
 	}
 	cpuAfter, err := sampleCPU(p, c)
 	if err != nil {

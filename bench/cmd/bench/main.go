@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/bench/internal/broker"
+	"github.com/inbox-template/payment-service/bench/internal/proc"
 	"github.com/inbox-template/payment-service/bench/internal/scratchdb"
 )
 
@@ -63,7 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			break
 		}
 	}
-	t := newTable(o, m, results)
+	t := newTable(o, m, results, b.perf)
 	fmt.Fprint(stdout, t.text())
 	if o.markdownPath != "" {
 		if err := os.WriteFile(o.markdownPath, []byte(t.markdown()), 0o644); err != nil {
@@ -94,6 +95,7 @@ type bench struct {
 	pg     scratchdb.Server
 	stderr io.Writer
 	start  time.Time
+	perf   error // why instructions cannot be counted here, or nil
 }
 
 func newBench(o options, stderr io.Writer) (*bench, error) {
@@ -106,6 +108,7 @@ func newBench(o options, stderr io.Writer) (*bench, error) {
 		pg:     scratchdb.Server{AdminURL: o.adminURL},
 		stderr: stderr,
 		start:  time.Now(),
+		perf:   proc.ProbeInstructions(),
 	}
 	b.dir = o.workDir
 	if b.dir == "" {

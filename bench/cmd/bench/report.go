@@ -62,8 +62,8 @@ type table struct {
 	header string
 }
 
-func newTable(o options, m machine, results []result) table {
-	t := table{head: []string{"configuration", "CPU µs/msg", "machine µs/msg", "× amqp091 (machine)", "consumer / helpers / PostgreSQL / RabbitMQ µs/msg", "msg/s", "× amqp091", "ingest msg/s", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
+func newTable(o options, m machine, results []result, perf error) table {
+	t := table{head: []string{"configuration", "CPU µs/msg", "machine µs/msg", "× amqp091 (machine)", "consumer / helpers / PostgreSQL / RabbitMQ µs/msg", "consumer instructions/msg", "msg/s", "× amqp091", "ingest msg/s", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
 	var plain float64
 	var plainCPU cpuPerMessage
 	for _, r := range results {
@@ -93,6 +93,7 @@ func newTable(o options, m machine, results []result) table {
 		m.cpu, m.cores, m.kernel, m.rabbitmq, m.postgres, m.goVer)
 	t.notes = append(t.notes,
 		"CPU µs/msg, the headline: CPU time (user and system, from /proc) of the consumer's process over the drain, from its start until every order had its payment, per message drained; steadier than msg/s on a shared machine. machine µs/msg: every CPU's busy time over the same window (the bench's own watching included), per message, and its ratio to the plain consumer's. The split: the consumer; its helpers (the fake gateway; in the pipeline also shipping-service and the fake carrier); every PostgreSQL process; the broker's Erlang VM.",
+		instructionsNote(perf),
 		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second).",
 		"ingest msg/s: messages taken off the work queue per second, from the consumer's start until none was ready: about msg/s for a consumer that acks after applying a message; the buffered inbox acks once a message is stored and applies it afterwards, so there msg/s is its processing rate.",
 		"paced msg/s (lag): the paced phase's rate, and the time from its last publish until every message was settled; a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing.",
@@ -101,10 +102,17 @@ func newTable(o options, m machine, results []result) table {
 	return t
 }
 
+func instructionsNote(perf error) string {
+	if perf != nil {
+		return "consumer instructions/msg: not counted on this machine: " + perf.Error() + "."
+	}
+	return "consumer instructions/msg: instructions retired by the consumer's process (perf stat -e instructions -p, every thread), from just after its start until every order had its payment, per message drained, in thousands."
+}
+
 func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 	if r.err != nil {
 		t.notes = append(t.notes, fmt.Sprintf("%s failed: %v", r.name, r.err))
-		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", r.settings}
+		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", r.settings}
 	}
 	cpu, machine, machineRatio, split := "–", "–", "–", "–"
 	if c := r.cpu; c.measured {
@@ -113,6 +121,10 @@ func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 		if plainCPU.measured && plainCPU.machine > 0 {
 			machineRatio = fmt.Sprintf("%.2f×", c.machine/plainCPU.machine)
 		}
+	}
+	instr := "–"
+	if r.instr > 0 {
+		instr = fmt.Sprintf("%.0f k", r.instr/1000)
 	}
 	ratio := "–"
 	if plain > 0 {
@@ -131,7 +143,7 @@ func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 		ingest = fmt.Sprintf("%.0f", r.ingest)
 	}
 	return []string{
-		r.label, cpu, machine, machineRatio, split, fmt.Sprintf("%.0f", r.rate), ratio, ingest, paced,
+		r.label, cpu, machine, machineRatio, split, instr, fmt.Sprintf("%.0f", r.rate), ratio, ingest, paced,
 		fmtLatency(r.lat, r.lat.p50, r.lat.above50), fmtLatency(r.lat, r.lat.p99, r.lat.above99),
 		rss, fmt.Sprintf("%d/%d", r.conns.Open, r.conns.Busy), r.settings,
 	}

@@ -148,7 +148,9 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
 			r.log.Error("panic outside the handler; rejecting the delivery to the dead-letter exchange",
 				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			_ = d.Reject(false)
+			if d.Reject(false) == nil {
+				s.acks.settled(d.DeliveryTag)
+			}
 			ok = false
 		}
 	}()
@@ -229,16 +231,28 @@ func (b *bufferedMode) storeTry(ctx context.Context, s *session, items []ingeste
 		return
 	}
 	b.proc.ingested()
+	// The stored (and the already stored) are acked together: one multiple
+	// ack where their tags reach from the lowest unsettled one.
+	tags := make([]uint64, 0, len(items))
+	for i, it := range items {
+		if errors.Is(results[i].Err, buffered.ErrPayloadMismatch) {
+			r.deadLetterAside(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
+			continue
+		}
+		r.stage(StageCommit)
+		tags = append(tags, it.d.DeliveryTag)
+	}
+	if len(tags) == 0 {
+		return
+	}
+	ackErr := s.acks.ack(tags...)
 	for i, it := range items {
 		switch {
 		case errors.Is(results[i].Err, buffered.ErrPayloadMismatch):
-			r.deadLetterAside(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
 		case results[i].Fresh:
-			r.stage(StageCommit)
-			r.ack(it.d, it.msg, OutcomeStored, it.log)
+			r.acked(it.msg, OutcomeStored, it.log, ackErr)
 		default:
-			r.stage(StageCommit)
-			r.ack(it.d, it.msg, OutcomeDuplicate, it.log)
+			r.acked(it.msg, OutcomeDuplicate, it.log, ackErr)
 		}
 	}
 }

@@ -171,7 +171,7 @@ type Stage string
 const (
 	StageInboxInsert   Stage = "after-inbox-insert"   // inbox row inserted (buffered: the message stored), transaction still open
 	StageCommit        Stage = "after-commit"         // effects (buffered: the stored message) committed, delivery not yet acked
-	StageAck           Stage = "after-ack"            // delivery acked
+	StageAck           Stage = "after-ack"            // delivery acked (the ack sent, or held up to 5 ms to join a multiple ack: acks.go)
 	StageClaim         Stage = "after-claim"          // buffered: a stored message claimed, the handler not yet run
 	StageProcessCommit Stage = "after-process-commit" // buffered: the handler's writes and the processed status committed
 )

@@ -68,10 +68,14 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
-	out, err := m.apply(ctx, &msg)
-	if err == nil {
+	out, ack, err := m.apply(ctx, s, d.DeliveryTag, &msg)
+	switch {
+	case err == nil && ack.sent:
+		r.acked(msg, out, log, ack.err) // by its committer, with its batch
+		return
+	case err == nil:
 		r.stage(StageCommit)
-		r.ack(d, msg, out, log)
+		r.ack(s, d, msg, out, log)
 		return
 	}
 	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts))
@@ -98,43 +102,45 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 
 // apply looks the message up in the inbox (after any worker of this replica
 // holding the same id is done), runs the handler with no transaction open,
-// then hands its writes to the committers and waits for their commit.
-func (m *inlineMode) apply(ctx context.Context, msg *Message) (Outcome, error) {
+// then hands its writes to the committers and waits for their commit. The
+// committer acks what it committed, with the rest of its batch (ack.sent);
+// a duplicate found by the look-up is left to the caller to ack.
+func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Message) (Outcome, sentAck, error) {
 	r := m.r
 	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
 	defer cancel()
 	release, err := r.inFlight.acquire(ctx, msg.ID)
 	if err != nil {
-		return "", err
+		return "", sentAck{}, err
 	}
 	defer release()
 	seen, err := m.lookups.seen(ctx, msg.ID, msg.Body)
 	switch {
 	case err != nil:
-		return "", failedAt(stepLookup, err)
+		return "", sentAck{}, failedAt(stepLookup, err)
 	case seen:
-		return OutcomeDuplicate, nil
+		return OutcomeDuplicate, sentAck{}, nil
 	}
 	if err := r.keyExpired(*msg); err != nil {
-		return "", err
+		return "", sentAck{}, err
 	}
 	msg.ran = true
 	writes, err := r.handler.Handle(ctx, *msg)
 	if err != nil {
-		return "", failedAt(stepHandler, err)
+		return "", sentAck{}, failedAt(stepHandler, err)
 	}
 	r.failures.succeeded() // the outside calls work
-	out, fresh, err := m.commits.commit(ctx, *msg, writes)
+	out, fresh, ack, err := m.commits.commit(ctx, *msg, writes, s.acks, tag)
 	switch {
 	case err != nil:
-		return "", failedAt(stepCommit, err)
+		return "", sentAck{}, failedAt(stepCommit, err)
 	case !fresh:
-		return OutcomeDuplicate, nil
+		return OutcomeDuplicate, ack, nil
 	case out == "":
 		out = OutcomeProcessed
 	}
 	if !msg.PublishedAt.IsZero() {
 		r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
 	}
-	return out, nil
+	return out, ack, nil
 }

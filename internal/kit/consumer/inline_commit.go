@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -38,22 +40,46 @@ type commitJob struct {
 	msg    Message
 	writes Writes
 	hooks  commitHooks // OnCommit of the writes' last run
+	acks   *acker      // its session's: the committer acks it once committed
+	tag    uint64
 	out    Outcome
 	fresh  bool
+	ack    sentAck
 	err    error
+	owner  atomic.Int32 // ownerNone, then whoever settles the delivery
 	done   chan struct{}
 }
 
-// commit hands a message's writes to the committers and waits for the
-// transaction that holds them. If ctx ends first the message is given up
-// unacked: its writes may still commit, and its redelivery is then a duplicate.
-func (c *committer) commit(ctx context.Context, msg Message, w Writes) (out Outcome, fresh bool, err error) {
-	j := &commitJob{msg: msg, writes: w, done: make(chan struct{})}
-	if err := c.submit(ctx, j, j.done); err != nil {
-		return "", false, err
-	}
-	return j.out, j.fresh, j.err
+// sentAck says whether a message's ack was sent for it, and its error.
+type sentAck struct {
+	sent bool
+	err  error
 }
+
+// commit hands a message's writes to the committers and waits for the
+// transaction that holds them and for its ack (delivery tag on the session's
+// acker), sent with those of the rest of the batch. If ctx ends first the
+// message is given up unacked: its writes may still commit, and its
+// redelivery is then a duplicate.
+func (c *committer) commit(ctx context.Context, msg Message, w Writes, acks *acker, tag uint64) (out Outcome, fresh bool, ack sentAck, err error) {
+	j := &commitJob{msg: msg, writes: w, acks: acks, tag: tag, done: make(chan struct{})}
+	if err := c.submit(ctx, j, j.done); err != nil {
+		if j.owner.CompareAndSwap(ownerNone, ownerWorker) {
+			return "", false, sentAck{}, err // the committer will not ack it
+		}
+		<-j.done // the committer is acking it: a moment
+	}
+	return j.out, j.fresh, j.ack, j.err
+}
+
+// Who settles a committed job's delivery: its committer, unless the worker
+// gave up waiting first (and settles or leaves it itself). A delivery settled
+// twice would close the channel.
+const (
+	ownerNone int32 = iota
+	ownerCommitter
+	ownerWorker
+)
 
 // commitBatch runs one transaction for the batch and hands each job its result.
 func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
@@ -80,7 +106,41 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 				j.hooks.committed()
 			}
 		}
+	}
+	c.ackCommitted(batch)
+	for _, j := range batch {
 		close(j.done)
+	}
+}
+
+// ackCommitted acks the batch's committed messages, each session's with one
+// multiple ack where their delivery tags allow (acks.go). A committer
+// crash point between the commit and the ack (StageCommit) fires for each
+// message before any is acked.
+func (c *committer) ackCommitted(batch []*commitJob) {
+	var sessions []*acker // nearly always one
+	var tags []uint64
+	for _, j := range batch {
+		if j.err == nil && j.acks != nil && j.owner.CompareAndSwap(ownerNone, ownerCommitter) {
+			c.stage(StageCommit)
+			if !slices.Contains(sessions, j.acks) {
+				sessions = append(sessions, j.acks)
+			}
+		}
+	}
+	for _, a := range sessions {
+		tags = tags[:0]
+		for _, j := range batch {
+			if j.acks == a && j.owner.Load() == ownerCommitter {
+				tags = append(tags, j.tag)
+			}
+		}
+		err := a.ack(tags...)
+		for _, j := range batch {
+			if j.acks == a && j.owner.Load() == ownerCommitter {
+				j.ack = sentAck{sent: true, err: err}
+			}
+		}
 	}
 }
 

@@ -160,8 +160,14 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 	return false
 }
 
-func (r *Runtime) ack(d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
-	if err := d.Ack(false); err != nil {
+func (r *Runtime) ack(s *session, d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
+	r.acked(msg, out, log, s.acks.ack(d.DeliveryTag))
+}
+
+// acked ends a message whose effects are committed, once its ack was sent
+// (err is the ack's error).
+func (r *Runtime) acked(msg Message, out Outcome, log *messageLog, err error) {
+	if err != nil {
 		// The effects are committed; the redelivery will be suppressed by the inbox.
 		log.get().Warn("ack failed after commit; the redelivery will be a duplicate", "outcome", string(out), "err", err)
 		return

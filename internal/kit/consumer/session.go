@@ -27,6 +27,7 @@ type session struct {
 	conn    *amqp.Connection // consuming: acks, nacks, deliveries
 	pubConn *amqp.Connection // publishing: retry, dead-letter and returned copies
 	consume *amqp.Channel
+	acks    *acker // every settle of the consuming channel's deliveries goes through it
 	publish *rabbit.Publisher
 	// pause is closed once by the first worker that finds the infrastructure
 	// at fault; cause names it.
@@ -137,6 +138,9 @@ func (r *Runtime) openSession() (*session, error) {
 // the alarm to clear; past the deadline the socket is closed, which the
 // broker takes the same way.
 func (s *session) close() {
+	if s.acks != nil {
+		s.acks.close() // the held acks go before the channel closes
+	}
 	deadline := time.Now().Add(closeTimeout)
 	_ = s.conn.CloseDeadline(deadline)
 	_ = s.pubConn.CloseDeadline(deadline)
@@ -150,6 +154,9 @@ func (r *Runtime) openChannels(s *session) error {
 	if s.consume, err = s.conn.Channel(); err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
+	s.acks = newAcker(s.consume.Ack, ackHold, func(err error, held int) {
+		r.log.Warn("held acks failed after their commits; their redeliveries will be duplicates", "count", held, "err", err)
+	})
 	if err := r.cfg.Topology.Declare(s.consume); err != nil {
 		return err
 	}
@@ -371,7 +378,9 @@ func (m *inlineMode) deliverSafely(ctx context.Context, s *session, d amqp.Deliv
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
 			r.log.Error("panic outside the handler; rejecting the delivery to the dead-letter exchange",
 				"message_id", d.MessageId, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			_ = d.Reject(false)
+			if d.Reject(false) == nil {
+				s.acks.settled(d.DeliveryTag)
+			}
 		}
 	}()
 	m.deliver(ctx, s, d)

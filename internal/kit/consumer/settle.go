@@ -126,10 +126,12 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 			s.requestRedeclare() // a queue is gone: the next session declares it again
 		}
 		sleep(ctx, time.Second) // the broker will not route it any better right away
-		_ = d.Nack(false, true)
+		if d.Nack(false, true) == nil {
+			s.acks.settled(d.DeliveryTag)
+		}
 		return false
 	}
-	if err := d.Ack(false); err != nil {
+	if err := s.acks.ack(d.DeliveryTag); err != nil {
 		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
 		return false
 	}
