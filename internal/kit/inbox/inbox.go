@@ -155,7 +155,7 @@ type Result struct {
 // COMMIT): then nothing of any item was committed, whatever the Results say.
 //
 // A batch first runs optimistically: one INSERT claims every id, then each
-// item's writes run, with no savepoint. If anything fails, that transaction
+// item's writes run, with no savepoint, then what they deferred (Defer). If anything fails, that transaction
 // is rolled back and the batch runs again with a savepoint per item, so that
 // the failure stays with its item; if that transaction fails as a whole (at
 // COMMIT: a deferred constraint), each item runs in a transaction of its own.
@@ -198,7 +198,9 @@ var errFallBack = errors.New("an item failed: run the batch with savepoints")
 // item; any failure rolls it all back (errFallBack, or the transaction's).
 func (ib *Inbox) commitFast(ctx context.Context, items []Item, order []int) ([]Result, error) {
 	results := make([]Result, len(items))
-	err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	b := &batch{}
+	err := ib.db.WithContext(withBatch(ctx, b)).Transaction(func(tx *gorm.DB) error {
+		b.tx = tx
 		claimed, err := ib.claimAll(tx, items, order)
 		if err != nil {
 			return err
@@ -225,6 +227,9 @@ func (ib *Inbox) commitFast(ctx context.Context, items []Item, order []int) ([]R
 			if !bytes.Equal(known[it.MessageID], Fingerprint(it.Body)) {
 				return errFallBack // a payload mismatch: let the careful pass report it
 			}
+		}
+		if b.flush(tx) != nil {
+			return errFallBack // the savepoint pass writes at once and finds the item
 		}
 		return nil
 	})

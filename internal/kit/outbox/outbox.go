@@ -25,6 +25,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/inbox"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
@@ -77,6 +78,14 @@ const maxKeyLen = 255
 // An ordered message takes its key's next sequence number under a lock on
 // the key's row, held until tx ends: transactions emitting to one key commit
 // one after the other.
+//
+// Given the very tx of a handler's writes in a group commit, Enqueue only
+// validates the messages and gives them their ids: their rows are inserted
+// with those of the batch's other messages, by one statement just before the
+// COMMIT, in the order of the calls (inbox.Defer). If that statement fails,
+// the batch runs again with a savepoint per message, where Enqueue inserts at
+// once and the failure stays with its message. A tx of the writes' own making
+// (tx.Transaction, tx.WithContext) inserts at once.
 func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]string, error) {
 	if len(msgs) == 0 {
 		return nil, nil
@@ -90,9 +99,51 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 		}
 	}
 	ids := make([]string, len(msgs))
+	for i := range msgs {
+		ids[i] = newID()
+	}
+	// In a group commit the rows of every message of the batch are inserted
+	// together, by one statement just before its COMMIT (inbox.Defer).
+	if p, ok := inbox.Defer(tx, o, func() *pending { return &pending{o: o} }); ok {
+		p.msgs, p.ids = append(p.msgs, msgs...), append(p.ids, ids...)
+		consumer.OnCommit(ctx, o.Wake)
+		return ids, nil
+	}
+	if err := o.insert(tx.WithContext(ctx), msgs, ids); err != nil {
+		return nil, err
+	}
+	consumer.OnCommit(ctx, o.Wake)
+	return ids, nil
+}
+
+// pending are the messages a batch's items enqueued, to insert before its COMMIT.
+type pending struct {
+	o    *Outbox
+	msgs []Message
+	ids  []string
+}
+
+func (p *pending) Flush(tx *gorm.DB) error { return p.o.insert(tx, p.msgs, p.ids) }
+
+// insertMax bounds the messages of one insert statement: 9 parameters each,
+// below PostgreSQL's 65,535 per statement.
+const insertMax = 5000
+
+// insert writes the rows of msgs, with their ids, in one statement per
+// insertMax of them, in order.
+func (o *Outbox) insert(tx *gorm.DB, msgs []Message, ids []string) error {
+	for len(msgs) > insertMax {
+		if err := o.insertOne(tx, msgs[:insertMax], ids[:insertMax]); err != nil {
+			return err
+		}
+		msgs, ids = msgs[insertMax:], ids[insertMax:]
+	}
+	return o.insertOne(tx, msgs, ids)
+}
+
+func (o *Outbox) insertOne(tx *gorm.DB, msgs []Message, ids []string) error {
 	var v values
 	for i, m := range msgs {
-		ids[i] = newID()
 		ct := m.ContentType
 		if ct == "" {
 			ct = "application/json"
@@ -111,7 +162,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 	// number follows its key's last, in the call's order, and only its
 	// key's head (the first not yet sent) is due now, the others waiting
 	// at infinity.
-	err := tx.WithContext(ctx).Exec(`WITH m (idx, id, exchange, routing_key, content_type, headers, body, mandatory, ordering_key) AS (
+	err := tx.Exec(`WITH m (idx, id, exchange, routing_key, content_type, headers, body, mandatory, ordering_key) AS (
 			VALUES `+v.sql("(?::int, ?::uuid, ?::text, ?::text, ?::text, ?::jsonb, ?::bytea, ?::boolean, ?::text)")+`
 		), ranked AS (
 			SELECT m.*, row_number() OVER (PARTITION BY ordering_key ORDER BY idx) AS nth,
@@ -131,10 +182,9 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 		CROSS JOIN LATERAL (SELECT k.last_seq - r.of_key + r.nth AS seq) q
 		ORDER BY r.idx`, append(v.args, o.producer, o.producer)...).Error
 	if err != nil {
-		return nil, fmt.Errorf("enqueue %d outbox messages: %w", len(msgs), err)
+		return fmt.Errorf("enqueue %d outbox messages: %w", len(msgs), err)
 	}
-	consumer.OnCommit(ctx, o.Wake)
-	return ids, nil
+	return nil
 }
 
 // Wake tells this process's relay that messages were committed.
