@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -164,6 +165,8 @@ type pacedPhase struct {
 	since time.Time     // when publishing began
 	rate  float64       // messages per second
 	lag   time.Duration // from the last publish until every message was settled
+	busy  float64       // the machine's busy share of its cores, from the first publish until settled
+	cpu   float64       // the consumer process's CPU per message over the same window, µs
 }
 
 // paced publishes for the paced phase at a fraction of the drain rate and waits
@@ -181,6 +184,10 @@ func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p 
 		return ph, err
 	}
 	b.logf("paced: %d messages at %.0f msg/s", len(msgs), ph.rate)
+	before, err := sampleCPU(p, c)
+	if err != nil {
+		return ph, err
+	}
 	ph.since = time.Now()
 	if err := load.Publish(ctx, st.amqpURL, broker.Exchange, broker.RoutingKey, msgs, ph.rate); err != nil {
 		return ph, err
@@ -194,7 +201,16 @@ func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p 
 		return ph, err
 	}
 	ph.lag = done.Sub(published)
-	b.logf("paced: settled %.1fs after the last publish", ph.lag.Seconds())
+	after, err := sampleCPU(p, c)
+	if err != nil {
+		return ph, err
+	}
+	if wall := time.Since(ph.since); wall > 0 {
+		ph.busy = float64(after.machine-before.machine) / float64(wall) / float64(runtime.NumCPU())
+	}
+	ph.cpu = perMessage(before, after, len(msgs)).consumer
+	b.logf("paced: settled %.1fs after the last publish; the machine %.0f%% busy, the consumer %.0f µs of CPU per message",
+		ph.lag.Seconds(), 100*ph.busy, ph.cpu)
 	return ph, w.settled(ctx)
 }
 

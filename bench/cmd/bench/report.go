@@ -63,7 +63,7 @@ type table struct {
 }
 
 func newTable(o options, m machine, results []result, perf error) table {
-	t := table{head: []string{"configuration", "CPU µs/msg", "machine µs/msg", "× amqp091 (machine)", "consumer / helpers / PostgreSQL / RabbitMQ µs/msg", "consumer instructions/msg", "msg/s", "× amqp091", "ingest msg/s", "paced msg/s (lag)", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
+	t := table{head: []string{"configuration", "CPU µs/msg", "machine µs/msg", "× amqp091 (machine)", "consumer / helpers / PostgreSQL / RabbitMQ µs/msg", "consumer instructions/msg", "msg/s", "× amqp091", "ingest msg/s", "paced msg/s (lag, machine busy)", "paced CPU µs/msg", "p50", "p99", "peak RSS", "DB conns open/busy", "settings"}}
 	var plain float64
 	var plainCPU cpuPerMessage
 	for _, r := range results {
@@ -96,7 +96,7 @@ func newTable(o options, m machine, results []result, perf error) table {
 		instructionsNote(perf),
 		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second).",
 		"ingest msg/s: messages taken off the work queue per second, from the consumer's start until none was ready: about msg/s for a consumer that acks after applying a message; the buffered inbox acks once a message is stored and applies it afterwards, so there msg/s is its processing rate.",
-		"paced msg/s (lag): the paced phase's rate, and the time from its last publish until every message was settled; a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing.",
+		"paced msg/s (lag, machine busy): the paced phase's rate, the time from its last publish until every message was settled (a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing), and the machine's busy share of its cores from the first publish until then (the bench's publisher included). paced CPU µs/msg: the consumer process's CPU per message over the same window: at a lower rate its batches are smaller, so it is above the drain's.",
 		"p50/p99: publish→commit in the paced phase; exact for the peers, ≈ interpolated linearly within the buckets of payment-service's consumer_end_to_end_seconds histogram.",
 		"peak RSS: VmHWM of the consumer process. DB conns: peak sessions of the configuration's database in pg_stat_activity, sampled every 100 ms (busy: not idle).")
 	return t
@@ -112,7 +112,7 @@ func instructionsNote(perf error) string {
 func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 	if r.err != nil {
 		t.notes = append(t.notes, fmt.Sprintf("%s failed: %v", r.name, r.err))
-		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", r.settings}
+		return []string{r.label, "failed", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", "–", r.settings}
 	}
 	cpu, machine, machineRatio, split := "–", "–", "–", "–"
 	if c := r.cpu; c.measured {
@@ -134,16 +134,19 @@ func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 	if r.rss > 0 {
 		rss = fmt.Sprintf("%.1f MiB", float64(r.rss)/(1<<20))
 	}
-	paced := "–"
+	paced, pacedCPU := "–", "–"
 	if r.paced.rate > 0 {
-		paced = fmt.Sprintf("%.0f (%.1f s)", r.paced.rate, r.paced.lag.Seconds())
+		paced = fmt.Sprintf("%.0f (%.1f s, %.0f%%)", r.paced.rate, r.paced.lag.Seconds(), 100*r.paced.busy)
+		if r.paced.cpu > 0 {
+			pacedCPU = fmt.Sprintf("%.0f", r.paced.cpu)
+		}
 	}
 	ingest := "–"
 	if r.ingest > 0 {
 		ingest = fmt.Sprintf("%.0f", r.ingest)
 	}
 	return []string{
-		r.label, cpu, machine, machineRatio, split, instr, fmt.Sprintf("%.0f", r.rate), ratio, ingest, paced,
+		r.label, cpu, machine, machineRatio, split, instr, fmt.Sprintf("%.0f", r.rate), ratio, ingest, paced, pacedCPU,
 		fmtLatency(r.lat, r.lat.p50, r.lat.above50), fmtLatency(r.lat, r.lat.p99, r.lat.above99),
 		rss, fmt.Sprintf("%d/%d", r.conns.Open, r.conns.Busy), r.settings,
 	}
