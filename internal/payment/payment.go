@@ -6,7 +6,6 @@ package payment
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -61,7 +60,7 @@ type Charger interface {
 // Handler charges each order once, records the payment and emits its event.
 type Handler struct {
 	gateway Charger
-	db      database.Reader // the read of a recorded payment; writes go through the runtime's tx
+	paid    *database.Lookup[string, Payment] // the read of a recorded payment; writes go through the runtime's tx
 	outbox  *outbox.Outbox
 }
 
@@ -70,7 +69,25 @@ type Handler struct {
 // or PaymentDeclined through ob with each payment it records (nil emits
 // nothing).
 func NewHandler(gw Charger, db database.Reader, ob *outbox.Outbox) *Handler {
-	return &Handler{gateway: gw, db: db, outbox: ob}
+	return &Handler{gateway: gw, paid: database.NewLookup(db, paidLookupMax, readPaid), outbox: ob}
+}
+
+// paidLookupMax bounds the orders of one read of recorded payments.
+const paidLookupMax = 64
+
+// readPaid reads the recorded payments of orders: one statement for the
+// orders the handlers ask about at once (database.Lookup).
+func readPaid(_ context.Context, tx *gorm.DB, orderIDs []string) (map[string]Payment, error) {
+	var rows []Payment
+	if err := tx.Raw(`SELECT order_id, amount_cents, currency, customer_id FROM payments WHERE order_id IN ?`, orderIDs).
+		Scan(&rows).Error; err != nil {
+		return nil, err
+	}
+	paid := make(map[string]Payment, len(rows))
+	for _, p := range rows {
+		paid[p.OrderID] = p
+	}
+	return paid, nil
 }
 
 // DecodeOrder decodes and validates an OrderPlaced body (orders.Decode),
@@ -100,21 +117,16 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 	// once paid, without asking the gateway: a gateway forgets its keys (Stripe
 	// after 24 hours) and would charge the card again. A plain read, no lock:
 	// one still in flight is caught by the gateway's key and the unique
-	// order_id below.
-	var paid Payment
-	err = h.db.Read(ctx, func(tx *gorm.DB) error {
-		return tx.Raw(`SELECT amount_cents, currency, customer_id FROM payments WHERE order_id = ?`, ev.OrderID).
-			Row().Scan(&paid.AmountCents, &paid.Currency, &paid.CustomerID)
-	})
+	// order_id below. The handlers' reads at one moment share one statement.
+	paid, found, err := h.paid.Get(ctx, ev.OrderID)
 	switch {
-	case err == nil:
-		paid.OrderID = ev.OrderID
+	case err != nil:
+		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
+	case found:
 		if err := conflict(paid, ev); err != nil {
 			return nil, err
 		}
 		return consumer.NoWrites(consumer.OutcomeDuplicate), nil
-	case !errors.Is(err, sql.ErrNoRows):
-		return nil, fmt.Errorf("look up payment of order %s: %w", ev.OrderID, err)
 	}
 	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
 		IdempotencyKey: IdempotencyKey(ev.OrderID),
