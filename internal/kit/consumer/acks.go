@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -57,17 +58,22 @@ func (a *acker) ack(tags ...uint64) error {
 	}
 	var err error
 	for _, t := range tags {
-		if t < a.next { // cannot happen (a tag is settled once): sent as it is
-			if e := a.send(t, false); err == nil {
-				err = e
+		if _, settled := a.above[t]; t < a.next || settled {
+			// Cannot happen (a delivery is settled once). Another ack of it
+			// would close the channel (PRECONDITION_FAILED).
+			if err == nil {
+				err = fmt.Errorf("delivery %d is settled already: not acked again", t)
 			}
 			continue
 		}
 		a.above[t] = true
 		a.held++
 	}
-	if _, e := a.advance(); err == nil {
-		err = e
+	if n, e := a.advance(); e != nil {
+		a.failed(e, n) // the held acks of other batches it covered
+		if err == nil {
+			err = e
+		}
 	}
 	a.schedule()
 	return err

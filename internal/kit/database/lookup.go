@@ -23,7 +23,9 @@ import (
 //	})
 //	p, found, err := paid.Get(ctx, ev.OrderID)
 //
-// read returns the rows found, by key; a key it leaves out is not found. Its
+// read returns the rows found, by key; a key it leaves out is not found. An
+// error (or a panic) of a statement fails every key it read: keep the keys
+// valid (a Decoder validates them) so that one message cannot fail others. Its
 // statement runs on the Reader with a context of its own (the first caller's
 // values, none of its cancellation, LookupTimeout): one caller giving up must
 // not fail the others' reads.
@@ -103,8 +105,12 @@ func (l *Lookup[K, V]) readBatch(batch []*lookupCall[K, V]) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), LookupTimeout)
 	defer cancel()
 	var found map[K]V
-	err := l.reader.Read(ctx, func(tx *gorm.DB) error {
-		var err error
+	err := l.reader.Read(ctx, func(tx *gorm.DB) (err error) {
+		defer func() {
+			if v := recover(); v != nil { // a caller's read function: it must not kill the process
+				err = fmt.Errorf("the read panicked: %v", v)
+			}
+		}()
 		found, err = l.read(ctx, tx, keys)
 		return err
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -149,5 +150,17 @@ func TestLookupGivesEachCallerOfABatchItsError(t *testing.T) {
 	fail.Store(false)
 	if n, found, err := l.Get(context.Background(), "t1"); err != nil || !found || n != 1 {
 		t.Fatalf("after the failure: %d, %v, %v", n, found, err)
+	}
+}
+
+// TestALookupReadThatPanicsFailsItsKeysAndNotTheProcess: the read runs on a
+// goroutine of the Lookup's, where no handler middleware would recover it.
+func TestALookupReadThatPanicsFailsItsKeysAndNotTheProcess(t *testing.T) {
+	r := lookupEnv(t)
+	l := database.NewLookup(r, 16, func(context.Context, *gorm.DB, []string) (map[string]int, error) {
+		panic("a bug in the read")
+	})
+	if _, _, err := l.Get(context.Background(), "t1"); err == nil || !strings.Contains(err.Error(), "a bug in the read") {
+		t.Fatalf("a panicking read: %v, want its panic as the error", err)
 	}
 }

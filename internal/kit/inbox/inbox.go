@@ -42,6 +42,7 @@ type Inbox struct {
 
 // New returns the inbox of consumer; several consumers can share one table.
 func New(db *gorm.DB, consumer string) *Inbox {
+	registerSavepointFlush(db)
 	return &Inbox{db: db, consumer: consumer}
 }
 
@@ -198,9 +199,10 @@ var errFallBack = errors.New("an item failed: run the batch with savepoints")
 // item; any failure rolls it all back (errFallBack, or the transaction's).
 func (ib *Inbox) commitFast(ctx context.Context, items []Item, order []int) ([]Result, error) {
 	results := make([]Result, len(items))
-	b := &batch{}
-	err := ib.db.WithContext(withBatch(ctx, b)).Transaction(func(tx *gorm.DB) error {
-		b.tx = tx
+	err := ib.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		b := &batch{}
+		b.begin(tx)
+		defer b.end()
 		claimed, err := ib.claimAll(tx, items, order)
 		if err != nil {
 			return err
@@ -228,7 +230,7 @@ func (ib *Inbox) commitFast(ctx context.Context, items []Item, order []int) ([]R
 				return errFallBack // a payload mismatch: let the careful pass report it
 			}
 		}
-		if b.flush(tx) != nil {
+		if b.stop(tx) != nil {
 			return errFallBack // the savepoint pass writes at once and finds the item
 		}
 		return nil
