@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# cluster.sh: a three-node RabbitMQ cluster of this machine's own server, for
+# tests and trials, without Docker. The nodes have their own node names
+# (cluster1@localhost …), ports (AMQP 5681-5683, distribution 25681-25683),
+# data and log directories ($CLUSTER_DIR), configuration and no plugins: the
+# machine's default broker (rabbit@localhost, 5672, 15672) is left alone.
+#
+#   scripts/cluster.sh up        start the three nodes, join 2 and 3 to 1, print one AMQP URL per node
+#   scripts/cluster.sh urls      print the URLs again
+#   scripts/cluster.sh status    the cluster's view (rabbitmqctl cluster_status on a live node)
+#   scripts/cluster.sh kill N    SIGKILL node N (1-3): a crash, not a stop
+#   scripts/cluster.sh start N   start node N again (it rejoins with its data)
+#   scripts/cluster.sh down      stop every node and remove $CLUSTER_DIR
+#
+# Needs root (the nodes run as the rabbitmq user, with its Erlang cookie) and
+# Debian's rabbitmq-server package.
+set -euo pipefail
+
+CLUSTER_DIR=${CLUSTER_DIR:-/tmp/rabbitmq-cluster}
+CLUSTER_BASE_PORT=${CLUSTER_BASE_PORT:-5681}
+RABBITMQ_BIN=${RABBITMQ_BIN:-/usr/lib/rabbitmq/bin}
+NODES=3
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+node() { echo "cluster$1@localhost"; }
+port() { echo $((CLUSTER_BASE_PORT + $1 - 1)); }
+url() { echo "amqp://guest:guest@127.0.0.1:$(port "$1")/"; }
+ctl() { local n=$1; shift; rabbitmqctl -q -n "$(node "$n")" "$@"; }
+pidfile() { echo "$CLUSTER_DIR/node$1/pid"; }
+alive() { ctl "$1" await_startup --timeout 2 >/dev/null 2>&1; }
+
+check_n() {
+  [[ "${1:-}" =~ ^[1-3]$ ]] || die "node number must be 1, 2 or 3, got '${1:-}'"
+}
+
+start_node() {
+  local n=$1 dir="$CLUSTER_DIR/node$1" p
+  p=$(port "$n")
+  if alive "$n"; then return; fi
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    die "port $p is taken by something else: set CLUSTER_BASE_PORT"
+  fi
+  mkdir -p "$dir/mnesia" "$dir/log"
+  printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$p" >"$dir/rabbitmq.conf"
+  echo '[].' >"$dir/enabled_plugins"
+  : >"$dir/rabbitmq-env.conf" # not the machine's: it names the default node
+  chown -R rabbitmq:rabbitmq "$CLUSTER_DIR"
+  runuser -u rabbitmq -- env -i PATH="$PATH" HOME=/var/lib/rabbitmq \
+    RABBITMQ_NODENAME="$(node "$n")" RABBITMQ_NODE_PORT="$p" RABBITMQ_DIST_PORT=$((p + 20000)) \
+    RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_MNESIA_BASE="$dir/mnesia" \
+    RABBITMQ_LOG_BASE="$dir/log" RABBITMQ_PID_FILE="$(pidfile "$n")" ERL_EPMD_ADDRESS=127.0.0.1 \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}" \
+    "$RABBITMQ_BIN/rabbitmq-server" -detached
+  ctl "$n" wait --timeout 120 "$(pidfile "$n")" >/dev/null ||
+    die "node $n did not start: see $dir/log"
+}
+
+joined() { ctl 1 cluster_status --formatter json 2>/dev/null | grep -q "\"$(node "$1")\""; }
+
+up() {
+  [ "$(id -u)" = 0 ] || die "run as root (the nodes run as the rabbitmq user)"
+  for n in $(seq "$NODES"); do start_node "$n"; done
+  for n in $(seq 2 "$NODES"); do
+    if ! joined "$n"; then
+      ctl "$n" stop_app
+      ctl "$n" join_cluster "$(node 1)"
+      ctl "$n" start_app
+    fi
+  done
+  for n in $(seq "$NODES"); do ctl "$n" await_startup --timeout 60; done
+  urls
+}
+
+urls() { for n in $(seq "$NODES"); do url "$n"; done; }
+
+kill_node() {
+  local pid
+  pid=$(cat "$(pidfile "$1")" 2>/dev/null) || die "node $1 has no pid file: is the cluster up?"
+  kill -KILL "$pid" 2>/dev/null || true
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
+  die "node $1 (pid $pid) did not die"
+}
+
+down() {
+  for n in $(seq "$NODES"); do
+    if alive "$n"; then ctl "$n" stop >/dev/null 2>&1 || true; fi
+    local pid
+    pid=$(cat "$(pidfile "$n")" 2>/dev/null) || continue
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  rm -rf "$CLUSTER_DIR"
+}
+
+status() {
+  for n in $(seq "$NODES"); do
+    if alive "$n"; then ctl "$n" cluster_status; return; fi
+  done
+  die "no node is up"
+}
+
+case "${1:-}" in
+  up) up ;;
+  urls) urls ;;
+  status) status ;;
+  kill) check_n "${2:-}"; kill_node "$2" ;;
+  start) check_n "${2:-}"; start_node "$2"; ctl "$2" await_startup --timeout 60 ;;
+  down) down ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
