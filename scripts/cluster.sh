@@ -10,6 +10,7 @@
 #   scripts/cluster.sh status    the cluster's view (rabbitmqctl cluster_status on a live node)
 #   scripts/cluster.sh kill N    SIGKILL node N (1-3): a crash, not a stop
 #   scripts/cluster.sh start N   start node N again (it rejoins with its data)
+#   scripts/cluster.sh ctl ARG…  rabbitmqctl ARG… on the first live node
 #   scripts/cluster.sh down      stop every node and remove $CLUSTER_DIR
 #
 # Needs root (the nodes run as the rabbitmq user, with its Erlang cookie) and
@@ -92,6 +93,13 @@ down() {
   rm -rf "$CLUSTER_DIR"
 }
 
+ctl_live() {
+  for n in $(seq "$NODES"); do
+    if alive "$n"; then ctl "$n" "$@"; return; fi
+  done
+  die "no node is up"
+}
+
 status() {
   for n in $(seq "$NODES"); do
     if alive "$n"; then ctl "$n" cluster_status; return; fi
@@ -105,6 +113,7 @@ case "${1:-}" in
   status) status ;;
   kill) check_n "${2:-}"; kill_node "$2" ;;
   start) check_n "${2:-}"; start_node "$2"; ctl "$2" await_startup --timeout 60 ;;
+  ctl) shift; ctl_live "$@" ;;
   down) down ;;
-  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

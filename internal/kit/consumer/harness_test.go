@@ -40,8 +40,15 @@ func newEnv(t testing.TB) *env {
 // newEnvWith is newEnv with the topology changed by tune before it is declared.
 func newEnvWith(t testing.TB, tune func(*rabbit.Topology)) *env {
 	t.Helper()
-	e := &env{t: t, url: testenv.VHost(t)}
-	e.vhost = e.url[strings.LastIndex(e.url, "/")+1:]
+	url := testenv.VHost(t)
+	return newEnvOn(t, url, url[strings.LastIndex(url, "/")+1:], tune)
+}
+
+// newEnvOn is newEnvWith on the broker at url (a cluster's nodes, say) in
+// vhost, which the caller created.
+func newEnvOn(t testing.TB, url, vhost string, tune func(*rabbit.Topology)) *env {
+	t.Helper()
+	e := &env{t: t, url: url, vhost: vhost}
 	e.db, e.dbURL = testenv.MigratedDB(t, migrations.Inbox)
 	if err := e.db.Exec(`CREATE TABLE effects (message_id text NOT NULL, body text NOT NULL)`).Error; err != nil {
 		t.Fatal(err)
@@ -54,7 +61,7 @@ func newEnvWith(t testing.TB, tune func(*rabbit.Topology)) *env {
 	if tune != nil {
 		tune(&e.topo)
 	}
-	conn, err := amqp.Dial(e.url)
+	conn, err := rabbit.Dial(e.url, 10*time.Second, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +75,8 @@ func newEnvWith(t testing.TB, tune func(*rabbit.Topology)) *env {
 }
 
 func (e *env) channel() *amqp.Channel {
-	if e.conn.IsClosed() { // a fault test closed every connection of the vhost
-		conn, err := amqp.Dial(e.url)
+	if e.conn.IsClosed() { // a fault test closed every connection of the vhost, or killed its node
+		conn, err := rabbit.Dial(e.url, 10*time.Second, "test")
 		if err != nil {
 			e.t.Fatal(err)
 		}

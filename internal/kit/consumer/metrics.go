@@ -14,6 +14,7 @@ type Metrics struct {
 	handlerSeconds *prometheus.HistogramVec
 	endToEnd       *prometheus.HistogramVec
 	reconnects     *prometheus.CounterVec
+	failovers      *prometheus.CounterVec
 	pauses         *prometheus.CounterVec
 	panics         *prometheus.CounterVec
 	ready          *prometheus.GaugeVec
@@ -55,6 +56,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "consumer_reconnects_total",
 			Help: "Broker sessions re-established after a connection or channel was lost.",
 		}, []string{"consumer"}),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "consumer_broker_failovers_total",
+			Help: "Broker sessions opened on another node of AMQP_URL than the session before (a cluster node lost).",
+		}, []string{"consumer"}),
 		pauses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "consumer_pauses_total",
 			Help: "Times consumption paused because the infrastructure failed every message, by cause (database, or a dependency's cause such as gateway_misconfigured).",
@@ -82,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help:    "Time of one inbox transaction: the claims, the handlers' writes and the COMMIT.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	}, []string{"consumer"})
-	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.pauses, m.panics, m.ready, m.batchSize, m.blocked, m.commitSeconds)
+	reg.MustRegister(m.messages, m.deadLetters, m.handlerSeconds, m.endToEnd, m.reconnects, m.failovers, m.pauses, m.panics, m.ready, m.batchSize, m.blocked, m.commitSeconds)
 	m.registerBuffered(reg)
 	return m
 }

@@ -175,6 +175,8 @@ func (c *Config) Validate() error {
 // Runtime consumes one queue with a Handler. Create it with New and call Run.
 type Runtime struct {
 	cfg      Config
+	nodes    *rabbit.Nodes // the broker's nodes (AMQP_URL)
+	node     string        // the last session's node; Run's goroutine only
 	inbox    *inbox.Inbox
 	mode     mode // the inline or the buffered inbox
 	inFlight inFlight
@@ -211,7 +213,11 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	if err := cfg.setBufferedDefaults(handlerTimeout); err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
-	r := &Runtime{cfg: cfg, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour,
+	nodes, err := rabbit.ParseNodes(cfg.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: AMQP URL: %w", cfg.Name, err)
+	}
+	r := &Runtime{cfg: cfg, nodes: nodes, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour,
 		stopping: make(chan struct{})}
 	r.inFlight.ids = map[string]chan struct{}{}
 	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}

@@ -26,9 +26,11 @@ import (
 type session struct {
 	conn    *amqp.Connection // consuming: acks, nacks, deliveries
 	pubConn *amqp.Connection // publishing: retry, dead-letter and returned copies
-	consume *amqp.Channel
-	acks    *acker // every settle of the consuming channel's deliveries goes through it
-	publish *rabbit.Publisher
+	// node and pubNode are the broker nodes of the two (host:port).
+	node, pubNode string
+	consume       *amqp.Channel
+	acks          *acker // every settle of the consuming channel's deliveries goes through it
+	publish       *rabbit.Publisher
 	// pause is closed once by the first worker that finds the infrastructure
 	// at fault; cause names it.
 	pause     chan struct{}
@@ -49,6 +51,23 @@ type session struct {
 	aside sync.WaitGroup
 	// stop is closed when the session stops taking deliveries.
 	stop chan struct{}
+	// closing is set when the session closes its connections itself.
+	closing bool
+}
+
+// lost tells nodes which of the session's connections died before the
+// session closed them (a node gone, a network cut), so that the next
+// session dials another node first.
+func (s *session) lost(nodes *rabbit.Nodes) {
+	if s.closing {
+		return
+	}
+	if s.conn.IsClosed() {
+		nodes.Lost(s.node)
+	}
+	if s.pubConn.IsClosed() {
+		nodes.Lost(s.pubNode)
+	}
 }
 
 // setBlocked records the broker blocking (or unblocking) the publishing connection.
@@ -114,21 +133,32 @@ func closed(ch <-chan struct{}) bool {
 }
 
 func (r *Runtime) openSession() (*session, error) {
-	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" consume")
+	conn, node, err := r.nodes.Dial(r.cfg.Heartbeat, r.cfg.Name+" consume")
 	if err != nil {
 		return nil, err
 	}
-	pubConn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" publish")
+	pubConn, pubNode, err := r.nodes.Dial(r.cfg.Heartbeat, r.cfg.Name+" publish")
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	s := &session{conn: conn, pubConn: pubConn, pause: make(chan struct{}), end: make(chan struct{}), stop: make(chan struct{})}
+	s := &session{conn: conn, pubConn: pubConn, node: node, pubNode: pubNode,
+		pause: make(chan struct{}), end: make(chan struct{}), stop: make(chan struct{})}
 	if err := r.openChannels(s); err != nil {
 		s.close()
 		return nil, err
 	}
 	return s, nil
+}
+
+// connected logs and counts a session on another node than the last one:
+// a failover.
+func (r *Runtime) connected(s *session) {
+	if r.node != "" && s.node != r.node {
+		r.metrics.failovers.WithLabelValues(r.cfg.Name).Inc()
+		r.log.Warn("broker failover: this session is on another node", "from", r.node, "to", s.node, "nodes", r.nodes.String())
+	}
+	r.node = s.node
 }
 
 // close closes both connections, and with them their channels (the
@@ -138,6 +168,7 @@ func (r *Runtime) openSession() (*session, error) {
 // the alarm to clear; past the deadline the socket is closed, which the
 // broker takes the same way.
 func (s *session) close() {
+	s.closing = true
 	if s.acks != nil {
 		s.acks.close() // the held acks go before the channel closes
 	}
@@ -181,6 +212,8 @@ func (r *Runtime) session(ctx context.Context) error {
 	var watching sync.WaitGroup
 	defer watching.Wait() // the watcher ends when the connection closes
 	defer s.close()
+	defer s.lost(r.nodes)
+	r.connected(s)
 	// Every Notify channel is buffered and read or left to be closed by the
 	// library: an unbuffered, unread one would block its connection.
 	connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
@@ -197,7 +230,7 @@ func (r *Runtime) session(ctx context.Context) error {
 		return fmt.Errorf("consume %s: %w", r.cfg.Topology.Queue, err)
 	}
 	r.setReady(true)
-	r.log.Info("consuming", "queue", r.cfg.Topology.Queue, "prefetch", r.cfg.Prefetch, "workers", r.cfg.Workers)
+	r.log.Info("consuming", "queue", r.cfg.Topology.Queue, "node", s.node, "prefetch", r.cfg.Prefetch, "workers", r.cfg.Workers)
 
 	// work outlives ctx by the shutdown timeout so in-flight messages can commit.
 	work, cancelWork := context.WithCancel(context.WithoutCancel(ctx))

@@ -15,6 +15,7 @@ type Metrics struct {
 	published      *prometheus.CounterVec
 	failures       *prometheus.CounterVec
 	reconnects     *prometheus.CounterVec
+	failovers      *prometheus.CounterVec
 	publishSeconds *prometheus.HistogramVec
 }
 
@@ -34,11 +35,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed publishes of outbox rows, by reason (unroutable, refused)."}, []string{"producer", "reason"}),
 		reconnects: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_reconnects_total",
 			Help: "Broker sessions of the outbox relay that ended and were opened again."}, producer),
+		failovers: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outbox_relay_broker_failovers_total",
+			Help: "Broker sessions of the outbox relay opened on another node of AMQP_URL than the session before."}, producer),
 		publishSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outbox_publish_duration_seconds",
 			Help:    "Time from a batch's first publish to its last confirm.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}, producer),
 	}
-	reg.MustRegister(m.pending, m.oldest, m.parked, m.published, m.failures, m.reconnects, m.publishSeconds)
+	reg.MustRegister(m.pending, m.oldest, m.parked, m.published, m.failures, m.reconnects, m.failovers, m.publishSeconds)
 	return m
 }
 

@@ -91,6 +91,8 @@ const notifyEvery = 50 * time.Millisecond
 // one; their claims never take the same row at the same time.
 type Relay struct {
 	cfg     RelayConfig
+	nodes   *rabbit.Nodes // the broker's nodes (AMQP_URL)
+	node    string        // the last session's node; Run's goroutine only
 	store   *Store
 	outbox  *Outbox
 	metrics *Metrics
@@ -112,7 +114,11 @@ func NewRelay(cfg RelayConfig, store *Store, ob *Outbox, m *Metrics, log *slog.L
 	case cfg.Batch < 1 || cfg.MaxAttempts < 1:
 		return nil, fmt.Errorf("outbox relay: batch %d and max attempts %d must be at least 1", cfg.Batch, cfg.MaxAttempts)
 	}
-	r := &Relay{cfg: cfg, store: store, outbox: ob, metrics: m, log: log.With("component", "outbox relay"),
+	nodes, err := rabbit.ParseNodes(cfg.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: AMQP URL: %w", err)
+	}
+	r := &Relay{cfg: cfg, nodes: nodes, store: store, outbox: ob, metrics: m, log: log.With("component", "outbox relay"),
 		notify: make(chan struct{}, 1), remote: make(chan struct{}, 1)}
 	r.setState("starting")
 	return r, nil
@@ -179,6 +185,7 @@ func (r *Relay) Run(ctx context.Context) error {
 // link is one broker session of the relay.
 type link struct {
 	conn       *amqp.Connection
+	node       string // host:port
 	ch         *amqp.Channel
 	returns    chan amqp.Return
 	connClosed chan *amqp.Error
@@ -190,7 +197,7 @@ type link struct {
 }
 
 func (r *Relay) dial() (*link, error) {
-	conn, err := rabbit.Dial(r.cfg.AMQPURL, r.cfg.Heartbeat, r.cfg.Name+" outbox")
+	conn, node, err := r.nodes.Dial(r.cfg.Heartbeat, r.cfg.Name+" outbox")
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +212,7 @@ func (r *Relay) dial() (*link, error) {
 			return nil, fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
 	}
-	l := &link{conn: conn, ch: ch,
+	l := &link{conn: conn, node: node, ch: ch,
 		// Room for a whole batch: the library's reader never waits on it.
 		returns:    ch.NotifyReturn(make(chan amqp.Return, r.cfg.Batch)),
 		connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
@@ -247,8 +254,18 @@ func (r *Relay) session(ctx context.Context) error {
 		return err
 	}
 	defer l.close()
+	defer func() {
+		if l.conn.IsClosed() { // lost before the deferred close: a node gone, a cut
+			r.nodes.Lost(l.node)
+		}
+	}()
 	r.setState("")
-	r.log.Info("outbox relay connected", "exchanges", r.cfg.Exchanges)
+	r.log.Info("outbox relay connected", "node", l.node, "exchanges", r.cfg.Exchanges)
+	if r.node != "" && l.node != r.node {
+		r.metrics.failovers.WithLabelValues(r.store.Producer()).Inc()
+		r.log.Warn("broker failover: the outbox relay's session is on another node", "from", r.node, "to", l.node, "nodes", r.nodes.String())
+	}
+	r.node = l.node
 	dbWait := time.Second
 	for {
 		if ch := l.blockedUntil(); ch != nil {

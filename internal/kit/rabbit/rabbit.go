@@ -16,19 +16,17 @@ import (
 var ErrNotConfirmed = errors.New("publish not confirmed by the broker")
 
 // Dial opens a connection that detects a dead peer within three heartbeats
-// and names itself in the management UI.
+// and names itself in the management UI. url is an AMQP_URL value: one URL,
+// or a cluster's nodes separated by commas, tried in turn (see Nodes; a
+// long-lived component keeps one Nodes of its own instead, so that each
+// reconnect starts where the last connection went).
 func Dial(url string, heartbeat time.Duration, name string) (*amqp.Connection, error) {
-	props := amqp.NewConnectionProperties()
-	props.SetClientConnectionName(name)
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  heartbeat,
-		Properties: props,
-		Dial:       amqp.DefaultDial(10 * time.Second),
-	})
+	nodes, err := ParseNodes(url)
 	if err != nil {
 		return nil, fmt.Errorf("dial broker: %w", err)
 	}
-	return conn, nil
+	conn, _, err := nodes.Dial(heartbeat, name)
+	return conn, err
 }
 
 // ConfirmChannel opens a channel in confirm mode.

@@ -28,6 +28,11 @@ type Topology struct {
 	// it is first declared: declaring it again with another value fails with
 	// PRECONDITION_FAILED, so changing this means deleting the queue.
 	SingleActive bool
+	// QuorumGroupSize is the number of nodes that hold a replica of each of
+	// the queues (x-quorum-initial-group-size); 0 leaves it to the broker,
+	// whose default (quorum_cluster_size) is 3, or every node of a smaller
+	// cluster. Like SingleActive it is fixed when a queue is first declared.
+	QuorumGroupSize int
 }
 
 // DeadLetterKey is the routing key that reaches DeadLetterQueue.
@@ -44,7 +49,7 @@ func (t Topology) RetryQueue(delay time.Duration) string {
 // quorum are the arguments of every queue we own. At-least-once dead-lettering
 // (RabbitMQ 3.10+) keeps a message in its queue until the dead-letter target
 // has confirmed it; it requires reject-publish overflow.
-func quorum(extra amqp.Table) amqp.Table {
+func (t Topology) quorum(extra amqp.Table) amqp.Table {
 	args := amqp.Table{
 		"x-queue-type":           "quorum",
 		"x-overflow":             "reject-publish",
@@ -53,6 +58,26 @@ func quorum(extra amqp.Table) amqp.Table {
 	for k, v := range extra {
 		args[k] = v
 	}
+	t.sized(args)
+	return args
+}
+
+func (t Topology) sized(args amqp.Table) {
+	if t.QuorumGroupSize > 0 {
+		args["x-quorum-initial-group-size"] = int64(t.QuorumGroupSize)
+	}
+}
+
+// DeadLetterDeliveryLimit is the dead-letter queue's x-delivery-limit: so
+// high that no number of looks (deadletter.Queue.List returns what it took,
+// and each return counts) ever reaches it. RabbitMQ 4.x gives every quorum
+// queue a limit of 20 by default; "-1", which lifts it on 4.x, drops a
+// message at its first return on 3.10 (seen here): a number works on both.
+const DeadLetterDeliveryLimit = 100_000_000
+
+func (t Topology) deadLetterArgs() amqp.Table {
+	args := amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(DeadLetterDeliveryLimit)}
+	t.sized(args)
 	return args
 }
 
@@ -85,21 +110,20 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 		name string
 		args amqp.Table
 	}{
-		{t.Queue, quorum(t.workArgs())},
-		// The dead-letter queue is a classic queue: it has no dead-letter target
-		// of its own, and RabbitMQ 4.x gives every quorum queue a default
-		// delivery limit of 20, past which a message that was only looked at
-		// (basic.get, then requeued) would be dropped. "-1" lifts that limit on
-		// 4.x, but on 3.10 it drops a message the first time it is requeued
-		// (seen here); a classic queue has no limit on either. In a cluster,
-		// use a quorum queue with x-delivery-limit -1 on 4.x.
-		{t.DeadLetterQueue, amqp.Table{"x-queue-type": "classic"}},
+		{t.Queue, t.quorum(t.workArgs())},
+		// The dead-letter queue is a quorum queue too, replicated like the
+		// others: a classic queue lives on one node, and while that node is
+		// down the broker refuses to declare it, which would keep every
+		// consumer from starting anywhere in the cluster. It has no
+		// dead-letter target of its own, and a limit no look reaches
+		// (DeadLetterDeliveryLimit).
+		{t.DeadLetterQueue, t.deadLetterArgs()},
 	}
 	for _, d := range t.RetryDelays {
 		queues = append(queues, struct {
 			name string
 			args amqp.Table
-		}{t.RetryQueue(d), quorum(amqp.Table{
+		}{t.RetryQueue(d), t.quorum(amqp.Table{
 			"x-message-ttl":             d.Milliseconds(),
 			"x-dead-letter-exchange":    "",
 			"x-dead-letter-routing-key": t.Queue,

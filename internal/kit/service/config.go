@@ -106,7 +106,7 @@ func (b *Buffered) validate(v *Checks) {
 
 // Broker is the RabbitMQ connection and the topology the consumer declares.
 type Broker struct {
-	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL; everything lives in its vhost"`
+	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL, or a cluster's nodes separated by commas (same user and vhost; each reconnect tries them in turn); everything lives in its vhost"`
 	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" default:"10s" desc:"AMQP heartbeat; a dead link is detected within about three"`
 	Exchange         string        `envconfig:"EXCHANGE" desc:"topic exchange the consumed events are published to (no kit default)"`
 	RoutingKey       string        `envconfig:"ROUTING_KEY" desc:"binding key of the work queue (no kit default)"`
@@ -114,6 +114,7 @@ type Broker struct {
 	DeadLetterEx     string        `envconfig:"DEAD_LETTER_EXCHANGE" desc:"direct exchange for dead letters (default <service>.dlx)"`
 	DeadLetterQueue  string        `envconfig:"DEAD_LETTER_QUEUE" desc:"queue where dead letters wait (default <queue>.dlq)"`
 	DeliveryLimit    int           `envconfig:"QUEUE_DELIVERY_LIMIT" default:"20" desc:"broker-side delivery limit for crash loops (x-delivery-limit)"`
+	QueueReplicas    int           `envconfig:"QUEUE_REPLICAS" default:"0" desc:"nodes holding a replica of each queue (x-quorum-initial-group-size); 0: the broker's default, 3 or every node of a smaller cluster; fixed when a queue is first declared"`
 	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" default:"30s" desc:"cap of the jittered reconnect backoff"`
 	// SingleActiveConsumer is a queue argument: RabbitMQ refuses to declare
 	// an existing queue with another value (PRECONDITION_FAILED).
@@ -164,7 +165,7 @@ func (c *Config) validate(v *Checks) {
 }
 
 func (b *Broker) validate(v *Checks) {
-	v.URL("AMQP_URL", b.AMQPURL, "amqp", "amqps")
+	v.AMQPURL("AMQP_URL", b.AMQPURL)
 	v.Require(b.Heartbeat >= time.Second, "AMQP_HEARTBEAT", "must be at least 1s, got %s", b.Heartbeat)
 	v.Require(b.Exchange != "", "EXCHANGE", "must be set: the exchange to consume from has no default")
 	v.Require(b.RoutingKey != "", "ROUTING_KEY", "must be set: the binding key to consume has no default")
@@ -172,6 +173,7 @@ func (b *Broker) validate(v *Checks) {
 	v.Require(b.DeadLetterEx != "", "DEAD_LETTER_EXCHANGE", "must not be empty")
 	v.Require(b.DeadLetterQueue != "", "DEAD_LETTER_QUEUE", "must not be empty")
 	v.Require(b.DeliveryLimit >= 1, "QUEUE_DELIVERY_LIMIT", "must be at least 1, got %d", b.DeliveryLimit)
+	v.Require(b.QueueReplicas >= 0 && b.QueueReplicas <= 99, "QUEUE_REPLICAS", "must be 0 (the broker's default) to 99, got %d", b.QueueReplicas)
 	v.Require(b.ReconnectMaxWait >= 100*time.Millisecond, "RECONNECT_MAX_WAIT", "must be at least 100ms, got %s", b.ReconnectMaxWait)
 }
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // Validator is a configuration struct that checks itself.
@@ -84,8 +86,15 @@ func render(v any) string {
 	return fmt.Sprint(v)
 }
 
-// maskURL hides the password of a URL with credentials; other values pass through.
+// maskURL hides the password of a URL with credentials, or of each URL of a
+// comma-separated list (AMQP_URL's cluster nodes); other values pass through.
 func maskURL(s string) string {
+	if parts := strings.Split(s, ","); len(parts) > 1 && strings.Count(s, "://") > 1 {
+		for i, p := range parts {
+			parts[i] = maskURL(p)
+		}
+		return strings.Join(parts, ",")
+	}
 	u, err := url.Parse(s)
 	if err != nil || u.User == nil {
 		return s
@@ -129,6 +138,14 @@ func (c *Checks) URL(variable, value string, schemes ...string) {
 		}
 	}
 	c.Require(ok, variable, "%q is not a %s URL", value, strings.Join(schemes, " or "))
+}
+
+// AMQPURL checks an AMQP_URL value: one amqp:// or amqps:// URL, or a
+// cluster's nodes separated by commas (rabbit.ParseNodes).
+func (c *Checks) AMQPURL(variable, value string) {
+	if _, err := rabbit.ParseNodes(value); err != nil {
+		c.Require(false, variable, "want one amqp:// or amqps:// URL, or a cluster's nodes separated by commas: %v", err)
+	}
 }
 
 // Err is nil without failures, else one error listing them all.

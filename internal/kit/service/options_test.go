@@ -91,6 +91,9 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"GROUP_COMMIT_WAIT": "2s"}, "GROUP_COMMIT_WAIT"},
 		{map[string]string{"PPROF_ENABLED": "yes please"}, "PPROF_ENABLED"},
 		{map[string]string{"AMQP_URL": "localhost:5672"}, "AMQP_URL"},
+		{map[string]string{"AMQP_URL": "amqp://g:g@a:5681/v,amqp://g:g@b:5682/v"}, ""},
+		{map[string]string{"AMQP_URL": "amqp://g:g@a:5681/v,amqp://g:g@b:5682/other"}, "AMQP_URL"},
+		{map[string]string{"AMQP_URL": "amqp://g:g@a:5681/v,,amqp://g:g@b:5682/v"}, "AMQP_URL"},
 		{map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
 		{map[string]string{"RETRY_DELAYS": "1s,0s"}, "RETRY_DELAYS"},
 		{map[string]string{"RETRY_DELAYS": "soon"}, "RETRY_DELAYS"},
@@ -156,7 +159,7 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 }
 
 func TestLogValueMasksSecrets(t *testing.T) {
-	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/")
+	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/,amqp://user:s3cret@broker2:5672/")
 	t.Setenv("DATABASE_URL", "postgres://app:hunter2@db:5432/shipping")
 	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
 	if err != nil {
@@ -170,7 +173,7 @@ func TestLogValueMasksSecrets(t *testing.T) {
 			}
 		}
 	}
-	if v["PREFETCH"] != "192" || !strings.Contains(v["AMQP_URL"], "user:") {
+	if v["PREFETCH"] != "192" || !strings.Contains(v["AMQP_URL"], "user:") || !strings.Contains(v["AMQP_URL"], "broker2") {
 		t.Errorf("log value lost non-secret fields: %v", v)
 	}
 }

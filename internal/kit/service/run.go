@@ -274,6 +274,7 @@ func Topology(cfg Config) rabbit.Topology {
 		DeliveryLimit:      cfg.DeliveryLimit,
 		RetryDelays:        cfg.RetryDelays,
 		SingleActive:       cfg.SingleActiveConsumer,
+		QuorumGroupSize:    cfg.QueueReplicas,
 	}
 }
 

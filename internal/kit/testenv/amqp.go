@@ -2,14 +2,18 @@ package testenv
 
 import (
 	"testing"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
-// WithChannel runs f on a channel of a fresh connection to url, closed after.
+// WithChannel runs f on a channel of a fresh connection to url (one URL, or
+// a cluster's nodes separated by commas: the first live one), closed after.
 func WithChannel(t testing.TB, url string, f func(*amqp.Channel) error) {
 	t.Helper()
-	conn, err := amqp.Dial(url)
+	conn, err := rabbit.Dial(url, 10*time.Second, "test")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,178 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ClusterScriptEnv points the tests at the script that runs the local
+// three-node cluster; by default scripts/cluster.sh of the module.
+const ClusterScriptEnv = "TEST_CLUSTER_SCRIPT"
+
+// Cluster is the local three-node RabbitMQ cluster of scripts/cluster.sh
+// (cluster1..3@localhost), with a vhost of the test's own. A test that has
+// one may kill and start its nodes: it holds the cluster alone (an exclusive
+// lock across test processes) until it ends, and its cleanup starts every
+// node it killed.
+type Cluster struct {
+	t      testing.TB
+	script string
+	vhost  string
+	urls   []string // each node's URL into the vhost
+	down   map[int]bool
+}
+
+// NewCluster starts the cluster if it is not up (scripts/cluster.sh up),
+// waits for the lock, and creates a vhost for the test on it. It fails,
+// never skips, where the cluster cannot run (it needs root).
+func NewCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, script: clusterScript(t), vhost: Name("t"), down: map[int]bool{}}
+	lockCluster(t)
+	var base []string
+	for _, line := range strings.Split(strings.TrimSpace(c.run("up")), "\n") {
+		if strings.HasPrefix(line, "amqp://") {
+			base = append(base, line)
+		}
+	}
+	if len(base) != 3 {
+		t.Fatalf("%s up printed %d AMQP URLs, want 3", c.script, len(base))
+	}
+	c.Ctl("add_vhost", c.vhost)
+	t.Cleanup(func() {
+		for n := range c.down {
+			c.Start(n)
+		}
+		c.Ctl("delete_vhost", c.vhost)
+	})
+	for _, b := range base {
+		u, err := url.Parse(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(c.urls) == 0 {
+			c.Ctl("set_permissions", "-p", c.vhost, u.User.Username(), ".*", ".*", ".*")
+		}
+		u.Path = "/" + c.vhost
+		c.urls = append(c.urls, u.String())
+	}
+	return c
+}
+
+// URL is AMQP_URL for the whole cluster: every node, separated by commas.
+func (c *Cluster) URL() string { return strings.Join(c.urls, ",") }
+
+// NodeURL is node n's URL alone (1 to 3).
+func (c *Cluster) NodeURL(n int) string { return c.urls[n-1] }
+
+// VHost is the test's vhost on the cluster.
+func (c *Cluster) VHost() string { return c.vhost }
+
+// Kill SIGKILLs node n: a crash, not a stop.
+func (c *Cluster) Kill(n int) {
+	c.t.Helper()
+	c.down[n] = true
+	c.run("kill", fmt.Sprint(n))
+	c.t.Logf("cluster: node %d killed", n)
+}
+
+// Start starts node n again and waits until it runs.
+func (c *Cluster) Start(n int) {
+	c.t.Helper()
+	c.run("start", fmt.Sprint(n))
+	delete(c.down, n)
+	c.t.Logf("cluster: node %d started", n)
+}
+
+// Ctl runs rabbitmqctl on a live node of the cluster.
+func (c *Cluster) Ctl(args ...string) string {
+	c.t.Helper()
+	return c.run(append([]string{"ctl"}, args...)...)
+}
+
+// Leader is the node (1 to 3) that leads quorum queue q of the vhost, 0 if
+// none does (an election under way).
+func (c *Cluster) Leader(q string) int {
+	c.t.Helper()
+	for _, line := range strings.Split(c.Ctl("list_queues", "-p", c.vhost, "--no-table-headers", "name", "leader"), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == q {
+			for n := 1; n <= 3; n++ {
+				if f[1] == fmt.Sprintf("cluster%d@localhost", n) {
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// Members is the number of nodes that hold a replica of quorum queue q.
+func (c *Cluster) Members(q string) int {
+	c.t.Helper()
+	for _, line := range strings.Split(c.Ctl("list_queues", "-p", c.vhost, "--no-table-headers", "name", "members"), "\n") {
+		if name, members, ok := strings.Cut(strings.TrimSpace(line), "\t"); ok && name == q {
+			return strings.Count(members, "@")
+		}
+	}
+	return 0
+}
+
+func (c *Cluster) run(args ...string) string {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...).CombinedOutput()
+	if err != nil {
+		c.t.Fatalf("%s %s: %v\n%s", c.script, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// clusterScript finds scripts/cluster.sh in a directory above the test's.
+func clusterScript(t testing.TB) string {
+	if s := os.Getenv(ClusterScriptEnv); s != "" {
+		return s
+	}
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		s := filepath.Join(dir, "scripts", "cluster.sh")
+		if _, err := os.Stat(s); err == nil {
+			return s
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatalf("no scripts/cluster.sh above the test's directory: set %s", ClusterScriptEnv)
+		}
+		dir = parent
+	}
+}
+
+// lockCluster holds an exclusive lock on the cluster until the test ends:
+// tests in other packages (other processes) that kill nodes wait for it.
+func lockCluster(t testing.TB) {
+	dir := os.Getenv("CLUSTER_DIR")
+	if dir == "" {
+		dir = "/tmp/rabbitmq-cluster"
+	}
+	f, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("lock the cluster: %v", err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock
+}
