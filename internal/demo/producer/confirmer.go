@@ -35,16 +35,24 @@ type confirmer struct {
 
 	confirmed  int
 	nacked     int
+	nackPause  time.Duration // set by a nack: the next reconnect waits that long first
 	reconnects int
 	resent     int // publishes repeated because a lost connection left them unconfirmed
 }
 
 // inFlight is a message waiting for its confirm.
 type inFlight struct {
-	msg  Message
-	dc   *amqp.DeferredConfirmation // nil while it must be (re)sent
-	sent bool
+	msg   Message
+	dc    *amqp.DeferredConfirmation // nil while it must be (re)sent
+	sent  bool
+	nacks int // times the broker refused it
 }
+
+// maxNacks is how often a message the broker refuses (basic.nack) is sent
+// again before it counts as refused. A quorum queue refuses publishes while
+// it has no leader (a node lost, an election of a few seconds): with the
+// backoff between tries, about 25 s of refusals are waited out.
+const maxNacks = 10
 
 // returnTally counts basic.return frames, written by the sessions' drain goroutines.
 type returnTally struct {
@@ -137,9 +145,10 @@ func (c *confirmer) flush(ctx context.Context) error {
 }
 
 // settleOldest waits for the confirm of the oldest unsettled message. A nack
-// while the channel is open is the broker refusing the message: it is counted
-// and not retried. A nack because the channel closed means the broker may never
-// have seen it: reconnect and send it again.
+// while the channel is open is the broker refusing the message: after a pause
+// it reconnects and sends it again (with every other unconfirmed message),
+// and counts it refused after maxNacks. A nack because the channel closed
+// means the broker may never have seen it: reconnect and send it again.
 func (c *confirmer) settleOldest(ctx context.Context) error {
 	f := c.pending[0]
 	for f.dc == nil || !c.settled(f) {
@@ -192,9 +201,16 @@ func (c *confirmer) settled(f *inFlight) bool {
 		// The client marks the channel closed before it fails the confirms.
 		f.dc = nil
 		return false
+	case f.nacks < maxNacks:
+		f.nacks++
+		c.nackPause = backoff(f.nacks)
+		c.log.Warn("broker refused a message (nack); sending it again after a pause", "message_id", f.msg.Publishing.MessageId,
+			"order_id", f.msg.OrderID, "refusals", f.nacks, "pause", c.nackPause.String())
+		f.dc = nil
+		return false
 	default:
 		c.nacked++
-		c.log.Error("broker refused a message (nack)", "message_id", f.msg.Publishing.MessageId, "order_id", f.msg.OrderID)
+		c.log.Error("broker refused a message (nack)", "message_id", f.msg.Publishing.MessageId, "order_id", f.msg.OrderID, "refusals", f.nacks+1)
 		return true
 	}
 }
@@ -214,6 +230,10 @@ func (c *confirmer) reconnect(ctx context.Context) error {
 	if err := c.dropSession(ctx); err != nil {
 		return err
 	}
+	if err := sleep(ctx, c.nackPause); err != nil {
+		return fmt.Errorf("pause after a refused message: %w", err)
+	}
+	c.nackPause = 0
 	for attempt := 0; ; attempt++ {
 		if err := sleep(ctx, backoff(attempt)); err != nil {
 			return fmt.Errorf("reconnect to the broker: %w", err)

@@ -279,3 +279,47 @@ func (c consumed) countRepublished(t *testing.T) int {
 	}
 	return n
 }
+
+// A broker that refuses messages for a while (basic.nack: a quorum queue
+// without a leader during an election; here a full queue that rejects
+// publishes) delays them, never drops them: each is sent again after a
+// pause until it is confirmed.
+func TestRunSendsARefusedMessageAgain(t *testing.T) {
+	t.Parallel()
+	url := testenv.VHost(t)
+	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(testExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		args := amqp.Table{"x-max-length": int64(10), "x-overflow": "reject-publish"}
+		if _, err := ch.QueueDeclare("payments", true, false, false, false, args); err != nil {
+			return err
+		}
+		return ch.QueueBind("payments", testKey, testExchange, false, nil)
+	})
+	// Room for ten at a time: a reader takes what is there every 300 ms.
+	var got []amqp.Delivery
+	done := make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(300 * time.Millisecond):
+			}
+			got = append(got, consumeAll(t, url)...)
+		}
+	}()
+	sum := mustRun(t, testConfig(url, Load{RunID: "nacked", Count: 40, Seed: 5}))
+	close(done)
+	<-read
+	got = append(got, consumeAll(t, url)...)
+	if len(got) != 40 || sum.Confirmed != 40 {
+		t.Errorf("%d of 40 orders reached the queue, %d confirmed; summary %+v", len(got), sum.Confirmed, sum)
+	}
+	if sum.RepublishedAfterReconnect == 0 {
+		t.Errorf("nothing was sent again: the queue never refused a message (summary %+v)", sum)
+	}
+}
