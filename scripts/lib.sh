@@ -47,6 +47,7 @@ KIT_INBOX_MODE=${INBOX_MODE:-inline}
 KIT_BUFFER_RETRY_DELAYS=${BUFFER_RETRY_DELAYS:-200ms,1s,2s}
 KIT_BUFFER_MAX_ATTEMPTS=${BUFFER_MAX_ATTEMPTS:-30}
 KIT_IN_FLIGHT=${GATEWAY_IN_FLIGHT_TIMEOUT:-5s}
+KIT_CLUSTER=0 # 1: the Compose stack with the profile "cluster" (set by the script before stack_up)
 COMPOSE_PROJECT=${COMPOSE_PROJECT:-inbox-faults-$$}
 
 # State of one run.
@@ -178,6 +179,13 @@ go_scenario() {
       LOCAL_WATERMARK=$(rmq -q eval 'vm_memory_monitor:get_vm_memory_high_watermark().' | tr -d '\r') ||
         die "rabbitmqctl eval failed: is the local broker up?"
       ;;
+    broker-node-loss)
+      [[ $service == payment ]] || skip "$SCENARIO runs against the payment service only"
+      # The local three-node cluster (scripts/cluster.sh), started if it is
+      # not up, left up (scripts/cluster.sh down removes it); the machine's
+      # broker is not touched.
+      tags=cluster test=TestPaymentOnCluster
+      ;;
     chaos)
       [[ $service == payment ]] || skip "chaos runs against the payment service only"
       tags=chaos test=TestPaymentChaos timeout=$(((${CHAOS_DURATION%s} + 1200) / 60))m
@@ -291,7 +299,7 @@ cleanup() {
   } >>"$RUN_DIR/compose.log" 2>&1
   if [[ ${KEEP:-0} == 1 ]]; then
     echo "KEEP=1: the compose project $COMPOSE_PROJECT is still up; remove it with"
-    echo "  (cd $KIT_ROOT && docker compose -p $COMPOSE_PROJECT down -v)"
+    echo "  (cd $KIT_ROOT && docker compose -p $COMPOSE_PROJECT --profile cluster down -v)"
   else
     compose_down
   fi
@@ -338,7 +346,7 @@ compose_down() {
     # shellcheck disable=SC2086 # one id a word
     docker rm -f $oneoffs >>"$RUN_DIR/compose.log" 2>&1
   fi
-  compose down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1
+  compose --profile cluster down -v --remove-orphans >>"$RUN_DIR/compose.log" 2>&1
 }
 
 # compose_up: the stack on fresh volumes, built from the working tree (BuildKit
@@ -362,7 +370,10 @@ compose_up() {
     die "docker compose build failed (see $RUN_DIR/compose.log)"
   # The pipeline's second half too: the payment service's events need the
   # shipping service's queue, and verify checks the chain.
-  compose up -d --wait rabbitmq postgres fake-gateway payment-service fake-carrier shipping-service >>"$RUN_DIR/compose.log" 2>&1 ||
+  local profile=() nodes
+  [[ $KIT_CLUSTER == 1 ]] && profile=(--profile cluster)
+  read -r -a nodes <<<"$(broker_nodes)"
+  compose "${profile[@]}" up -d --wait "${nodes[@]}" postgres fake-gateway payment-service fake-carrier shipping-service >>"$RUN_DIR/compose.log" 2>&1 ||
     die "docker compose up failed (see $RUN_DIR/compose.log)"
   REPLICAS=2 # the compose file runs two
   GATEWAY_ADDR=$(compose port fake-gateway 8081 2>>"$RUN_DIR/compose.log" | tail -n1)
@@ -556,7 +567,40 @@ gateway_faults() {
 # ---------------------------------------------------------------- broker and database
 
 # broker_ctl ARGS...: rabbitmqctl on the run's broker.
-broker_ctl() { compose exec -T rabbitmq rabbitmqctl "$@"; }
+# broker_ctl runs rabbitmqctl in the broker's container; with the profile
+# "cluster" (KIT_CLUSTER=1) in the first node that answers.
+broker_ctl() {
+  local node
+  for node in $(broker_nodes); do
+    if [[ $KIT_CLUSTER != 1 ]] || compose exec -T "$node" rabbitmq-diagnostics -q ping >/dev/null 2>&1; then
+      compose exec -T "$node" rabbitmqctl "$@"
+      return
+    fi
+  done
+  warn "no broker node answers"
+  return 1
+}
+
+# broker_nodes prints the broker's Compose services: rabbitmq, and with the
+# profile "cluster" rabbitmq-2 and rabbitmq-3.
+broker_nodes() {
+  if [[ $KIT_CLUSTER == 1 ]]; then echo rabbitmq rabbitmq-2 rabbitmq-3; else echo rabbitmq; fi
+}
+
+# queue_leader Q prints the Compose service of the node leading quorum queue
+# Q, nothing during an election.
+queue_leader() {
+  broker_ctl -q list_queues --no-table-headers name leader 2>/dev/null |
+    awk -v q="$1" '$1 == q && $2 ~ /^rabbit@/ { sub(/^rabbit@/, "", $2); print $2 }'
+}
+
+# node_kill SERVICE: SIGKILL to a broker node's container (Docker's restart
+# policy leaves a killed container down); node_start SERVICE starts it again
+# and waits until it is healthy.
+node_kill() { docker kill -s KILL "$(compose ps -q "$1")" >/dev/null; }
+node_start() {
+  compose start "$1" >/dev/null 2>&1 && compose up -d --wait "$1" >/dev/null 2>&1
+}
 
 # close_connections: the broker closes every connection of the run's vhost
 # (the service's and the publisher's).

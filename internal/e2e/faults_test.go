@@ -142,7 +142,15 @@ const faultSink = "faults.order-paid"
 // scenario's paymentLoads.
 func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
-		amqpURL, paymentsDB, gatewayDB := testenv.VHost(t), testenv.Postgres(t), testenv.Postgres(t)
+		var cluster *testenv.Cluster
+		var amqpURL string
+		if sc.OnCluster {
+			cluster = testenv.NewCluster(t)
+			amqpURL = cluster.URL()
+		} else {
+			amqpURL = testenv.VHost(t)
+		}
+		paymentsDB, gatewayDB := testenv.Postgres(t), testenv.Postgres(t)
 		gatewayAddr := testenv.FreeAddr(t)
 		start(t, "fake-gateway", []string{"DATABASE_URL=" + gatewayDB, "HTTP_ADDR=" + gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow, "FAULTS_ENABLED=true"})
 		waitHTTP(t, "http://"+gatewayAddr+"/healthz")
@@ -150,13 +158,15 @@ func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit
 			if err := ch.ExchangeDeclare("payments", "topic", true, false, false, false, nil); err != nil {
 				return err
 			}
-			if _, err := ch.QueueDeclare(faultSink, true, false, false, false, nil); err != nil {
+			// A quorum queue: on a cluster, a classic one lives on one node,
+			// and the events routed to it while that node is down are lost.
+			if _, err := ch.QueueDeclare(faultSink, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 				return err
 			}
 			return ch.QueueBind(faultSink, "order.paid", "payments", false, nil)
 		})
 		s := faultkit.Start(t, faultkit.Config{
-			Program: paymentService, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: paymentsDB, Sinks: []string{faultSink},
+			Program: paymentService, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: paymentsDB, Sinks: []string{faultSink}, Cluster: cluster,
 			Env: append([]string{"GATEWAY_URL=http://" + gatewayAddr, "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow,
 				"RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8", "RECONNECT_MAX_WAIT=2s", "SHUTDOWN_TIMEOUT=5s",
 				// A relay that crashed holding rows gives them up after its

@@ -26,7 +26,13 @@ import (
 // that records the order in which a handler applied events.
 func newBufferedEnv(t testing.TB, tune func(*rabbit.Topology)) *env {
 	t.Helper()
-	e := newEnvWith(t, tune)
+	return withBufferedTables(t, newEnvWith(t, tune))
+}
+
+// withBufferedTables adds the buffered inbox and the ordering tests' table
+// to e's database.
+func withBufferedTables(t testing.TB, e *env) *env {
+	t.Helper()
 	sqlDB, err := e.db.DB()
 	if err != nil {
 		t.Fatal(err)

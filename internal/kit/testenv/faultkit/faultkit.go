@@ -47,6 +47,10 @@ type Config struct {
 	// downstream service would read the events the service emits): the
 	// drain does not wait for them.
 	Sinks []string
+	// Cluster, when the trial runs on the local three-node cluster
+	// (AMQPURL is then its URL, every node): the node-loss scenario kills
+	// and starts its nodes.
+	Cluster *testenv.Cluster
 }
 
 // Stack is a service's replicas under a supervisor, and the faults.
@@ -326,11 +330,22 @@ func (s *Stack) CrashPhase(point string, p float64, d time.Duration, min int, bu
 // vhost: the replicas' and a publisher's.
 func (s *Stack) CloseConnections() {
 	s.t.Helper()
-	testenv.Ctl(s.t, "close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+	s.ctl("close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+}
+
+// ctl runs rabbitmqctl on the trial's broker: the cluster's, or the
+// machine's.
+func (s *Stack) ctl(args ...string) string {
+	s.t.Helper()
+	if s.cfg.Cluster != nil {
+		return s.cfg.Cluster.Ctl(args...)
+	}
+	return testenv.Ctl(s.t, args...)
 }
 
 func (s *Stack) vhost() string {
-	u, err := url.Parse(s.cfg.AMQPURL)
+	first, _, _ := strings.Cut(s.cfg.AMQPURL, ",") // a cluster's nodes share it
+	u, err := url.Parse(first)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -340,6 +355,36 @@ func (s *Stack) vhost() string {
 	}
 	v, _ = url.PathUnescape(v)
 	return v
+}
+
+// KillLeader SIGKILLs the cluster node that leads quorum queue q, waiting
+// for the queue to have a leader first (an election after the last kill),
+// and returns the node's number.
+func (s *Stack) KillLeader(q string) int {
+	s.t.Helper()
+	c := s.cluster()
+	n := 0
+	testenv.Eventually(s.t, time.Minute, "a leader of "+q, func() (bool, error) {
+		n = c.Leader(q)
+		return n != 0, nil
+	})
+	c.Kill(n)
+	return n
+}
+
+// StartNode starts cluster node n again, supervising the replicas while it
+// boots.
+func (s *Stack) StartNode(n int) {
+	s.t.Helper()
+	s.cluster().Start(n)
+	s.Supervise()
+}
+
+func (s *Stack) cluster() *testenv.Cluster {
+	if s.cfg.Cluster == nil {
+		s.t.Fatal("this scenario runs on a cluster: the trial must set Config.Cluster")
+	}
+	return s.cfg.Cluster
 }
 
 // StopBroker stops the broker application (rabbitmqctl stop_app) for d,
@@ -418,7 +463,7 @@ func (s *Stack) TerminateBackends() int {
 func (s *Stack) Pending() int {
 	s.t.Helper()
 	// messages counts the ready and the unacknowledged ones.
-	out := testenv.Ctl(s.t, "list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages")
+	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages")
 	n := 0
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)

@@ -20,6 +20,9 @@ type Scenario struct {
 	// Check is the scenario's own check: the fault happened and had its
 	// visible effect.
 	Check func(t testing.TB, s *Stack)
+	// OnCluster asks the trial for the local three-node cluster
+	// (testenv.NewCluster) in Config.Cluster, its URL as AMQPURL.
+	OnCluster bool
 }
 
 // Trial is one scenario's run against a service, built by the service's
@@ -228,6 +231,52 @@ func catalogue(points []string) []Scenario {
 		out = append(out, CrashAt(p, 0.05))
 	}
 	return append(out, SIGKILLReplicas, BrokerDropsConnections, DatabaseSessionsTerminated)
+}
+
+// BrokerNodeLoss is the broker-node-loss scenario, on the local three-node
+// cluster: two replicas consume queue (the work queue), their outbox relays
+// publish, and the node that leads the queue gets SIGKILL under load, kills
+// times, each started again after a few seconds; one of the losses lasts
+// longer than the replicas' reconnect backoff (set RECONNECT_MAX_WAIT to at
+// most 2s). The quorum queues elect another leader, which redelivers what
+// was unacked; the replicas on the lost node reconnect to another, and the
+// load's publisher too. Nothing may be lost, charged twice or dead-lettered
+// that was valid: QUEUE_DELIVERY_LIMIT counts each loss of a node once for
+// every delivery then unacked, so it must stay well above kills.
+func BrokerNodeLoss(queue string, kills int) Scenario {
+	return Scenario{
+		Name:      "broker-node-loss",
+		Replicas:  2,
+		OnCluster: true,
+		Fault: func(s *Stack, busy func() bool) {
+			var nodes []int
+			long := kills / 2 // the round whose node stays down past the backoff
+			underLoad(s, busy, kills, func() time.Duration { return 2 * time.Second }, func() bool {
+				down := 3 * time.Second
+				if len(nodes) == long {
+					down = 10 * time.Second
+				}
+				n := s.KillLeader(queue)
+				s.t.Logf("fault: node %d, the leader of %s, killed for %s", n, queue, down)
+				nodes = append(nodes, n)
+				s.SuperviseFor(down)
+				s.StartNode(n)
+				return true
+			})
+			s.Note("the node leading %s was killed %d times under load (nodes %v), once for 10 s", queue, s.UnderLoad, nodes)
+		},
+		Check: func(t testing.TB, s *Stack) {
+			checkUnderLoad(t, s, "leader kills", kills)
+			if n := s.MetricSum("consumer_broker_failovers_total"); n < 1 {
+				t.Errorf("no replica's consumer failed over to another node (consumer_broker_failovers_total %v)", n)
+			}
+			if n := s.CountLogged("unknown delivery tag"); n != 0 {
+				t.Errorf("%d log lines about an unknown delivery tag: a delivery settled on the wrong channel", n)
+			}
+			s.Note("consumer failovers %v, outbox relay failovers %v", s.MetricSum("consumer_broker_failovers_total"),
+				s.MetricSum("outbox_relay_broker_failovers_total"))
+		},
+	}
 }
 
 // The broker scenarios stop the whole broker or raise an alarm on it: every

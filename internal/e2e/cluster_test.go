@@ -1,0 +1,28 @@
+//go:build cluster
+
+package e2e_test
+
+import (
+	"testing"
+
+	"github.com/inbox-template/payment-service/internal/kit/testenv/faultkit"
+)
+
+// The payment service on the local three-node cluster (scripts/cluster.sh),
+// built only with -tags cluster (scripts/faults/broker-node-loss.sh, which
+// CI runs in both modes): two replicas and their outbox relays under 10,000
+// orders with 10% duplicates and 20 poison messages, while the node that
+// leads the work queue is killed five times, once for longer than the
+// reconnect backoff. Then inboxctl verify: every valid order paid once,
+// none charged twice, only the poison dead-lettered, the outbox drained
+// (its every OrderPaid in the sink queue).
+func TestPaymentOnCluster(t *testing.T) {
+	faultkit.Run(t, []faultkit.Scenario{faultkit.BrokerNodeLoss("payments.order-placed", 5)}, paymentTrial(nil, clusterLoad))
+}
+
+// The same with the buffered inbox.
+func TestPaymentOnClusterBuffered(t *testing.T) {
+	faultkit.Run(t, []faultkit.Scenario{faultkit.BrokerNodeLoss("payments.order-placed", 5)}, paymentTrial(bufferedFaultEnv, clusterLoad))
+}
+
+var clusterLoad = []string{"-count", "10000", "-duplicate-rate", "0.1", "-poison", "20", "-rate", "130", "-timeout", "10m"}
