@@ -75,6 +75,8 @@ type Stack struct {
 	watermark []string
 	// chaosRan counts the actions of a chaos run by name.
 	chaosRan map[string]int
+	// leaders is how many different nodes BrokerNodeLoss found leading.
+	leaders int
 }
 
 type replica struct {
