@@ -13,6 +13,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // The payment service's names and its work queue's delivery limit, at their
@@ -66,7 +68,10 @@ func Declare(amqpURL string) error {
 		},
 		func() error { _, err := ch.QueueDeclare(Queue, true, false, false, false, QueueArgs()); return err },
 		func() error {
-			_, err := ch.QueueDeclare(DeadLetterQueue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+			// As the kit declares it (rabbit.Topology): a quorum queue with
+			// a limit no look reaches; another type would be refused.
+			_, err := ch.QueueDeclare(DeadLetterQueue, true, false, false, false,
+				amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(rabbit.DeadLetterDeliveryLimit)})
 			return err
 		},
 		func() error { return ch.QueueBind(Queue, RoutingKey, Exchange, false, nil) },

@@ -87,16 +87,25 @@ func render(v any) string {
 }
 
 // maskURL hides the password of a URL with credentials, or of each URL of a
-// comma-separated list (AMQP_URL's cluster nodes); other values pass through.
+// comma-separated list (AMQP_URL's cluster nodes, spaces around the commas
+// allowed, as rabbit.ParseNodes reads them); other values pass through. A
+// list part that does not parse but holds credentials is hidden whole.
 func maskURL(s string) string {
 	if parts := strings.Split(s, ","); len(parts) > 1 && strings.Count(s, "://") > 1 {
 		for i, p := range parts {
-			parts[i] = maskURL(p)
+			parts[i] = maskOne(strings.TrimSpace(p))
 		}
 		return strings.Join(parts, ",")
 	}
+	return maskOne(s)
+}
+
+func maskOne(s string) string {
 	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
+	switch {
+	case err != nil && strings.Contains(s, "@"):
+		return "***"
+	case err != nil || u.User == nil:
 		return s
 	}
 	return u.Redacted()

@@ -159,7 +159,7 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 }
 
 func TestLogValueMasksSecrets(t *testing.T) {
-	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/,amqp://user:s3cret@broker2:5672/")
+	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/, amqp://user:s3cret@broker2:5672/")
 	t.Setenv("DATABASE_URL", "postgres://app:hunter2@db:5432/shipping")
 	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
 	if err != nil {
