@@ -51,17 +51,12 @@ type session struct {
 	aside sync.WaitGroup
 	// stop is closed when the session stops taking deliveries.
 	stop chan struct{}
-	// closing is set when the session closes its connections itself.
-	closing bool
 }
 
 // lost tells nodes which of the session's connections died before the
 // session closed them (a node gone, a network cut), so that the next
-// session dials another node first.
+// session dials another node first. It runs before the session's close.
 func (s *session) lost(nodes *rabbit.Nodes) {
-	if s.closing {
-		return
-	}
 	if s.conn.IsClosed() {
 		nodes.Lost(s.node)
 	}
@@ -168,7 +163,6 @@ func (r *Runtime) connected(s *session) {
 // the alarm to clear; past the deadline the socket is closed, which the
 // broker takes the same way.
 func (s *session) close() {
-	s.closing = true
 	if s.acks != nil {
 		s.acks.close() // the held acks go before the channel closes
 	}
@@ -212,7 +206,7 @@ func (r *Runtime) session(ctx context.Context) error {
 	var watching sync.WaitGroup
 	defer watching.Wait() // the watcher ends when the connection closes
 	defer s.close()
-	defer s.lost(r.nodes)
+	defer s.lost(r.nodes) // before the close: a connection closed by then died under us
 	r.connected(s)
 	// Every Notify channel is buffered and read or left to be closed by the
 	// library: an unbuffered, unread one would block its connection.

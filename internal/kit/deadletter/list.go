@@ -24,10 +24,9 @@ type Listing struct {
 //     returned messages first);
 //   - a quorum queue counts each return in the message's x-delivery-count, and
 //     past an x-delivery-limit it drops or dead-letters the message. The
-//     dead-letter queue is therefore a classic queue with no such limit
-//     (rabbit.Topology.Declare): listing can never drop a message. Whoever
-//     makes it a quorum queue must lift the limit, which RabbitMQ 4.x sets to
-//     20 by default (TestListingRepeatedlyKeepsMessages looks 25 times).
+//     dead-letter queue is a quorum queue whose limit no listing reaches
+//     (rabbit.DeadLetterDeliveryLimit), where RabbitMQ 4.x would set 20 by
+//     default (TestListingRepeatedlyKeepsMessages looks 25 times).
 //
 // Closing the channel returns them all in one step, and also when List fails
 // halfway or the process dies: no path acks a listed message.
