@@ -21,9 +21,9 @@ KIT_CLUSTER=1
 stack_up 2
 members=$(broker_ctl -q list_queues --no-table-headers name members | awk -v q="$QUEUE_NAME" '$1 == q' | grep -o 'rabbit@' | wc -l)
 ((members == 3)) || die "$QUEUE_NAME has $members replicas, want 3: the nodes had not joined when it was declared"
-publish_bg orders -count 6000 -duplicate-rate 0.1 -poison 20 -rate 100
+publish_bg orders -count 10000 -duplicate-rate 0.1 -poison 20 -rate 100
 supervise_for 5
-lost=""
+lost="" under_load=0
 for round in 1 2 3 4 5; do
   down=3
   ((round == 3)) && down=10
@@ -34,6 +34,7 @@ for round in 1 2 3 4 5; do
     supervise_for 1
   done
   say "SIGKILL $node, the leader of $QUEUE_NAME, for ${down}s"
+  publishers_running && under_load=$((under_load + 1))
   node_kill "$node"
   lost+="$node "
   supervise_for "$down"
@@ -41,7 +42,7 @@ for round in 1 2 3 4 5; do
   say "$node up again"
   supervise_for 2
 done
-note "the node leading $QUEUE_NAME was killed 5 times under load ($lost), once for 10 s"
+note "the node leading $QUEUE_NAME was killed 5 times, $under_load of them under load ($lost), once for 10 s"
 distinct=$(tr ' ' '\n' <<<"$lost" | sort -u | grep -c .)
 wait_publishers
 wait_drain
@@ -51,6 +52,7 @@ scenario_checks() {
   failovers=$(metric_sum 'consumer_broker_failovers_total{consumer="payment-service"}')
   note "consumer failovers: $failovers; publisher reconnects: $(summary_field reconnects)"
   expect "a replica failed over to another node ($failovers)" gt "$failovers" 0
+  expect "every kill hit the load ($under_load of 5 while order-publisher ran)" eq "$under_load" 5
   expect "the leadership moved: $distinct different nodes led the queue when killed" gt "$distinct" 1
 }
 finish
