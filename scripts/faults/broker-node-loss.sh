@@ -21,7 +21,7 @@ KIT_CLUSTER=1
 stack_up 2
 members=$(broker_ctl -q list_queues --no-table-headers name members | awk -v q="$QUEUE_NAME" '$1 == q' | grep -o 'rabbit@' | wc -l)
 ((members == 3)) || die "$QUEUE_NAME has $members replicas, want 3: the nodes had not joined when it was declared"
-publish_bg orders -count 10000 -duplicate-rate 0.1 -poison 20 -rate 100
+publish_bg orders -count 10000 -duplicate-rate 0.1 -poison 20 -rate 75
 supervise_for 5
 lost="" under_load=0
 for round in 1 2 3 4 5; do
