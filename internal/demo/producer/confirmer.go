@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // DefaultWindow is how many publishes may wait for their confirm at once.
@@ -27,6 +29,7 @@ const (
 // Only the goroutine that calls publish, flush and close may use it.
 type confirmer struct {
 	broker  Broker
+	nodes   *rabbit.Nodes // AMQP_URL's nodes: a reconnect starts after one that was lost
 	window  int
 	log     *slog.Logger
 	sess    *session
@@ -82,8 +85,12 @@ func newConfirmer(b Broker, window int, log *slog.Logger) (*confirmer, error) {
 	if window <= 0 {
 		window = DefaultWindow
 	}
-	c := &confirmer{broker: b, window: window, log: log}
-	sess, err := openSession(b, log, c.onReturn)
+	nodes, err := rabbit.ParseNodes(b.URL)
+	if err != nil {
+		return nil, fmt.Errorf("AMQP_URL: %w", err)
+	}
+	c := &confirmer{broker: b, nodes: nodes, window: window, log: log}
+	sess, err := openSession(nodes, b, log, c.onReturn)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +245,7 @@ func (c *confirmer) reconnect(ctx context.Context) error {
 		if err := sleep(ctx, backoff(attempt)); err != nil {
 			return fmt.Errorf("reconnect to the broker: %w", err)
 		}
-		sess, err := openSession(c.broker, c.log, c.onReturn)
+		sess, err := openSession(c.nodes, c.broker, c.log, c.onReturn)
 		if err != nil {
 			c.log.Warn("reconnect failed", "attempt", attempt+1, "err", err)
 			continue
@@ -248,7 +255,7 @@ func (c *confirmer) reconnect(ctx context.Context) error {
 		before := c.resent
 		err = c.resend(ctx)
 		if err == nil {
-			c.log.Info("reconnected", "attempt", attempt+1, "republished", c.resent-before)
+			c.log.Info("reconnected", "attempt", attempt+1, "node", sess.node, "republished", c.resent-before)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -266,6 +273,9 @@ func (c *confirmer) reconnect(ctx context.Context) error {
 func (c *confirmer) dropSession(ctx context.Context) error {
 	if c.sess == nil {
 		return nil
+	}
+	if c.sess.conn.IsClosed() { // lost, not closed by us: a node gone, a cut
+		c.nodes.Lost(c.sess.node)
 	}
 	c.sess.close()
 	c.sess = nil

@@ -22,6 +22,7 @@ type proxy struct {
 	sent        int64 // bytes from clients, over all connections
 	cuts        []cut // ascending
 	refuseUntil time.Time
+	dials       int // connections accepted, refused ones too
 }
 
 type cut struct {
@@ -69,6 +70,7 @@ func (p *proxy) accept() {
 			return
 		}
 		p.mu.Lock()
+		p.dials++
 		refusing := time.Now().Before(p.refuseUntil)
 		p.mu.Unlock()
 		if refusing {
@@ -113,6 +115,13 @@ func (p *proxy) forward(broker, client net.Conn) {
 			return
 		}
 	}
+}
+
+// dialled is the number of connections the proxy has accepted.
+func (p *proxy) dialled() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dials
 }
 
 // count adds n sent bytes and reports whether a cut is due.

@@ -129,6 +129,36 @@ func TestRunSurvivesConnectionLoss(t *testing.T) {
 	}
 }
 
+// On a cluster (AMQP_URL lists every node), the reconnect after a lost
+// connection dials the next node first, not the one that dropped it: a node
+// that died without a word would cost a dial timeout at every reconnect.
+// Two proxies to one broker stand for two nodes; the first drops the
+// connection mid-stream and then refuses for a minute.
+func TestRunReconnectsToTheNextNode(t *testing.T) {
+	t.Parallel()
+	url := testenv.VHost(t)
+	bindQueue(t, url)
+	one, two := newProxy(t, "127.0.0.1:5672"), newProxy(t, "127.0.0.1:5672")
+	one.cutAfter(200_000, time.Minute)
+	cfg := testConfig(one.url(t, url)+","+two.url(t, url), Load{RunID: "nodes", Count: 2000, Seed: 4})
+
+	sum := mustRun(t, cfg)
+	got := consumeAll(t, url)
+
+	if sum.Reconnects != 1 {
+		t.Errorf("summary %+v: want 1 reconnect", sum)
+	}
+	if n := one.dialled(); n != 1 {
+		t.Errorf("node 1 was dialled %d times, want once: the reconnect went back to the node that had dropped the connection", n)
+	}
+	if n := two.dialled(); n != 1 {
+		t.Errorf("node 2 was dialled %d times, want once (the reconnect)", n)
+	}
+	if c := classify(t, got, cfg.Load); len(c.orders) != 2000 {
+		t.Errorf("%d distinct orders arrived, want 2000", len(c.orders))
+	}
+}
+
 func TestRunRejectsAnInvalidLoad(t *testing.T) {
 	t.Parallel()
 	_, err := Run(testContext(t), testConfig("amqp://guest:guest@127.0.0.1:5672/", Load{RunID: "r", DuplicateRate: 2}), testLogger(t))

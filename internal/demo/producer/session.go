@@ -28,17 +28,19 @@ const closeTimeout = 5 * time.Second
 type session struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
+	node string // the broker node's host:port
 	wg   sync.WaitGroup
 }
 
-// openSession connects, declares the exchange and starts draining returns and
-// close notifications. onReturn runs on another goroutine.
-func openSession(b Broker, log *slog.Logger, onReturn func(amqp.Return)) (*session, error) {
+// openSession connects to a node of nodes, declares the exchange and starts
+// draining returns and close notifications. onReturn runs on another
+// goroutine.
+func openSession(nodes *rabbit.Nodes, b Broker, log *slog.Logger, onReturn func(amqp.Return)) (*session, error) {
 	heartbeat := b.Heartbeat
 	if heartbeat == 0 {
 		heartbeat = 10 * time.Second
 	}
-	conn, err := rabbit.Dial(b.URL, heartbeat, b.Name)
+	conn, node, err := nodes.Dial(heartbeat, b.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +54,7 @@ func openSession(b Broker, log *slog.Logger, onReturn func(amqp.Return)) (*sessi
 		conn.Close()
 		return nil, fmt.Errorf("declare exchange %s: %w", b.Exchange, err)
 	}
-	s := &session{conn: conn, ch: ch}
+	s := &session{conn: conn, ch: ch, node: node}
 	// The client delivers returns synchronously from its reader goroutine:
 	// buffer them and always drain, or a burst of returns stalls every confirm.
 	returns := ch.NotifyReturn(make(chan amqp.Return, 256))
