@@ -16,6 +16,13 @@ func explainMismatch(cfg Config, err error) error {
 	if !errors.As(err, &m) {
 		return err
 	}
+	if m.Kind == "queue" && m.Name == cfg.DeadLetterQueue && m.Arg == "x-queue-type" && m.Have == "'classic'" {
+		return fmt.Errorf("DEAD_LETTER_QUEUE: the broker's queue %s is a 'classic' queue, declared by an earlier version of the template; "+
+			"this one declares it a quorum queue, replicated like the others (a classic queue lives on one node). To upgrade: "+
+			"stop every replica, empty it with inboxctl (dlq replay what should run again, dlq purge the rest), "+
+			"delete it (rabbitmqctl delete_queue %s), and start again to declare it anew (docs/operations.md): %w",
+			m.Name, m.Name, err)
+	}
 	variable, settable := mismatchVariable(cfg, m)
 	fix := "set " + variable + " to match the broker, or migrate: "
 	if !settable {

@@ -63,3 +63,42 @@ func TestChangedQueueArgumentRefusesToStart(t *testing.T) {
 		}
 	}
 }
+
+// An earlier version of the template declared the dead-letter queue as a
+// classic queue; this one declares it a quorum queue, and the broker refuses
+// the redeclare. The service refuses to start with the upgrade's steps: its
+// dead letters must be replayed or purged before the queue is deleted.
+func TestClassicDeadLetterQueueOfAnEarlierVersionRefusesToStart(t *testing.T) {
+	amqpURL := testenv.VHost(t)
+	_, dbURL := testenv.MigratedDB(t, migrations.Inbox)
+	t.Setenv("AMQP_URL", amqpURL)
+	t.Setenv("DATABASE_URL", dbURL)
+	t.Setenv("HTTP_ADDR", "127.0.0.1:0")
+	opts := shippingOptions(&shippingSettings{})
+	opts.NewHandler = func(*Kit) (consumer.Handler, error) {
+		return consumer.HandlerFunc(func(context.Context, consumer.Message) (consumer.Writes, error) { return nil, nil }), nil
+	}
+	cfg, err := LoadConfig(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(cfg.DeadLetterQueue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+		return err
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = Run(ctx, opts, nil, io.Discard)
+	if ctx.Err() != nil {
+		t.Fatal("the service ran on until the test's deadline instead of refusing to start")
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	for _, want := range []string{"DEAD_LETTER_QUEUE:", "'classic'", "earlier version", "dlq replay", "dlq purge", "delete_queue " + cfg.DeadLetterQueue} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error %q does not name %q", msg, want)
+		}
+	}
+}
