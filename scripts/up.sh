@@ -27,6 +27,12 @@ timeout 20 docker info >/dev/null 2>&1 ||
   missing "the Docker engine does not answer (docker info): start it (systemctl start docker; in a container, dockerd &), or run as a user who may use it"
 docker compose version >/dev/null 2>&1 ||
   missing "the Compose v2 plugin is missing (docker compose version): install docker-compose-plugin, or build it from the Go module proxy with: bash .ci/compose-check/run.sh --build-plugin"
+# The file's depends_on entries with "required: false" (the profile cluster's
+# nodes) need Compose 2.20 or later; an older one refuses the file.
+compose_version=$(docker compose version 2>/dev/null | grep -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1)
+IFS=. read -r compose_major compose_minor _ <<<"${compose_version:-0.0}"
+((compose_major > 2 || (compose_major == 2 && compose_minor >= 20))) ||
+  missing "Compose ${compose_version:-of an unknown version} is too old: this file needs 2.20 or later (depends_on ... required: false); install a newer docker-compose-plugin, or build v2.40.3 with: bash .ci/compose-check/run.sh --build-plugin"
 
 # Every image the Dockerfile builds FROM and the stack runs: present (left
 # alone), pulled, or built as a stand-in where no registry answers (root and
