@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,11 @@ func ParseNodes(s string) (*Nodes, error) {
 			return nil, fmt.Errorf("node %d (%s) is not an amqp or amqps URL", i+1, u.Redacted())
 		case u.Host == "":
 			return nil, fmt.Errorf("node %d (%s) has no host", i+1, u.Redacted())
+		case first != nil && u.Scheme != first.Scheme:
+			return nil, fmt.Errorf("node %d (%s) is %s, node 1 (%s) is %s: TLS to some nodes only would send the password in clear to the others",
+				i+1, u.Redacted(), u.Scheme, first.Redacted(), first.Scheme)
+		case slices.Contains(n.addrs, address(u)):
+			return nil, fmt.Errorf("node %d (%s) is listed twice", i+1, address(u))
 		case first != nil && (u.Path != first.Path || u.User.Username() != first.User.Username()):
 			return nil, fmt.Errorf("node %d (%s) names another user or vhost than node 1 (%s): the nodes of one broker share them",
 				i+1, u.Redacted(), first.Redacted())

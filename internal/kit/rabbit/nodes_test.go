@@ -20,6 +20,9 @@ func TestParseNodes(t *testing.T) {
 		{"http://a:5672/", ""},
 		{"localhost:5672", ""},
 		{"amqp:///vh", ""},
+		{"amqp://u:p@a:5681/vh,amqps://u:p@b:5682/vh", ""}, // TLS to some nodes only
+		{"amqp://u:p@a/vh,amqp://u:p@a:5672/vh", ""},       // one node twice
+		{"amqp://u:p@a:5681/vh,,amqp://u:p@b:5682/vh", ""},
 	} {
 		n, err := ParseNodes(tt.in)
 		switch {
