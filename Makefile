@@ -21,12 +21,13 @@ build:
 # so that they disturb no other. The fault kit's scenarios (TestPaymentUnderFaults,
 # TestShippingUnderFaults and their buffered twins: a dozen minutes of crashes and
 # restarts) and the generator's tests (TestNewProjectScript*, which commit
-# nothing themselves) run in the first pass only.
+# nothing themselves) run in the first pass only, and so do the cluster tests
+# (Cluster, LeaderLoss: a failover does not depend on the batch size).
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
 test: check
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
-	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject' $(COMMIT_PACKAGES)
+	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject|Cluster|LeaderLoss' $(COMMIT_PACKAGES)
 	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
