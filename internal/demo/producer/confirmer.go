@@ -274,7 +274,11 @@ func (c *confirmer) dropSession(ctx context.Context) error {
 	if c.sess == nil {
 		return nil
 	}
-	if c.sess.conn.IsClosed() { // lost, not closed by us: a node gone, a cut
+	// Unless the broker refused a message (a nack, the connection fine), the
+	// session failed under us: a node gone, a cut. Not IsClosed alone: after
+	// a failed write the client closes the connection on another goroutine,
+	// so it may not say closed yet (seen in CI).
+	if c.nackPause == 0 || c.sess.conn.IsClosed() {
 		c.nodes.Lost(c.sess.node)
 	}
 	c.sess.close()

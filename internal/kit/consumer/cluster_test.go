@@ -1,3 +1,5 @@
+//go:build cluster
+
 package consumer
 
 import (
@@ -49,6 +51,9 @@ func TestConsumerFailsOverToAnotherClusterNode(t *testing.T) {
 	if killed == 0 {
 		t.Fatalf("the consumer's node %s is none of the cluster's: %s", node, c.URL())
 	}
+	if leader := c.Leader(e.topo.Queue); leader != killed {
+		t.Fatalf("node %d leads the work queue, not the consumer's node %d: the kill would test no leader change", leader, killed)
+	}
 	c.Kill(killed)
 	close(held) // their commits and acks come after the node died
 	testenv.Eventually(t, time.Minute, "consuming through another node", func() (bool, error) {
@@ -97,13 +102,16 @@ func TestBufferedKeepsOrderAcrossALeaderLoss(t *testing.T) {
 		withBuffered(e.db, e.dbURL, nil)(cfg)
 		cfg.Prefetch, cfg.Workers, cfg.GroupCommitMax, cfg.GroupCommitWait = 50, 4, 4, 0
 	}
-	a := e.start(orderedHandler(nil), tune)
-	b := e.start(orderedHandler(nil), tune)
-	waitFor(t, "a replica storing", func() bool { return a.count(OutcomeStored)+b.count(OutcomeStored) >= 50 })
+	// The leader first: finding it takes the CLI seconds, in which the
+	// replicas could store the whole backlog. It does not move without a
+	// fault.
 	leader := c.Leader(e.topo.Queue)
 	if leader == 0 {
 		t.Fatal("the work queue has no leader")
 	}
+	a := e.start(orderedHandler(nil), tune)
+	b := e.start(orderedHandler(nil), tune)
+	waitFor(t, "a replica storing", func() bool { return a.count(OutcomeStored)+b.count(OutcomeStored) >= 50 })
 	c.Kill(leader)
 	if stored := a.count(OutcomeStored) + b.count(OutcomeStored); stored >= len(keys)*perKey {
 		t.Fatalf("the replicas had stored all %d events before the kill: make the backlog bigger", stored)
