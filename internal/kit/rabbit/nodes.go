@@ -41,7 +41,9 @@ func ParseNodes(s string) (*Nodes, error) {
 		case err != nil: // not err itself: it would print the password
 			return nil, fmt.Errorf("node %d is not a URL", i+1)
 		case u.Scheme != "amqp" && u.Scheme != "amqps":
-			return nil, fmt.Errorf("node %d (%s) is not an amqp or amqps URL", i+1, u.Redacted())
+			// Not Redacted: "user:pass@host" parses with the scheme "user"
+			// and the password in its opaque part.
+			return nil, fmt.Errorf("node %d (%s) is not an amqp or amqps URL", i+1, afterAt(raw))
 		case u.Host == "":
 			return nil, fmt.Errorf("node %d (%s) has no host", i+1, u.Redacted())
 		case first != nil && u.Scheme != first.Scheme:
@@ -60,6 +62,15 @@ func ParseNodes(s string) (*Nodes, error) {
 		n.addrs = append(n.addrs, address(u))
 	}
 	return n, nil
+}
+
+// afterAt is raw without what comes before its last "@" (a user and a
+// password, if any), for an error about a value that is no URL we know.
+func afterAt(raw string) string {
+	if i := strings.LastIndex(raw, "@"); i >= 0 {
+		return "…@" + raw[i+1:]
+	}
+	return raw
 }
 
 // address is host:port, with AMQP's default port when the URL has none.

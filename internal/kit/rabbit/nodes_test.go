@@ -23,6 +23,8 @@ func TestParseNodes(t *testing.T) {
 		{"amqp://u:p@a:5681/vh,amqps://u:p@b:5682/vh", ""}, // TLS to some nodes only
 		{"amqp://u:p@a/vh,amqp://u:p@a:5672/vh", ""},       // one node twice
 		{"amqp://u:p@a:5681/vh,,amqp://u:p@b:5682/vh", ""},
+		{"amqp://u:p@a:5681/vh,u:p@b:5682/vh", ""}, // no scheme: url.Parse reads "u" as one
+		{"u:p@b:5682/vh", ""},
 	} {
 		n, err := ParseNodes(tt.in)
 		switch {
