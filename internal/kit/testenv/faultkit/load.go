@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // Publish sends msgs to exchange with key at perSecond messages a second,
@@ -15,12 +17,17 @@ import (
 // message once more (the same message id: a duplicate the inbox
 // suppresses). It gives up after timeout.
 func Publish(amqpURL, exchange, key string, msgs []amqp.Publishing, perSecond int, timeout time.Duration) error {
+	nodes, err := rabbit.ParseNodes(amqpURL) // a cluster's every node: a lost one is passed over
+	if err != nil {
+		return fmt.Errorf("load: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	tick := time.NewTicker(time.Second / time.Duration(max(perSecond, 1)))
 	defer tick.Stop()
 	var ch *amqp.Channel
 	var conn *amqp.Connection
+	var node string
 	defer func() {
 		if conn != nil {
 			conn.Close()
@@ -28,7 +35,8 @@ func Publish(amqpURL, exchange, key string, msgs []amqp.Publishing, perSecond in
 	}()
 	for i := 0; i < len(msgs); {
 		if ch == nil {
-			c, err := amqp.Dial(amqpURL)
+			c, at, err := nodes.Dial(10*time.Second, "faultkit load")
+			node = at
 			if err == nil {
 				ch, err = c.Channel()
 				if err == nil {
@@ -66,7 +74,11 @@ func Publish(amqpURL, exchange, key string, msgs []amqp.Publishing, perSecond in
 		}
 		if err != nil || !ok {
 			// The connection dropped, or the broker refused: connect again
-			// and send this message once more.
+			// and send this message once more, first to another node if
+			// this one's connection died.
+			if err != nil {
+				nodes.Lost(node)
+			}
 			conn.Close()
 			ch, conn = nil, nil
 			continue
