@@ -12,6 +12,7 @@ package composecheck
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net"
 	"net/url"
@@ -56,7 +57,22 @@ var wantBuildTargets = map[string]string{
 // containers. Each check gets the service's program and returns what is wrong
 // with the value, or "".
 var connectionSettings = map[string]func(program, value string) string{
-	"AMQP_URL": func(_, v string) string { return wantHost(v, "amqp", "rabbitmq:5672") },
+	// Every node of the profile "cluster", in the order of the nodes (a
+	// service without the profile finds rabbitmq first and passes over the
+	// two it cannot resolve).
+	"AMQP_URL": func(_, v string) string {
+		nodes := strings.Split(v, ",")
+		want := []string{"rabbitmq:5672", "rabbitmq-2:5672", "rabbitmq-3:5672"}
+		if len(nodes) != len(want) {
+			return "want the three nodes " + strings.Join(want, ", ")
+		}
+		for i, n := range nodes {
+			if msg := wantHost(n, "amqp", want[i]); msg != "" {
+				return fmt.Sprintf("node %d: %s", i+1, msg)
+			}
+		}
+		return ""
+	},
 	"DATABASE_URL": func(prog, v string) string {
 		db := map[string]string{"payment-service": "/payments", "fake-gateway": "/gateway", "inboxctl": "/payments",
 			"shipping-service": "/shipping", "fake-carrier": "/carrier"}[prog]
