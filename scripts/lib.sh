@@ -185,6 +185,7 @@ go_scenario() {
       # not up, left up (scripts/cluster.sh down removes it); the machine's
       # broker is not touched.
       tags=cluster test=TestPaymentOnCluster
+      LOCAL_CLUSTER=1
       ;;
     chaos)
       [[ $service == payment ]] || skip "chaos runs against the payment service only"
@@ -247,6 +248,17 @@ local_cleanup() {
       timeout 30 psql -h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}" -d postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
     done
     say "interrupted: the run's processes ended, its vhosts and databases removed"
+  fi
+  if ((${LOCAL_CLUSTER:-0})); then
+    local vh
+    # The test's own cleanup did not run: start the node it may have left
+    # killed, and remove its vhost from the cluster.
+    timeout 180 bash "$KIT_ROOT/scripts/cluster.sh" up >/dev/null 2>&1 || warn "scripts/cluster.sh up failed: see scripts/cluster.sh status"
+    if [[ $TEST_RUN_ID == "faults$$" ]]; then
+      for vh in $(timeout 60 bash "$KIT_ROOT/scripts/cluster.sh" ctl list_vhosts name 2>/dev/null | grep "^t_${TEST_RUN_ID}_"); do
+        timeout 60 bash "$KIT_ROOT/scripts/cluster.sh" ctl delete_vhost "$vh" >/dev/null 2>&1
+      done
+    fi
   fi
   ((${LOCAL_BROKER_DISTURBED:-0})) || return 0
   if ! rmq -q await_startup --timeout 5 >/dev/null 2>&1; then
