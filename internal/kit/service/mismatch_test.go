@@ -44,16 +44,7 @@ func TestChangedQueueArgumentRefusesToStart(t *testing.T) {
 				testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error { return Topology(cfg).Declare(ch) })
 
 				t.Setenv(c.variable, c.value)
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				defer cancel()
-				err = Run(ctx, opts, nil, io.Discard)
-				if ctx.Err() != nil {
-					t.Fatal("the service ran on until the test's deadline instead of refusing to start")
-				}
-				msg := ""
-				if err != nil {
-					msg = err.Error()
-				}
+				msg := refusedStart(t, opts)
 				for _, want := range []string{c.variable + ":", c.have, c.want, "delete_queue"} {
 					if !strings.Contains(msg, want) {
 						t.Errorf("error %q does not name %q", msg, want)
@@ -86,19 +77,26 @@ func TestClassicDeadLetterQueueOfAnEarlierVersionRefusesToStart(t *testing.T) {
 		_, err := ch.QueueDeclare(cfg.DeadLetterQueue, true, false, false, false, amqp.Table{"x-queue-type": "classic"})
 		return err
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	err = Run(ctx, opts, nil, io.Discard)
-	if ctx.Err() != nil {
-		t.Fatal("the service ran on until the test's deadline instead of refusing to start")
-	}
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
+	msg := refusedStart(t, opts)
 	for _, want := range []string{"DEAD_LETTER_QUEUE:", "'classic'", "earlier version", "dlq replay", "dlq purge", "delete_queue " + cfg.DeadLetterQueue} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("error %q does not name %q", msg, want)
 		}
 	}
+}
+
+// refusedStart runs the service, which must refuse to start within 20 s,
+// and returns its error's text.
+func refusedStart(t *testing.T, opts Options) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err := Run(ctx, opts, nil, io.Discard)
+	if ctx.Err() != nil {
+		t.Fatal("the service ran on until the test's deadline instead of refusing to start")
+	}
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
