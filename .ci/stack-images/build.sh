@@ -10,6 +10,7 @@
 #   postgres:<v>                               Debian's PostgreSQL 15, with the official entrypoint's contract
 #   rabbitmq:<v>-management                    Debian's RabbitMQ 3.10, management and prometheus plugins
 #   prom/prometheus:<v>                        Debian's Prometheus, with wget
+#   otel/opentelemetry-collector-contrib:<v>   the collector of release <v>, built here from the Go module proxy (otel-collector/)
 #
 # The stand-ins are not the pinned versions: they run the same contract (the
 # variables, paths and commands the stack uses) on Debian's packages. An image
@@ -82,6 +83,7 @@ standin_dir() {
     postgres:*) echo postgres ;;
     rabbitmq:*-management) echo rabbitmq ;;
     prom/prometheus:*) echo prometheus ;;
+    otel/opentelemetry-collector-contrib:*) echo otel-collector ;;
     *) return 1 ;;
   esac
 }
@@ -130,6 +132,20 @@ docker_build() {
   rm -f "$out"
 }
 
+# build_collector IMAGE: the collector's binary is built on the host (its
+# module pins the release of the image's tag), then copied onto the base.
+build_collector() {
+  local image=$1 version ctx
+  version=${image##*:}
+  grep -q "go.opentelemetry.io/collector/otelcol v$version\b" "$here/otel-collector/go.mod" ||
+    die "$image: otel-collector/go.mod pins another collector release than $version"
+  ctx=$(mktemp -d)
+  cp "$here/otel-collector/Dockerfile" "$ctx/"
+  (cd "$here/otel-collector" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o "$ctx/otelcol-contrib" .)
+  docker_build -t "$image" "$ctx"
+  rm -rf "$ctx"
+}
+
 # build_golang IMAGE: Go is the host's toolchain when it is that version, else
 # that version's toolchain module from the Go module proxy.
 build_golang() {
@@ -172,6 +188,8 @@ for image in $images; do
   build_base
   if [[ $dir == golang ]]; then
     build_golang "$image"
+  elif [[ $dir == otel-collector ]]; then
+    build_collector "$image"
   else
     docker_build -t "$image" "$here/$dir"
   fi

@@ -14,10 +14,12 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/producer"
 	"github.com/inbox-template/payment-service/internal/kit/logging"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 func main() {
@@ -54,6 +56,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log.Info("starting", "config", config.LogValue(&cfg), "run_id", opts.load.RunID, "seed", opts.load.Seed,
 		"count", opts.load.Count, "poison", opts.load.Poison)
 
+	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: "order-publisher", Stdout: stderr}) // stdout has the report
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	defer func() {
+		if err := tracing.Shutdown(shutdown, 5*time.Second); err != nil {
+			log.Warn("tracing", "err", err)
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
 	defer cancel()
 	sum, runErr := producer.Run(ctx, producer.Config{
@@ -63,8 +74,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			RoutingKey: cfg.RoutingKey,
 			Name:       "order-publisher " + opts.load.RunID,
 		},
-		Load: opts.load,
-		Rate: opts.rate,
+		Load:   opts.load,
+		Rate:   opts.rate,
+		Tracer: tracer,
 	}, log)
 	err = errors.Join(runErr, report(sum, stdout, opts.summaryPath))
 	if kerr := keep(sum, cfg.SummaryDir); kerr != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // OrderPaid is the event this service consumes.
@@ -103,7 +104,8 @@ func Service() service.Options {
 		LogAttrs: service.JSONAttrs("order_id"),
 	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
 		carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
-		return &Handler{book: faults.After(k.Crasher, "after-carrier-book", carrier.Book)}, nil
+		book := tracing.Call(k.Tracer, "carrier book", carrier.Book) // a span under the message's
+		return &Handler{book: faults.After(k.Crasher, "after-carrier-book", book)}, nil
 	})
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 )
@@ -54,7 +55,8 @@ func Service() service.Options {
 	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
 		// One keep-alive connection per worker: each may be in a gateway call.
 		client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, client.Charge)), k.Reader, k.Outbox), nil
+		charge := tracing.Call(k.Tracer, "gateway charge", client.Charge) // a span under the message's
+		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, charge)), k.Reader, k.Outbox), nil
 	})
 }
 

@@ -78,9 +78,10 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # .env from the project directory (a variable set in your shell wins) and
 # substitutes it into docker-compose.yml, whose ${NAME:-default} entries pass each
 # variable to the services that read it. The connection variables (AMQP_URL,
-# DATABASE_URL, GATEWAY_DATABASE_URL, GATEWAY_URL, CARRIER_URL, HTTP_ADDR) are set per service
-# in docker-compose.yml, because inside Compose they name the other containers,
-# and FAULTS_ENABLED is true there for the fault demo.
+# DATABASE_URL, GATEWAY_DATABASE_URL, GATEWAY_URL, CARRIER_URL, HTTP_ADDR,
+# OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME) are set per service in
+# docker-compose.yml, because inside Compose they name the other containers or
+# the service itself, and FAULTS_ENABLED is true there for the fault demo.
 `
 
 // composeHostPorts are docker-compose.yml's own settings, read by no program:

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Stores of the fake gateway (STORE).
@@ -46,10 +47,11 @@ func (c *FakeGateway) Validate() error {
 
 // Publisher is the configuration of cmd/order-publisher; flags choose the load.
 type Publisher struct {
-	AMQPURL    string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL, or a cluster's nodes separated by commas (same user and vhost; each reconnect tries them in turn); everything lives in its vhost"`
-	Exchange   string `envconfig:"EXCHANGE" default:"orders" desc:"topic exchange the consumed events are published to (no kit default)"`
-	RoutingKey string `envconfig:"ROUTING_KEY" default:"order.placed" desc:"binding key of the work queue (no kit default)"`
-	SummaryDir string `envconfig:"SUMMARY_DIR" desc:"directory of the publisher's run summaries, <run id>.json: order-publisher writes each run's there (beside -summary), inboxctl verify --run-id reads the run's there; empty: none"`
+	AMQPURL        string `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL, or a cluster's nodes separated by commas (same user and vhost; each reconnect tries them in turn); everything lives in its vhost"`
+	Exchange       string `envconfig:"EXCHANGE" default:"orders" desc:"topic exchange the consumed events are published to (no kit default)"`
+	RoutingKey     string `envconfig:"ROUTING_KEY" default:"order.placed" desc:"binding key of the work queue (no kit default)"`
+	SummaryDir     string `envconfig:"SUMMARY_DIR" desc:"directory of the publisher's run summaries, <run id>.json: order-publisher writes each run's there (beside -summary), inboxctl verify --run-id reads the run's there; empty: none"`
+	tracing.Config        // OTEL_*: each publish a span, the root of its order's trace
 }
 
 // Validate reports every out-of-range value, naming its variable.
@@ -58,5 +60,6 @@ func (c *Publisher) Validate() error {
 	v.AMQPURL("AMQP_URL", c.AMQPURL)
 	v.Require(c.Exchange != "", "EXCHANGE", "must not be empty")
 	v.Require(c.RoutingKey != "", "ROUTING_KEY", "must not be empty")
+	tracing.Check(c.Config, v.Require)
 	return v.Err()
 }

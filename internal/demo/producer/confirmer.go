@@ -2,6 +2,7 @@ package producer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // DefaultWindow is how many publishes may wait for their confirm at once.
@@ -41,6 +43,7 @@ type confirmer struct {
 	nackPause  time.Duration // set by a nack: the next reconnect waits that long first
 	reconnects int
 	resent     int // publishes repeated because a lost connection left them unconfirmed
+	tracer     *tracing.Tracer
 }
 
 // inFlight is a message waiting for its confirm.
@@ -48,7 +51,8 @@ type inFlight struct {
 	msg   Message
 	dc    *amqp.DeferredConfirmation // nil while it must be (re)sent
 	sent  bool
-	nacks int // times the broker refused it
+	nacks int          // times the broker refused it
+	span  tracing.Span // its publish, from the first send to its confirm
 }
 
 // maxNacks is how often a message the broker refuses (basic.nack) is sent
@@ -114,6 +118,8 @@ func (c *confirmer) publish(ctx context.Context, msg Message) error {
 		}
 	}
 	f := &inFlight{msg: msg}
+	// One span per message, its resends included: they carry one traceparent.
+	_, f.span = c.tracer.Publish(ctx, c.broker.Exchange, c.broker.RoutingKey, &f.msg.Publishing)
 	c.pending = append(c.pending, f)
 	if c.sess == nil {
 		return c.reconnect(ctx) // publishes f with the other unconfirmed messages
@@ -188,6 +194,7 @@ func (c *confirmer) settleArrived() {
 }
 
 func (c *confirmer) pop() {
+	c.pending[0].span.End()
 	c.pending[0] = nil // let the message be collected
 	c.pending = c.pending[1:]
 }
@@ -217,6 +224,7 @@ func (c *confirmer) settled(f *inFlight) bool {
 		return false
 	default:
 		c.nacked++
+		f.span.Fail(errors.New("refused by the broker (basic.nack)"))
 		c.log.Error("broker refused a message (nack)", "message_id", f.msg.Publishing.MessageId, "order_id", f.msg.OrderID, "refusals", f.nacks+1)
 		return true
 	}
@@ -225,6 +233,10 @@ func (c *confirmer) settled(f *inFlight) bool {
 // close settles nothing more; it ends the session so that the return drain
 // goroutine has counted every return before the caller reads the tally.
 func (c *confirmer) close() {
+	for _, f := range c.pending {
+		f.span.Fail(errors.New("no confirm: the run ended first"))
+		f.span.End()
+	}
 	if c.sess != nil {
 		c.sess.close()
 		c.sess = nil

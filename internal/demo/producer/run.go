@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // ErrReturned means the broker returned messages as unroutable: no queue was
@@ -20,6 +21,9 @@ type Config struct {
 	Load   Load
 	Rate   float64 // messages per second; 0 means as fast as confirms allow
 	Window int     // outstanding confirms; 0 means DefaultWindow
+	// Tracer, if set, makes each message's publish a producer span whose
+	// context its headers carry (traceparent): the root of its trace.
+	Tracer *tracing.Tracer
 }
 
 // Run publishes the load and reports what happened. It returns an error unless
@@ -35,6 +39,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (Summary, error) {
 	if err != nil {
 		return sum, fail(&sum, err)
 	}
+	c.tracer = cfg.Tracer
 	err = publishAll(ctx, cfg, c, &sum)
 	c.settleArrived()
 	c.close()

@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // finisher commits the handlers' writes of the buffered mode together with
@@ -31,7 +32,8 @@ func newFinisher(store *buffered.Store, max int, wait, timeout time.Duration, m 
 type finishJob struct {
 	lease  buffered.Lease
 	writes Writes
-	hooks  commitHooks // OnCommit of the writes' last run
+	hooks  commitHooks  // OnCommit of the writes' last run
+	span   tracing.Span // the processing's: the writes run under it
 	res    buffered.Completed
 	done   chan struct{}
 }
@@ -40,7 +42,7 @@ type finishJob struct {
 // transaction that holds them. If ctx ends first the message is given up: its
 // writes may still commit, or its lease expires and it runs again.
 func (f *finisher) complete(ctx context.Context, l buffered.Lease, w Writes) (buffered.Completed, error) {
-	j := &finishJob{lease: l, writes: w, done: make(chan struct{})}
+	j := &finishJob{lease: l, writes: w, span: tracing.FromContext(ctx), done: make(chan struct{})}
 	if err := f.submit(ctx, j, j.done); err != nil {
 		return buffered.Completed{}, err
 	}
@@ -78,7 +80,8 @@ func applyWrites(ctx context.Context, j *finishJob) func(tx *gorm.DB) (string, e
 		if j.writes == nil {
 			return string(OutcomeProcessed), nil
 		}
-		out, err := j.writes(j.hooks.run(ctx), tx)
+		// An outbox row the writes add carries the processing's trace on.
+		out, err := j.writes(tracing.ContextWith(j.hooks.run(ctx), j.span), tx)
 		return string(out), err
 	}
 }

@@ -274,17 +274,24 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	r := p.rt
 	done := r.track()
 	defer done()
+	ctx, span := r.cfg.Tracer.ProcessStored(ctx, c.Headers, c.MessageID, r.cfg.Topology.Queue, r.cfg.Name, len(c.Body))
+	defer span.End()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt}
 	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
+	park := func(reason Reason, cause error) {
+		span.Outcome(string(OutcomeParked), c.Attempts)
+		span.FailAs(cause, string(reason))
+		p.park(c, reason, cause, log)
+	}
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
 		// or outlived its lease every time (a crash loop).
-		p.park(c, ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts), log)
+		park(ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
 		return
 	}
 	if age, expired := p.keyExpired(c); expired {
-		p.park(c, ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL), log)
+		park(ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
 		return
 	}
 	if r.cfg.Decoder != nil {
@@ -292,7 +299,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		// Decoder changed since (a new release), and then it always will.
 		ev, err := r.decode(msg.Body, msg.ID)
 		if err != nil {
-			p.park(c, permanentReason(err), err, log)
+			park(permanentReason(err), err)
 			return
 		}
 		msg.Event = ev.event
@@ -301,6 +308,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	out, err := p.apply(ctx, msg, c)
 	switch {
 	case err == nil:
+		span.Outcome(string(out), c.Attempts)
 		r.stage(StageProcessCommit)
 		if !msg.PublishedAt.IsZero() {
 			r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
@@ -309,16 +317,21 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		p.signalNext()
 		return
 	case errors.Is(err, errLeaseLost):
+		span.Outcome("lease_lost", c.Attempts)
 		log.get().Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
 		return
 	}
 	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts))
+	if v.act != actDeadLetter {
+		span.Outcome(v.outcome(), c.Attempts)
+		span.FailAs(err, v.errorType())
+	}
 	switch v.act {
 	case actAbandon:
 		log.get().Warn("abandoned at shutdown; released for another replica", "err", err)
 		p.release(c, err, log)
 	case actDeadLetter:
-		p.park(c, v.reason, err, log)
+		park(v.reason, err)
 	case actPutBack:
 		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
 			"attempt", c.Attempts, "err", err)

@@ -41,6 +41,35 @@ type verdict struct {
 	cause  Cause  // actPause: the pause cause
 }
 
+// outcome is the delivery's outcome under the verdict, for its trace.
+func (v verdict) outcome() string {
+	switch v.act {
+	case actAbandon:
+		return "abandoned"
+	case actDeadLetter:
+		return string(OutcomeDeadLettered)
+	case actRetry:
+		return string(OutcomeRetried)
+	}
+	return string(OutcomeRequeued)
+}
+
+// errorType is the class of the failure, for its trace: the dead-letter
+// reason, the pause cause, or what the action says.
+func (v verdict) errorType() string {
+	switch {
+	case v.reason != "":
+		return string(v.reason)
+	case v.cause != "":
+		return string(v.cause)
+	case v.act == actPutBack:
+		return "lock_wait"
+	case v.act == actAbandon:
+		return "shutdown"
+	}
+	return "retryable"
+}
+
 // failure is what decide needs to know about a failed run. The two facts
 // that cost something to learn are asked only when the rules reach them:
 // cause (the infrastructure at fault, "" for none: it may ask the database)

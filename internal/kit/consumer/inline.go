@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // inlineMode is the inline inbox: workers take deliveries, look each up in
@@ -22,11 +23,13 @@ type inlineMode struct {
 }
 
 func newInlineMode(r *Runtime, ib *inbox.Inbox) *inlineMode {
-	return &inlineMode{
+	m := &inlineMode{
 		r:       r,
 		commits: newCommitter(ib, r.cfg.GroupCommitMax, r.cfg.GroupCommitWait, applyMargin, r.stage, r.metrics, r.cfg.Name),
 		lookups: newLookups(ib),
 	}
+	m.commits.tracer = r.cfg.Tracer
+	return m
 }
 func (m *inlineMode) start(_, commitCtx context.Context, committers, _ *sync.WaitGroup) {
 	m.commits.run(commitCtx, m.r.cfg.Committers, committers)
@@ -55,6 +58,8 @@ func (m *inlineMode) rest(ctx context.Context, _ context.CancelFunc, s *session,
 // meanwhile, left for the broker to redeliver.
 func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	r := m.r
+	ctx, span := r.cfg.Tracer.Process(ctx, d, r.cfg.Topology.Queue, r.cfg.Name)
+	defer span.End()
 	msg := message(d)
 	if !r.fromRetryQueue(d) {
 		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
@@ -65,20 +70,26 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	}
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {
+		span.Outcome(string(OutcomeDeadLettered), msg.Attempt)
+		span.FailAs(admitErr, string(reason))
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
-	out, ack, err := m.apply(ctx, s, d.DeliveryTag, &msg)
+	out, ack, err := m.apply(ctx, s, d.DeliveryTag, &msg, span)
 	switch {
 	case err == nil && ack.sent:
+		span.Outcome(string(out), msg.Attempt)
 		r.acked(msg, out, log, ack.err) // by its committer, with its batch
 		return
 	case err == nil:
+		span.Outcome(string(out), msg.Attempt)
 		r.stage(StageCommit)
-		r.ack(s, d, msg, out, log)
+		r.ack(ctx, s, d, msg, out, log)
 		return
 	}
 	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts))
+	span.Outcome(v.outcome(), msg.Attempt)
+	span.FailAs(err, v.errorType())
 	switch v.act {
 	case actAbandon:
 		// Shutdown timeout: the transaction rolled back; leave the delivery
@@ -105,7 +116,7 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 // then hands its writes to the committers and waits for their commit. The
 // committer acks what it committed, with the rest of its batch (ack.sent);
 // a duplicate found by the look-up is left to the caller to ack.
-func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Message) (Outcome, sentAck, error) {
+func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Message, span tracing.Span) (Outcome, sentAck, error) {
 	r := m.r
 	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
 	defer cancel()
@@ -130,7 +141,7 @@ func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Mes
 		return "", sentAck{}, failedAt(stepHandler, err)
 	}
 	r.failures.succeeded() // the outside calls work
-	out, fresh, ack, err := m.commits.commit(ctx, *msg, writes, s.acks, tag)
+	out, fresh, ack, err := m.commits.commit(ctx, *msg, writes, s.acks, tag, span)
 	switch {
 	case err != nil:
 		return "", sentAck{}, failedAt(stepCommit, err)

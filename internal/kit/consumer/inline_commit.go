@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // committer runs the final transactions of messages: their inbox claim and
@@ -27,6 +28,7 @@ type committer struct {
 	stage   func(Stage)
 	metrics *Metrics
 	name    string
+	tracer  *tracing.Tracer
 }
 
 func newCommitter(ib *inbox.Inbox, max int, wait, timeout time.Duration, stage func(Stage), m *Metrics, name string) *committer {
@@ -46,6 +48,8 @@ type commitJob struct {
 	fresh  bool
 	ack    sentAck
 	err    error
+	span   tracing.Span // the delivery's process span
+	commit tracing.Span // the span of its commit
 	owner  atomic.Int32 // ownerNone, then whoever settles the delivery
 	done   chan struct{}
 }
@@ -61,8 +65,8 @@ type sentAck struct {
 // acker), sent with those of the rest of the batch. If ctx ends first the
 // message is given up unacked: its writes may still commit, and its
 // redelivery is then a duplicate.
-func (c *committer) commit(ctx context.Context, msg Message, w Writes, acks *acker, tag uint64) (out Outcome, fresh bool, ack sentAck, err error) {
-	j := &commitJob{msg: msg, writes: w, acks: acks, tag: tag, done: make(chan struct{})}
+func (c *committer) commit(ctx context.Context, msg Message, w Writes, acks *acker, tag uint64, span tracing.Span) (out Outcome, fresh bool, ack sentAck, err error) {
+	j := &commitJob{msg: msg, writes: w, acks: acks, tag: tag, span: span, done: make(chan struct{})}
 	if err := c.submit(ctx, j, j.done); err != nil {
 		if j.owner.CompareAndSwap(ownerNone, ownerWorker) {
 			return "", false, sentAck{}, err // the committer will not ack it
@@ -91,6 +95,9 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 		items[i] = inbox.Item{MessageID: j.msg.ID, Body: j.msg.Body, Apply: c.apply(ctx, j)}
 	}
 	c.metrics.batchSize.WithLabelValues(c.name).Observe(float64(len(batch)))
+	for _, j := range batch {
+		j.commit = c.tracer.Commit(j.span, len(batch))
+	}
 	start := time.Now()
 	results, err := c.inbox.Commit(ctx, items)
 	c.metrics.commitSeconds.WithLabelValues(c.name).Observe(time.Since(start).Seconds())
@@ -106,6 +113,8 @@ func (c *committer) commitBatch(ctx context.Context, batch []*commitJob) {
 				j.hooks.committed()
 			}
 		}
+		j.commit.Fail(j.err)
+		j.commit.End()
 	}
 	c.ackCommitted(batch)
 	for _, j := range batch {
@@ -135,13 +144,33 @@ func (c *committer) ackCommitted(batch []*commitJob) {
 				tags = append(tags, j.tag)
 			}
 		}
+		spans := c.settleSpans(batch, a)
 		err := a.ack(tags...)
 		for _, j := range batch {
 			if j.acks == a && j.owner.Load() == ownerCommitter {
 				j.ack = sentAck{sent: true, err: err}
 			}
 		}
+		for _, s := range spans {
+			s.Fail(err)
+			s.End()
+		}
 	}
+}
+
+// settleSpans starts the settle spans of the batch's jobs that a's one ack
+// settles; none with tracing off.
+func (c *committer) settleSpans(batch []*commitJob, a *acker) []tracing.Span {
+	if c.tracer == nil {
+		return nil
+	}
+	var spans []tracing.Span
+	for _, j := range batch {
+		if j.acks == a && j.owner.Load() == ownerCommitter {
+			spans = append(spans, c.tracer.SettleOf(j.span, "ack", j.tag))
+		}
+	}
+	return spans
 }
 
 // apply runs a job's writes after its claim, keeping the outcome they report.
@@ -152,7 +181,9 @@ func (c *committer) apply(ctx context.Context, j *commitJob) func(tx *gorm.DB) e
 		if j.writes == nil {
 			return nil
 		}
-		out, err := j.writes(j.hooks.run(ctx), tx)
+		// The writes see the commit's span: an outbox row they add carries
+		// its trace on.
+		out, err := j.writes(tracing.ContextWith(j.hooks.run(ctx), j.commit), tx)
 		j.out = out
 		return err
 	}

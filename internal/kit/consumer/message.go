@@ -160,8 +160,17 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 	return false
 }
 
-func (r *Runtime) ack(s *session, d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
-	r.acked(msg, out, log, s.acks.ack(d.DeliveryTag))
+func (r *Runtime) ack(ctx context.Context, s *session, d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
+	r.acked(msg, out, log, r.settle(ctx, s, d.DeliveryTag))
+}
+
+// settle acks a delivery, a settle span of the delivery's trace.
+func (r *Runtime) settle(ctx context.Context, s *session, tag uint64) error {
+	_, span := r.cfg.Tracer.Settle(ctx, "ack", tag)
+	err := s.acks.ack(tag)
+	span.Fail(err)
+	span.End()
+	return err
 }
 
 // acked ends a message whose effects are committed, once its ack was sent

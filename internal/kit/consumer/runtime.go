@@ -12,6 +12,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Config tunes a Runtime. Zero values are replaced by the defaults of setDefaults.
@@ -92,6 +93,11 @@ type Config struct {
 	// deliveries are stored and acked at once, and Workers process them from
 	// the table in order per key (see BufferedConfig).
 	Buffered *BufferedConfig
+	// Tracer, if set, traces each delivery (nil: tracing off): a process span
+	// with its outcome, the commit, the settlement and the retry or
+	// dead-letter copy's publish as its children, and the handler's own
+	// spans under it.
+	Tracer *tracing.Tracer
 }
 
 func (c *Config) setDefaults() {

@@ -188,8 +188,11 @@ func (r *Runtime) openChannels(s *session) error {
 	if err := s.consume.Qos(r.cfg.Prefetch, 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
-	s.publish, err = rabbit.NewPublisher(s.pubConn)
-	return err
+	if s.publish, err = rabbit.NewPublisher(s.pubConn); err != nil {
+		return err
+	}
+	s.publish.Traced(r.cfg.Tracer)
+	return nil
 }
 
 // session runs one broker session until the context is cancelled (graceful

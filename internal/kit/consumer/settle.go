@@ -131,7 +131,7 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 		}
 		return false
 	}
-	if err := s.acks.ack(d.DeliveryTag); err != nil {
+	if err := r.settle(ctx, s, d.DeliveryTag); err != nil {
 		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
 		return false
 	}

@@ -16,17 +16,20 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Message is one message to emit.
@@ -52,6 +55,7 @@ type Outbox struct {
 	producer  string
 	exchanges []string // those the relay declares; nil takes any
 	wake      chan struct{}
+	tracer    *tracing.Tracer
 }
 
 // New returns the outbox of producer, the service's name. With exchanges
@@ -60,6 +64,14 @@ type Outbox struct {
 // relay's channel on it (404) at every try.
 func New(producer string, exchanges ...string) *Outbox {
 	return &Outbox{producer: producer, exchanges: exchanges, wake: make(chan struct{}, 1)}
+}
+
+// Traced makes each row carry the trace context of the transaction that
+// added it (its headers' traceparent), and the relay's publish of it a
+// producer span that continues that trace; t nil: none.
+func (o *Outbox) Traced(t *tracing.Tracer) *Outbox {
+	o.tracer = t
+	return o
 }
 
 // Producer is the name the outbox's rows carry.
@@ -102,6 +114,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 	for i := range msgs {
 		ids[i] = newID()
 	}
+	msgs = o.traced(ctx, msgs)
 	// In a group commit the rows of every message of the batch are inserted
 	// together, by one statement just before its COMMIT (inbox.Defer).
 	if p, ok := inbox.Defer(tx, o, func() *pending { return &pending{o: o} }); ok {
@@ -114,6 +127,22 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 	}
 	consumer.OnCommit(ctx, o.Wake)
 	return ids, nil
+}
+
+// traced gives msgs (a copy, with copies of their headers) ctx's trace
+// context, when there is one to carry.
+func (o *Outbox) traced(ctx context.Context, msgs []Message) []Message {
+	if o.tracer == nil || !trace.SpanContextFromContext(ctx).IsValid() {
+		return msgs
+	}
+	out := make([]Message, len(msgs))
+	for i, m := range msgs {
+		h := make(map[string]any, len(m.Headers)+2)
+		maps.Copy(h, m.Headers)
+		m.Headers = o.tracer.Inject(ctx, h)
+		out[i] = m
+	}
+	return out
 }
 
 // pending are the messages a batch's items enqueued, to insert before its COMMIT.

@@ -16,6 +16,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // RelayConfig tunes a Relay. Zero values are replaced by the defaults.
@@ -341,9 +342,16 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 	defer cancel()
 	began := time.Now()
 	confirms := make([]*amqp.DeferredConfirmation, len(batch))
+	spans := r.spans(len(batch))
+	defer r.endSpans(spans)
 	var linkErr error
 	for i, c := range batch {
-		dc, err := l.ch.PublishWithDeferredConfirmWithContext(pctx, c.Exchange, c.RoutingKey, c.Mandatory, false, publishing(c))
+		msg := publishing(c)
+		if spans != nil {
+			// A child of the transaction that wrote the row, whose context its headers carry.
+			_, spans[i] = r.outbox.tracer.Publish(r.outbox.tracer.Extract(pctx, c.Headers), c.Exchange, c.RoutingKey, &msg)
+		}
+		dc, err := l.ch.PublishWithDeferredConfirmWithContext(pctx, c.Exchange, c.RoutingKey, c.Mandatory, false, msg)
 		if err != nil {
 			linkErr = fmt.Errorf("publish outbox row %s: %w", c.ID, err)
 			break
@@ -404,7 +412,31 @@ func (r *Relay) publish(ctx context.Context, l *link, token int64, batch []Claim
 	}
 	r.metrics.publishSeconds.WithLabelValues(r.store.Producer()).Observe(time.Since(began).Seconds())
 	r.settle(token, batch, taken, unconfirmed, refused, returned)
+	for i, s := range spans {
+		switch ret, ok := returned[batch[i].ID]; {
+		case pending[i]:
+			s.Fail(errors.New("no confirm: the link failed first; the row goes back"))
+		case refused[i] != "":
+			s.Fail(errors.New(refused[i]))
+		case ok:
+			s.Fail(fmt.Errorf("%w (%d %s)", rabbit.ErrReturned, ret.ReplyCode, ret.ReplyText))
+		}
+	}
 	return linkErr
+}
+
+// spans are the producer spans of a batch's publishes, nil with tracing off.
+func (r *Relay) spans(n int) []tracing.Span {
+	if r.outbox.tracer == nil {
+		return nil
+	}
+	return make([]tracing.Span, n)
+}
+
+func (r *Relay) endSpans(spans []tracing.Span) {
+	for _, s := range spans {
+		s.End()
+	}
 }
 
 // closedOn sorts out a batch whose channel closed before every confirm came:

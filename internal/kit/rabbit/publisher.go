@@ -8,6 +8,8 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // ErrReturned means the broker took a mandatory message but no queue did: the
@@ -23,6 +25,7 @@ type Publisher struct {
 	mu      sync.Mutex
 	ch      *amqp.Channel
 	returns chan amqp.Return
+	tracer  *tracing.Tracer
 }
 
 // NewPublisher opens a confirm-mode channel on conn.
@@ -34,6 +37,13 @@ func NewPublisher(conn *amqp.Connection) (*Publisher, error) {
 	return &Publisher{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}, nil
 }
 
+// Traced makes each publish a producer span of t (nil: none) that the message's
+// headers carry on.
+func (p *Publisher) Traced(t *tracing.Tracer) *Publisher {
+	p.tracer = t
+	return p
+}
+
 // NotifyClose registers c for the close of the publisher's channel.
 func (p *Publisher) NotifyClose(c chan *amqp.Error) chan *amqp.Error { return p.ch.NotifyClose(c) }
 
@@ -42,6 +52,14 @@ func (p *Publisher) Close() error { return p.ch.Close() }
 
 // Publish publishes msg and returns nil only once a queue has it.
 func (p *Publisher) Publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	ctx, span := p.tracer.Publish(ctx, exchange, key, &msg)
+	err := p.publish(ctx, exchange, key, msg)
+	span.Fail(err)
+	span.End()
+	return err
+}
+
+func (p *Publisher) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.drainReturns() // left by an earlier publish whose wait was cut short

@@ -9,6 +9,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/retention"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Config is every setting the kit reads from the environment. Names with no
@@ -45,6 +46,7 @@ type Config struct {
 	IdempotencyKeyTTL time.Duration `envconfig:"IDEMPOTENCY_KEY_TTL" default:"24h" desc:"how long the services you call remember an idempotency key (Stripe: 24h); the retries must end within it and dlq replay refuses older dead letters"`
 	Buffered
 	Outbox
+	tracing.Config // OTEL_*
 	// noOutsideCalls: the service declares Options.NoOutsideCalls, and
 	// IdempotencyKeyTTL is 0 (no key lifetime to respect).
 	noOutsideCalls bool
@@ -132,6 +134,7 @@ type Database struct {
 func (c *Config) validate(v *Checks) {
 	c.Broker.validate(v)
 	c.Database.validate(v)
+	tracing.Check(c.Config, v.Require)
 	v.Require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
 	v.Require(validListenAddr(c.HTTPAddr), "HTTP_ADDR", "must be host:port or :port with a port of 0 to 65535, got %q", c.HTTPAddr)
 	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)

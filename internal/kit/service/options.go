@@ -12,6 +12,7 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 	"github.com/prometheus/client_golang/prometheus"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
@@ -19,6 +20,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/outbox"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Options describe one service: what it is called, what it consumes, its own
@@ -99,6 +101,10 @@ type Options struct {
 	// key-expiry guard is off, IDEMPOTENCY_KEY_TTL does not apply (setting
 	// it refuses to start) and dlq replay has no age limit.
 	NoOutsideCalls bool
+	// TraceProcessor, if set, receives every span of the service, whatever
+	// OTEL_TRACES_EXPORTER says, and turns tracing on: tests record the
+	// spans in memory with it (tracetest.SpanRecorder).
+	TraceProcessor sdktrace.SpanProcessor
 
 	// invalid says why the options were built wrong (WithSettings).
 	invalid string
@@ -151,6 +157,10 @@ type Kit struct {
 	Log     *slog.Logger
 	Metrics prometheus.Registerer
 	Crasher *faults.Crasher
+	// Tracer makes the handler's own spans (an outside call) under the
+	// message's process span, which the handler's ctx carries; nil when
+	// tracing is off, and its methods then do nothing.
+	Tracer *tracing.Tracer
 	// Outbox adds the events a handler emits from its writes (nil unless the
 	// service declares Publishes).
 	Outbox *outbox.Outbox

@@ -32,6 +32,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/retention"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // Run runs the service until ctx is cancelled (a signal), then shuts it down
@@ -74,8 +75,17 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer reader.Close()
+	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: opts.Name, Stdout: stdout, Processor: opts.TraceProcessor})
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	defer func() {
+		if err := tracing.Shutdown(shutdown, 5*time.Second); err != nil {
+			log.Warn("tracing", "err", err)
+		}
+	}()
 	reg := newRegistry()
-	k := &Kit{Config: cfg, DB: db, Reader: reader, Log: log, Metrics: reg}
+	k := &Kit{Config: cfg, DB: db, Reader: reader, Log: log, Metrics: reg, Tracer: tracer}
 	if cfg.FaultsEnabled {
 		// nil unless FAULTS_ENABLED: every crash point is then a no-op
 		k.Crasher = faults.NewCrasher()
@@ -111,7 +121,7 @@ func newOutbox(opts Options, k *Kit) ([]Task, error) {
 		return nil, nil
 	}
 	cfg := k.Config
-	k.Outbox = outbox.New(cfg.Consumer, opts.Publishes...)
+	k.Outbox = outbox.New(cfg.Consumer, opts.Publishes...).Traced(k.Tracer)
 	sqlDB, err := k.DB.DB()
 	if err != nil {
 		return nil, err
@@ -227,6 +237,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		ResetDatabase:      func() { database.Recycle(k.DB); k.Reader.Recycle() },
 		OnStage:            onStage,
 		Buffered:           bufferedConfig(opts, k),
+		Tracer:             k.Tracer,
 	}, inbox.New(k.DB, cfg.Consumer), h, cfg.HandlerTimeout, consumer.NewMetrics(k.Metrics), k.Log)
 }
 
