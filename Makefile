@@ -23,13 +23,22 @@ build:
 # restarts) and the generator's tests (TestNewProjectScript*, which commit
 # nothing themselves) run in the first pass only.
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
-test: check
+test: check test-rules
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
 	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject' $(COMMIT_PACKAGES)
 	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
+
+# The Prometheus alert and recording rules (deploy/prometheus/rules): valid,
+# and each alert firing and not firing in deploy/prometheus/tests. promtool
+# comes with Debian's prometheus package.
+.PHONY: test-rules
+test-rules:
+	@command -v promtool >/dev/null || { echo "promtool not found: apt-get install prometheus (Debian), or a Prometheus release's promtool on PATH"; exit 1; }
+	promtool check rules deploy/prometheus/rules/*.yml
+	promtool test rules deploy/prometheus/tests/*.yml
 
 fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

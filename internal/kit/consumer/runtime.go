@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/tracing"
@@ -294,6 +296,36 @@ func (r *Runtime) Ready() error {
 		}
 	}
 	return nil
+}
+
+// Collectors are the runtime's gauges read at each scrape, for alerts that
+// must not wait for a probe: consumer_paused (1 while a pause lasts) and
+// consumer_stalled_seconds (how long the workers have held deliveries
+// without finishing any; 0 while they finish some or hold none).
+func (r *Runtime) Collectors() []prometheus.Collector {
+	labels := prometheus.Labels{"consumer": r.cfg.Name}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "consumer_paused", ConstLabels: labels,
+			Help: "1 while consumption (buffered mode: processing) is paused because the infrastructure fails every message (consumer_pauses_total says why).",
+		}, func() float64 {
+			// The buffered mode's processing pauses on its own (its
+			// mode's readiness says so) while its ingest goes on.
+			if r.pausedFor.Load() != nil || r.mode.ready() != nil {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "consumer_stalled_seconds", ConstLabels: labels,
+			Help: "Seconds the workers have held deliveries without finishing any; 0 while they finish some or hold none. Readiness fails above the stall timeout.",
+		}, func() float64 {
+			if r.held.Load() == 0 {
+				return 0
+			}
+			return time.Since(time.Unix(0, r.progress.Load())).Seconds()
+		}),
+	}
 }
 
 // track counts a delivery as held until the returned function is called.

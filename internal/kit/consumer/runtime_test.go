@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
@@ -343,6 +344,10 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 			err := rt.Ready()
 			return err != nil && strings.Contains(err.Error(), "gateway_misconfigured")
 		})
+		paused := rt.Collectors()[0]
+		if v := testutil.ToFloat64(paused); v != 1 {
+			t.Errorf("consumer_paused = %v while paused, want 1", v)
+		}
 		if m.acksAtIngest {
 			waitFor(t, "all stored while paused", func() bool { return rt.count(OutcomeStored) == 20 })
 		}
@@ -359,6 +364,9 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 			t.Errorf("pauses{cause=gateway_misconfigured} = %d", n)
 		}
 		waitFor(t, "ready again", func() bool { return rt.Ready() == nil })
+		if v := testutil.ToFloat64(paused); v != 0 {
+			t.Errorf("consumer_paused = %v once resumed, want 0", v)
+		}
 	})
 }
 
@@ -446,11 +454,16 @@ func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
 		err := rt.Ready()
 		return err != nil && strings.Contains(err.Error(), "stalled")
 	})
+	stalled := rt.Collectors()[1]
+	if v := testutil.ToFloat64(stalled); v < 0.3 {
+		t.Errorf("consumer_stalled_seconds = %v while stalled past 300ms, want at least 0.3", v)
+	}
 	close(release)
 	waitFor(t, "the message processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	if err := rt.Ready(); err != nil {
 		t.Fatalf("not ready after the work moved on: %v", err)
 	}
+	waitFor(t, "consumer_stalled_seconds back to 0", func() bool { return testutil.ToFloat64(stalled) == 0 })
 }
 
 // Group commit: messages that finish together share a transaction, and one

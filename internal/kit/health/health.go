@@ -39,6 +39,29 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 	return mux
 }
 
+// Readiness exports the result of each check at every scrape as
+// service_readiness{check} (1 ready, 0 not): the alert on a failing
+// readiness needs no prober. Each check runs with the probe's timeout.
+func Readiness(checks map[string]Check) prometheus.Collector { return readiness(checks) }
+
+type readiness map[string]Check
+
+var readinessDesc = prometheus.NewDesc("service_readiness", "1 while the readiness check passes, 0 while /readyz reports it failing.", []string{"check"}, nil)
+
+func (r readiness) Describe(ch chan<- *prometheus.Desc) { ch <- readinessDesc }
+
+func (r readiness) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	for name, check := range r {
+		v := 1.0
+		if check(ctx) != nil {
+			v = 0
+		}
+		ch <- prometheus.MustNewConstMetric(readinessDesc, prometheus.GaugeValue, v, name)
+	}
+}
+
 // Pprof adds the runtime profiles of net/http/pprof under /debug/pprof/; a
 // service serves them only when asked to (PPROF_ENABLED).
 func Pprof(mux *http.ServeMux) {

@@ -323,6 +323,8 @@ func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task,
 			checks[t.Name] = func(context.Context) error { return t.Ready() }
 		}
 	}
+	k.Metrics.MustRegister(health.Readiness(checks))
+	k.Metrics.MustRegister(rt.Collectors()...)
 	mux := health.Mux(reg, checks)
 	if k.Crasher != nil {
 		mux.Handle("/faults/", k.Crasher.Handler())

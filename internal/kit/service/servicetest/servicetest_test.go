@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -300,4 +302,28 @@ func TestEventsReadWhatTheServicePublished(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "both outbox rows marked sent", func() (bool, error) {
 		return s.Count("SELECT count(*) FROM outbox WHERE status = 'sent'") == 2, nil
 	})
+}
+
+// /metrics carries the gauges the alert rules read (deploy/prometheus/rules):
+// each readiness check, the pause and the stall of the consumer.
+func TestMetricsCarryTheAlertsGauges(t *testing.T) {
+	s := servicetest.Start(t, ledger())
+	resp, err := http.Get("http://" + s.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := s.Config.Consumer
+	for _, want := range []string{
+		`service_readiness{check="consumer"} 1`, `service_readiness{check="database"} 1`,
+		`consumer_paused{consumer="` + name + `"} 0`, `consumer_stalled_seconds{consumer="` + name + `"} 0`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
 }
