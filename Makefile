@@ -20,13 +20,14 @@ build:
 # restart, a memory alarm, a message size cap), one package at a time (-p 1)
 # so that they disturb no other. The fault kit's scenarios (TestPaymentUnderFaults,
 # TestShippingUnderFaults and their buffered twins: a dozen minutes of crashes and
-# restarts) and the generator's tests (TestNewProjectScript*, which commit
-# nothing themselves) run in the first pass only.
+# restarts), the generator's tests (TestNewProjectScript*, which commit
+# nothing themselves) and the trace tests (the spans, not the commits) run in
+# the first pass only.
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
 test: check test-rules
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
-	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject' $(COMMIT_PACKAGES)
+	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject|Trace' $(COMMIT_PACKAGES)
 	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
