@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
 	"github.com/inbox-template/payment-service/internal/demo/producer"
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/ops"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
@@ -314,6 +316,18 @@ func TestDuplicateRetryAndDeadLetterAreVisibleInTheTrace(t *testing.T) {
 	})
 	if dlx.SpanKind() != trace.SpanKindProducer {
 		t.Errorf("%s: want a producer span", describe(dlx))
+	}
+
+	// A replay of the dead letter (dlq replay republishes it with its
+	// headers): its processing joins the trace, under the dead letter's
+	// publish, confirmed before its span ended.
+	var out bytes.Buffer
+	if err := ops.Run(context.Background(), payment.Service(), []string{"dlq", "replay", "--id", "m-poison"}, nil, &out); err != nil {
+		t.Fatalf("dlq replay: %v\n%s", err, out.String())
+	}
+	replayed := s.waitSpan("the replay's processing", childOf("payment-service", "process payments.order-placed", dlx))
+	if replayed.SpanContext().TraceID() != poison.SpanContext().TraceID() || attr(replayed, "messaging.message.id") != "m-poison" {
+		t.Errorf("the replay left the trace: %s, then %s", describe(poison), describe(replayed))
 	}
 }
 
