@@ -14,7 +14,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/producer"
@@ -56,12 +55,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	log.Info("starting", "config", config.LogValue(&cfg), "run_id", opts.load.RunID, "seed", opts.load.Seed,
 		"count", opts.load.Count, "poison", opts.load.Poison)
 
-	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: "order-publisher", Stdout: stderr}) // stdout has the report
+	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: "order-publisher", Stdout: stderr, Log: log}) // stdout has the report
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
 	defer func() {
-		if err := tracing.Shutdown(shutdown, 5*time.Second); err != nil {
+		if err := tracing.Shutdown(shutdown, tracing.FlushTimeout); err != nil {
 			log.Warn("tracing", "err", err)
 		}
 	}()

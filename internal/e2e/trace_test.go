@@ -191,16 +191,16 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 	s.publishOrders("trace", 1)
 	s.ship.WaitOutcome(consumer.OutcomeProcessed, 1)
 
-	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders:order.placed", ""))
+	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders", ""))
 	process := s.waitSpan("payment's process span", childOf("payment-service", "process payments.order-placed", published))
 	charge := s.waitSpan("the gateway call", childOf("payment-service", "gateway charge", process))
 	commit := s.waitSpan("payment's commit", childOf("payment-service", "commit", process))
-	s.waitSpan("payment's ack", childOf("payment-service", "ack", process))
-	relayed := s.waitSpan("the relay's publish of OrderPaid", childOf("payment-service", "publish payments:order.paid", commit))
+	s.waitSpan("payment's ack", childOf("payment-service", "ack payments.order-placed", process))
+	relayed := s.waitSpan("the relay's publish of OrderPaid", childOf("payment-service", "publish payments", commit))
 	shipped := s.waitSpan("shipping's process span", childOf("shipping-service", "process shipping-service.order-paid", relayed))
 	s.waitSpan("the carrier call", childOf("shipping-service", "carrier book", shipped))
 	s.waitSpan("shipping's commit", childOf("shipping-service", "commit", shipped))
-	s.waitSpan("shipping's ack", childOf("shipping-service", "ack", shipped))
+	s.waitSpan("shipping's ack", childOf("shipping-service", "ack shipping-service.order-paid", shipped))
 
 	id := published.SpanContext().TraceID()
 	for _, sp := range []sdktrace.ReadOnlySpan{process, charge, commit, relayed, shipped} {
@@ -223,7 +223,7 @@ func TestOneOrderIsOneTrace(t *testing.T) {
 		{process, trace.SpanKindConsumer, map[attribute.Key]string{
 			"messaging.system": "rabbitmq", "messaging.operation.type": "process", "inbox.outcome": "processed", "inbox.attempt": "1",
 			"messaging.destination.name": "orders:order.placed:payments.order-placed", "messaging.message.id": attr(published, "messaging.message.id"),
-			"messaging.consumer.group.name": "payment-service",
+			"inbox.consumer": "payment-service",
 		}},
 		{relayed, trace.SpanKindProducer, map[attribute.Key]string{
 			"messaging.destination.name": "payments:order.paid", "messaging.rabbitmq.destination.routing_key": "order.paid",
@@ -339,10 +339,10 @@ func TestOneOrderIsOneTraceBuffered(t *testing.T) {
 	s.publishOrders("trace-buffered", 1)
 	s.ship.WaitOutcome(consumer.OutcomeProcessed, 1)
 
-	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders:order.placed", ""))
+	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders", ""))
 	process := s.waitSpan("payment's processing", childOf("payment-service", "process payments.order-placed", published))
 	s.waitSpan("the gateway call", childOf("payment-service", "gateway charge", process))
-	relayed := s.waitSpan("the relay's publish of OrderPaid", childOf("payment-service", "publish payments:order.paid", process))
+	relayed := s.waitSpan("the relay's publish of OrderPaid", childOf("payment-service", "publish payments", process))
 	shipped := s.waitSpan("shipping's processing", childOf("shipping-service", "process shipping-service.order-paid", relayed))
 	for _, sp := range []sdktrace.ReadOnlySpan{process, shipped} {
 		if attr(sp, "inbox.outcome") != "processed" || attr(sp, "inbox.mode") != "buffered" {

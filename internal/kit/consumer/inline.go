@@ -28,7 +28,7 @@ func newInlineMode(r *Runtime, ib *inbox.Inbox) *inlineMode {
 		commits: newCommitter(ib, r.cfg.GroupCommitMax, r.cfg.GroupCommitWait, applyMargin, r.stage, r.metrics, r.cfg.Name),
 		lookups: newLookups(ib),
 	}
-	m.commits.tracer = r.cfg.Tracer
+	m.commits.tracer, m.commits.queue = r.cfg.Tracer, r.cfg.Topology.Queue
 	return m
 }
 func (m *inlineMode) start(_, commitCtx context.Context, committers, _ *sync.WaitGroup) {

@@ -29,6 +29,7 @@ type committer struct {
 	metrics *Metrics
 	name    string
 	tracer  *tracing.Tracer
+	queue   string // the settle spans' destination
 }
 
 func newCommitter(ib *inbox.Inbox, max int, wait, timeout time.Duration, stage func(Stage), m *Metrics, name string) *committer {
@@ -167,7 +168,7 @@ func (c *committer) settleSpans(batch []*commitJob, a *acker) []tracing.Span {
 	var spans []tracing.Span
 	for _, j := range batch {
 		if j.acks == a && j.owner.Load() == ownerCommitter {
-			spans = append(spans, c.tracer.SettleOf(j.span, "ack", j.tag))
+			spans = append(spans, c.tracer.SettleOf(j.span, "ack", c.queue, j.tag))
 		}
 	}
 	return spans

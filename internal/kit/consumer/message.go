@@ -166,7 +166,7 @@ func (r *Runtime) ack(ctx context.Context, s *session, d amqp.Delivery, msg Mess
 
 // settle acks a delivery, a settle span of the delivery's trace.
 func (r *Runtime) settle(ctx context.Context, s *session, tag uint64) error {
-	_, span := r.cfg.Tracer.Settle(ctx, "ack", tag)
+	_, span := r.cfg.Tracer.Settle(ctx, "ack", r.cfg.Topology.Queue, tag)
 	err := s.acks.ack(tag)
 	span.Fail(err)
 	span.End()

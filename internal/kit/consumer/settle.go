@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/tracing"
 )
 
 // publishTimeout bounds a retry or dead-letter publish and its confirm.
@@ -116,11 +117,14 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 
 func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *messageLog) bool {
 	if err := s.waitUnblocked(ctx); err != nil {
-		return false // shutting down: the original stays unacked and is redelivered
+		// Shutting down: the original stays unacked and is redelivered.
+		tracing.FromContext(ctx).Moved("abandoned", err)
+		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
+		tracing.FromContext(ctx).Moved(string(OutcomeRequeued), err)
 		log.get().Warn("could not move the message; requeueing it", "exchange", exchange, "routing_key", key, "err", err)
 		if errors.Is(err, rabbit.ErrReturned) {
 			s.requestRedeclare() // a queue is gone: the next session declares it again
@@ -132,6 +136,7 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 		return false
 	}
 	if err := r.settle(ctx, s, d.DeliveryTag); err != nil {
+		tracing.FromContext(ctx).Moved("copied_unacked", err) // copied, and redelivered as well
 		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
 		return false
 	}

@@ -41,7 +41,7 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 
 // Readiness exports the result of each check at every scrape as
 // service_readiness{check} (1 ready, 0 not): the alert on a failing
-// readiness needs no prober. Each check runs with the probe's timeout.
+// readiness needs no prober. Each check runs with a timeout of its own.
 func Readiness(checks map[string]Check) prometheus.Collector { return readiness(checks) }
 
 type readiness map[string]Check
@@ -51,15 +51,21 @@ var readinessDesc = prometheus.NewDesc("service_readiness", "1 while the readine
 func (r readiness) Describe(ch chan<- *prometheus.Desc) { ch <- readinessDesc }
 
 func (r readiness) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
 	for name, check := range r {
 		v := 1.0
-		if check(ctx) != nil {
+		if !passes(check) {
 			v = 0
 		}
 		ch <- prometheus.MustNewConstMetric(readinessDesc, prometheus.GaugeValue, v, name)
 	}
+}
+
+// passes runs one check with a timeout of its own: one that hangs fails
+// alone, not those after it.
+func passes(check Check) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return check(ctx) == nil
 }
 
 // Pprof adds the runtime profiles of net/http/pprof under /debug/pprof/; a

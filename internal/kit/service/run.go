@@ -75,12 +75,12 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer reader.Close()
-	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: opts.Name, Stdout: stdout, Processor: opts.TraceProcessor})
+	tracer, shutdown, err := tracing.Start(ctx, cfg.Config, tracing.Setup{Name: opts.Name, Stdout: stdout, Log: log, Processor: opts.TraceProcessor})
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
 	defer func() {
-		if err := tracing.Shutdown(shutdown, 5*time.Second); err != nil {
+		if err := tracing.Shutdown(shutdown, tracing.FlushTimeout); err != nil {
 			log.Warn("tracing", "err", err)
 		}
 	}()

@@ -19,7 +19,7 @@ const (
 	attrMessageID   = attribute.Key("messaging.message.id")
 	attrBodySize    = attribute.Key("messaging.message.body.size")
 	attrDeliveryTag = attribute.Key("messaging.rabbitmq.message.delivery_tag")
-	attrConsumer    = attribute.Key("messaging.consumer.group.name")
+	attrConsumer    = attribute.Key("inbox.consumer") // the inbox's consumer column (RabbitMQ has no consumer group)
 	attrErrorType   = attribute.Key("error.type")
 	// AttrOutcome is what the inbox made of a delivery: processed,
 	// duplicate, retried, dead_lettered, requeued, abandoned, stored.
@@ -27,7 +27,7 @@ const (
 	// AttrAttempt is the handler run of the delivery, the first is 1.
 	AttrAttempt = attribute.Key("inbox.attempt")
 	// AttrRedelivered is the broker's redelivered flag.
-	AttrRedelivered = attribute.Key("messaging.rabbitmq.message.redelivered")
+	AttrRedelivered = attribute.Key("inbox.redelivered")
 )
 
 // destination is the semantic conventions' RabbitMQ destination name:
@@ -72,16 +72,28 @@ func (h headers) Keys() []string {
 
 // Publish starts the producer span of a publish of msg to exchange with key,
 // and writes its context into msg's headers (traceparent, tracestate), a new
-// table if msg has none. End it once the broker confirmed, Fail it if not.
+// table if msg has none. Its parent is ctx's span, else the trace context
+// msg's headers carry already (a copy of a delivery made outside its
+// processing: one put back at a stop, a dead letter refused at ingest), so
+// that a copy never leaves its message's trace. End it once the broker
+// confirmed, Fail it if not. The span is named for the exchange (the
+// routing key for the default exchange: a queue): routing keys a handler
+// picks may be many.
 func (t *Tracer) Publish(ctx context.Context, exchange, key string, msg *amqp.Publishing) (context.Context, Span) {
 	if t == nil {
 		return ctx, Span{}
 	}
-	dest := destination(exchange, key)
-	ctx, s := t.t.Start(ctx, "publish "+dest, trace.WithSpanKind(trace.SpanKindProducer),
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = t.prop.Extract(ctx, headers(msg.Headers))
+	}
+	name := exchange
+	if name == "" {
+		name = key
+	}
+	ctx, s := t.t.Start(ctx, "publish "+name, trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithAttributes(
 			attrSystem.String("rabbitmq"), attrOpType.String("send"), attrOpName.String("publish"),
-			attrDestination.String(dest), attrRoutingKey.String(key),
+			attrDestination.String(destination(exchange, key)), attrRoutingKey.String(key),
 			attrMessageID.String(msg.MessageId), attrBodySize.Int(len(msg.Body)),
 		))
 	if msg.Headers == nil {
@@ -110,13 +122,13 @@ func (t *Tracer) Process(ctx context.Context, d amqp.Delivery, queue, consumer s
 	return ctx, Span{s}
 }
 
-// Settle starts the span of a settlement (ack, nack, reject) of the delivery
-// whose processing ctx holds.
-func (t *Tracer) Settle(ctx context.Context, op string, tag uint64) (context.Context, Span) {
+// Settle starts the span of a settlement (ack, nack, reject) of a delivery
+// from queue whose processing ctx holds.
+func (t *Tracer) Settle(ctx context.Context, op, queue string, tag uint64) (context.Context, Span) {
 	if t == nil {
 		return ctx, Span{}
 	}
-	ctx, s := t.t.Start(ctx, op, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+	ctx, s := t.t.Start(ctx, op+" "+queue, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrDestination.String(queue),
 		attrSystem.String("rabbitmq"), attrOpType.String("settle"), attrOpName.String(op), attrDeliveryTag.Int64(int64(tag)),
 	))
 	return ctx, Span{s}
@@ -152,6 +164,17 @@ func (s Span) Outcome(outcome string, attempt int) {
 	s.s.SetAttributes(AttrOutcome.String(outcome), AttrAttempt.Int(attempt))
 }
 
+// Moved corrects the outcome of a delivery whose move (a retry, dead-letter
+// or put-back copy) did not happen: it is left for the broker (outcome),
+// failed with err.
+func (s Span) Moved(outcome string, err error) {
+	if s.s == nil {
+		return
+	}
+	s.s.SetAttributes(AttrOutcome.String(outcome))
+	s.FailAs(err, "move_failed")
+}
+
 // FailAs marks the span failed with err, of the class errorType (the
 // dead-letter reason, a step).
 func (s Span) FailAs(err error, errorType string) {
@@ -175,11 +198,11 @@ func (t *Tracer) Commit(parent Span, batch int) Span {
 
 // SettleOf starts a settle span under parent, for a settlement made away
 // from the delivery's context (a committer's multiple ack).
-func (t *Tracer) SettleOf(parent Span, op string, tag uint64) Span {
+func (t *Tracer) SettleOf(parent Span, op, queue string, tag uint64) Span {
 	if t == nil || parent.s == nil {
 		return Span{}
 	}
-	_, s := t.Settle(trace.ContextWithSpan(context.Background(), parent.s), op, tag)
+	_, s := t.Settle(trace.ContextWithSpan(context.Background(), parent.s), op, queue, tag)
 	return s
 }
 

@@ -14,11 +14,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
@@ -34,6 +36,7 @@ import (
 // (OTEL_EXPORTER_OTLP_HEADERS, _TIMEOUT, _COMPRESSION, OTEL_RESOURCE_ATTRIBUTES,
 // OTEL_BSP_*).
 type Config struct {
+	SDKDisabled    bool   `envconfig:"OTEL_SDK_DISABLED" default:"false" desc:"true turns tracing off whatever OTEL_TRACES_EXPORTER says"`
 	TracesExporter string `envconfig:"OTEL_TRACES_EXPORTER" default:"none" desc:"none (no tracing, the default), otlp (OTLP over HTTP) or console (spans as JSON on stdout)"`
 	OTLPEndpoint   string `envconfig:"OTEL_EXPORTER_OTLP_ENDPOINT" desc:"OTLP/HTTP base URL, /v1/traces is appended (default http://localhost:4318)"`
 	TracesEndpoint string `envconfig:"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT" desc:"OTLP/HTTP URL of the traces, taken as is; wins over OTEL_EXPORTER_OTLP_ENDPOINT"`
@@ -50,7 +53,7 @@ const (
 	ExporterConsole = "console"
 )
 
-func (c Config) enabled() bool { return c.TracesExporter != ExporterNone }
+func (c Config) enabled() bool { return !c.SDKDisabled && c.TracesExporter != ExporterNone }
 
 // Check reports each invalid variable of c through require
 // (service.Checks.Require). A program embeds Config in its configuration
@@ -126,6 +129,8 @@ type Setup struct {
 	Name string
 	// Stdout takes the spans of the console exporter.
 	Stdout io.Writer
+	// Log, if set, takes the SDK's errors (a failed export).
+	Log *slog.Logger
 	// Processor, if set, receives every span as well, whatever the
 	// exporter: tests record spans in memory with it (tracetest.SpanRecorder).
 	Processor sdktrace.SpanProcessor
@@ -143,13 +148,9 @@ func Start(ctx context.Context, cfg Config, s Setup) (*Tracer, func(context.Cont
 	if err != nil {
 		return nil, noop, fmt.Errorf("%s: %w", samplerVariable(err), err)
 	}
-	name := cfg.ServiceName
-	if name == "" {
-		name = s.Name
-	}
-	res, err := resource.Merge(resource.Default(), resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(name)))
+	res, err := programResource(cfg, s.Name)
 	if err != nil {
-		return nil, noop, fmt.Errorf("tracing resource: %w", err)
+		return nil, noop, err
 	}
 	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res), sdktrace.WithSampler(sampler)}
 	if s.Processor != nil {
@@ -163,7 +164,34 @@ func Start(ctx context.Context, cfg Config, s Setup) (*Tracer, func(context.Cont
 		opts = append(opts, sdktrace.WithBatcher(exp))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
+	if s.Log != nil {
+		// The SDK's own errors (an export that failed) are process-wide; in
+		// the program's JSON log rather than plain text on stderr.
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { s.Log.Warn("tracing", "err", err) }))
+	}
 	return New(tp), tp.Shutdown, nil
+}
+
+// programResource is the SDK's attributes and OTEL_RESOURCE_ATTRIBUTES with service.name from OTEL_SERVICE_NAME, else
+// OTEL_RESOURCE_ATTRIBUTES, else the program's name, as the specification
+// orders them.
+func programResource(cfg Config, program string) (*resource.Resource, error) {
+	res, err := resource.New(context.Background(), resource.WithTelemetrySDK(), resource.WithFromEnv(), resource.WithSchemaURL(semconv.SchemaURL))
+	if err != nil {
+		return nil, fmt.Errorf("tracing resource (OTEL_RESOURCE_ATTRIBUTES): %w", err)
+	}
+	name := cfg.ServiceName
+	if _, ok := res.Set().Value(semconv.ServiceNameKey); name == "" && !ok {
+		name = program
+	}
+	if name == "" {
+		return res, nil
+	}
+	merged, err := resource.Merge(res, resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(name)))
+	if err != nil {
+		return nil, fmt.Errorf("tracing resource: %w", err)
+	}
+	return merged, nil
 }
 
 func exporter(ctx context.Context, cfg Config, stdout io.Writer) (sdktrace.SpanExporter, error) {
@@ -191,6 +219,10 @@ func exporter(ctx context.Context, cfg Config, stdout io.Writer) (sdktrace.SpanE
 	}
 	return exp, nil
 }
+
+// FlushTimeout bounds the flush of the last spans at a stop: a collector that
+// takes connections and never answers costs a stop no more than this.
+const FlushTimeout = 2 * time.Second
 
 // Shutdown runs a Start's shutdown bounded by timeout.
 func Shutdown(shutdown func(context.Context) error, timeout time.Duration) error {

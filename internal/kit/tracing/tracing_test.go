@@ -25,7 +25,7 @@ func delivery(t *Tracer, ctx context.Context, d amqp.Delivery, charge func(conte
 	wctx := ContextWith(ctx, commit)
 	_ = t.Inject(wctx, nil)
 	commit.End()
-	_, ack := t.Settle(ctx, "ack", d.DeliveryTag)
+	_, ack := t.Settle(ctx, "ack", "payments.order-placed", d.DeliveryTag)
 	ack.End()
 	span.Outcome("processed", 1)
 	span.End()
@@ -159,5 +159,51 @@ func TestConfigChecksNameTheVariable(t *testing.T) {
 	})
 	if len(failed) != 0 {
 		t.Errorf("a good configuration failed %v", failed)
+	}
+}
+
+// TestCopyOutsideAProcessingStaysInItsTrace: a copy published with no span
+// in its context (put back at a stop, dead-lettered at ingest) continues the
+// trace its headers carry instead of starting one.
+func TestCopyOutsideAProcessingStaysInItsTrace(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tr := New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	msg := amqp.Publishing{Headers: amqp.Table{"traceparent": parent}}
+	_, s := tr.Publish(context.Background(), "", "payments.order-placed", &msg)
+	s.End()
+	sp := rec.Ended()[0]
+	if sp.SpanContext().TraceID().String() != "4bf92f3577b34da6a3ce929d0e0e4736" || sp.Parent().SpanID().String() != "00f067aa0ba902b7" {
+		t.Errorf("copy's publish: trace %s parent %s; want the headers' trace and span", sp.SpanContext().TraceID(), sp.Parent().SpanID())
+	}
+	if got, _ := msg.Headers["traceparent"].(string); !strings.Contains(got, sp.SpanContext().SpanID().String()) {
+		t.Errorf("traceparent %q is not the copy's publish span", got)
+	}
+	if sp.Name() != "publish payments.order-placed" {
+		t.Errorf("span name %q, want the queue of the default exchange", sp.Name())
+	}
+}
+
+// TestServiceNamePrecedence: OTEL_SERVICE_NAME, then OTEL_RESOURCE_ATTRIBUTES'
+// service.name, then the program's name.
+func TestServiceNamePrecedence(t *testing.T) {
+	for _, c := range []struct {
+		name, serviceName, attrs, want string
+	}{
+		{"program", "", "", "payment-service"},
+		{"resource attributes", "", "service.name=from-attrs", "from-attrs"},
+		{"service name", "from-var", "service.name=from-attrs", "from-var"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("OTEL_RESOURCE_ATTRIBUTES", c.attrs)
+			t.Setenv("OTEL_SERVICE_NAME", c.serviceName)
+			res, err := programResource(Config{ServiceName: c.serviceName}, "payment-service")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if v, _ := res.Set().Value("service.name"); v.AsString() != c.want {
+				t.Errorf("service.name %q, want %q", v.AsString(), c.want)
+			}
+		})
 	}
 }
