@@ -63,7 +63,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) 
 
 func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("no command\n" + usage)
+		return errors.New("no command\n" + strings.TrimRight(usage, "\n"))
 	}
 	switch {
 	case args[0] == "verify":

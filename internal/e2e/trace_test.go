@@ -153,7 +153,7 @@ func (s *traceStack) waitSpan(what string, match func(sdktrace.ReadOnlySpan) boo
 func attr(sp sdktrace.ReadOnlySpan, key attribute.Key) string {
 	for _, kv := range sp.Attributes() {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

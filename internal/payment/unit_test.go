@@ -8,8 +8,13 @@ import (
 )
 
 func TestIdempotencyKeyDependsOnTheOrderOnly(t *testing.T) {
-	if IdempotencyKey("o-1") != IdempotencyKey("o-1") || IdempotencyKey("o-1") == IdempotencyKey("o-2") {
-		t.Fatal("the key must be a function of the order id alone")
+	// The gateway keeps charges by this key: a redelivery, a retry and a
+	// republish of the same order under a new event id must send the same.
+	if got, want := IdempotencyKey("o-1"), "order-charge:o-1"; got != want {
+		t.Fatalf("IdempotencyKey(o-1) = %q, want %q", got, want)
+	}
+	if IdempotencyKey("o-1") == IdempotencyKey("o-2") {
+		t.Fatal("two orders share an idempotency key")
 	}
 }
 

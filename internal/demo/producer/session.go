@@ -46,12 +46,12 @@ func openSession(nodes *rabbit.Nodes, b Broker, log *slog.Logger, onReturn func(
 	}
 	ch, err := rabbit.ConfirmChannel(conn)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, err
 	}
 	// Idempotent: the payment service declares the same exchange at its start.
 	if err := ch.ExchangeDeclare(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, fmt.Errorf("declare exchange %s: %w", b.Exchange, err)
 	}
 	s := &session{conn: conn, ch: ch, node: node}

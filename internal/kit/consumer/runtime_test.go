@@ -673,7 +673,7 @@ func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
 		t.Fatal("the redelivery was not returned by the stop")
 	}
 
-	rt = e.start(h, guard)
+	e.start(h, guard) // stopped at the test's end
 	d := e.deadLetters(1)[0]
 	if d.MessageId != "redelivered" || d.Headers[HeaderDeadLetterReason] != ReasonKeyExpired {
 		t.Fatalf("dead letter %s with reason %v, want redelivered with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonKeyExpired)

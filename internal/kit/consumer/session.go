@@ -112,9 +112,6 @@ func (s *session) requestPause(cause Cause) {
 	s.pauseOnce.Do(func() { s.cause = cause; close(s.pause) })
 }
 
-// pauseRequested reports whether a worker asked for a pause.
-func (s *session) pauseRequested() bool { return closed(s.pause) }
-
 // ending reports whether the session is about to end, paused or not.
 func (s *session) ending() bool { return closed(s.pause) || closed(s.end) }
 
@@ -134,7 +131,7 @@ func (r *Runtime) openSession() (*session, error) {
 	}
 	pubConn, pubNode, err := r.nodes.Dial(r.cfg.Heartbeat, r.cfg.Name+" publish")
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, err
 	}
 	s := &session{conn: conn, pubConn: pubConn, node: node, pubNode: pubNode,

@@ -27,7 +27,7 @@ const retryJitter = 0.2
 func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	if _, ok := pub.Headers[HeaderFirstError]; !ok {
 		pub.Headers[HeaderFirstError] = truncate(cause.Error())
@@ -51,9 +51,9 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
 	held, _ := intHeader(d.Headers, HeaderHeld)
-	pub.Headers[HeaderHeld] = int32(held + 1)
+	pub.Headers[HeaderHeld] = int32(held + 1) // #nosec G115 -- read from an int32 header, one more
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
@@ -102,7 +102,7 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
 	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt)
+	pub.Headers[HeaderAttempt] = int32(msg.Attempt) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
 	if _, ok := pub.Headers[HeaderFirstError]; !ok {
 		pub.Headers[HeaderFirstError] = truncate(cause.Error())
 	}

@@ -19,7 +19,7 @@ import (
 // (a consumer, a producer), whatever their length.
 func Channel(kind, name string) string {
 	h := fnv.New64a()
-	h.Write([]byte(name))
+	_, _ = h.Write([]byte(name))
 	return fmt.Sprintf("%s_%016x", kind, h.Sum64())
 }
 

@@ -76,7 +76,7 @@ func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 	h[consumer.HeaderDeadLetterError] = p.LastError
 	h[consumer.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	h[consumer.HeaderDeadLetterBy] = consumerName
-	h[consumer.HeaderAttempt] = int32(p.Attempts)
+	h[consumer.HeaderAttempt] = int32(p.Attempts) // #nosec G115 -- at most BUFFER_MAX_ATTEMPTS (≤ 10000)
 	// Every parked message was claimed, so it may have run: the copy, stored
 	// again as a new message when replayed, must say so to the key-expiry
 	// guard (its runs are not counted anew).

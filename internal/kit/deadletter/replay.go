@@ -229,7 +229,7 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 	for _, k := range resetHeaders {
 		delete(p.Headers, k)
 	}
-	p.Headers[HeaderReplayCount] = int32(replays)
+	p.Headers[HeaderReplayCount] = int32(replays) // #nosec G115 -- capped by --max-replays
 	p.Headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	return p
 }

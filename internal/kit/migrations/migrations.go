@@ -77,7 +77,7 @@ func (s Set) Table() string {
 
 func (s Set) lockID() int64 {
 	h := fnv.New64a()
-	h.Write([]byte("migrations:" + s.name))
+	_, _ = h.Write([]byte("migrations:" + s.name))
 	return int64(h.Sum64() >> 1)
 }
 

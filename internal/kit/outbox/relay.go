@@ -204,12 +204,12 @@ func (r *Relay) dial() (*link, error) {
 	}
 	ch, err := rabbit.ConfirmChannel(conn)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, err
 	}
 	for _, ex := range r.cfg.Exchanges {
 		if err := ch.ExchangeDeclare(ex, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-			conn.Close()
+			_ = conn.Close()
 			return nil, fmt.Errorf("declare exchange %s: %w", ex, err)
 		}
 	}

@@ -127,7 +127,7 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 	for rows.Next() {
 		var ks keySeq
 		if err := rows.Scan(&ks.key, &ks.seq); err != nil {
-			rows.Close()
+			_ = rows.Close()
 			return 0, err
 		}
 		n++
@@ -135,7 +135,7 @@ func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int,
 			ordered = append(ordered, ks)
 		}
 	}
-	rows.Close()
+	_ = rows.Close()
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 	}

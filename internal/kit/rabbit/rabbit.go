@@ -36,7 +36,7 @@ func ConfirmChannel(conn *amqp.Connection) (*amqp.Channel, error) {
 		return nil, fmt.Errorf("open channel: %w", err)
 	}
 	if err := ch.Confirm(false); err != nil {
-		ch.Close()
+		_ = ch.Close()
 		return nil, fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	return ch, nil

@@ -175,7 +175,7 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	}
 	applied, err := migrations.Apply(ctx, sqlDB, Schemas(opts)...)
 	if err != nil {
-		database.Close(db)
+		_ = database.Close(db)
 		return nil, err
 	}
 	log.Info("schema up to date", "applied", applied)
