@@ -530,13 +530,21 @@ set_crash_points() {
   return 0
 }
 
+# faults_token I prints the FAULTS_TOKEN replica I runs with (its container's
+# environment: docker-compose.yml's default or the one .env sets).
+faults_token() {
+  docker inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$(service_container "$1")" 2>/dev/null |
+    sed -n 's/^FAULTS_TOKEN=//p'
+}
+
 arm_replica() {
-  local i=$1 spec addr
+  local i=$1 spec addr auth
   addr=$(service_addr "$i")
   [[ -n $addr ]] || return 0 # restarting: supervise arms it once it is back
-  curl -fsS -o /dev/null --max-time 5 -X DELETE "http://$addr/faults/crash" 2>/dev/null || return 0
+  auth="Authorization: Bearer $(faults_token "$i")"
+  curl -fsS -o /dev/null --max-time 5 -H "$auth" -X DELETE "http://$addr/faults/crash" 2>/dev/null || return 0
   for spec in ${SERVICE_ARM[i]:-}; do
-    curl -fsS -o /dev/null --max-time 5 -X POST "http://$addr/faults/crash?at=${spec%%:*}&probability=${spec##*:}" ||
+    curl -fsS -o /dev/null --max-time 5 -H "$auth" -X POST "http://$addr/faults/crash?at=${spec%%:*}&probability=${spec##*:}" ||
       warn "could not arm $spec on replica $i"
   done
 }

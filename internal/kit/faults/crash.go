@@ -9,6 +9,7 @@ package faults
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -113,6 +114,18 @@ func (c *Crasher) Arm(point Point, probability float64) error {
 	return nil
 }
 
+// Armed lists the points armed now.
+func (c *Crasher) Armed() []Point {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Point, 0, len(c.armed))
+	for p := range c.armed {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Disarm clears every point.
 func (c *Crasher) Disarm() {
 	c.mu.Lock()
@@ -147,8 +160,27 @@ func (c *Crasher) fires(point Point) bool {
 func (c *Crasher) OnStage(s consumer.Stage) { c.Hit(Point(s)) }
 
 // Handler serves POST /faults/crash?at=POINT[&probability=P] (204) and
-// DELETE /faults/crash (disarm all, 204).
-func (c *Crasher) Handler() http.Handler {
+// DELETE /faults/crash (disarm all, 204). With a token (FAULTS_TOKEN), a
+// request without "Authorization: Bearer <token>" answers 401 and changes
+// nothing; "" serves anyone, for a listener on loopback only (the
+// configuration refuses it otherwise).
+func (c *Crasher) Handler(token string) http.Handler {
+	mux := c.mux()
+	if token == "" {
+		return mux
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="faults"`)
+			http.Error(w, "the fault endpoints need Authorization: Bearer <FAULTS_TOKEN>", http.StatusUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (c *Crasher) mux() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /faults/crash", func(w http.ResponseWriter, r *http.Request) {
 		p := 0.0

@@ -63,7 +63,7 @@ func TestHandler(t *testing.T) {
 		{"GET", "/faults/crash", http.StatusMethodNotAllowed},
 	}
 	c, _ := newTestCrasher()
-	h := c.Handler()
+	h := c.Handler("")
 	for _, tt := range tests {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(tt.method, tt.target, strings.NewReader("")))
@@ -103,5 +103,39 @@ func TestAfterDeclaresAndFires(t *testing.T) {
 	plain := func(context.Context, int) (int, error) { return 7, nil }
 	if n, _ := After(disabled, "x", plain)(context.Background(), 0); n != 7 {
 		t.Fatal("a disabled crasher changed the call")
+	}
+}
+
+// With a token, a call without it or with another answers 401 and arms
+// nothing; one with it arms. Before the token, any caller reaching the port
+// armed a crash (POST answered 204).
+func TestHandlerWithATokenRefusesOtherCallers(t *testing.T) {
+	c, _ := newTestCrasher()
+	h := c.Handler("s3cret-token")
+	for _, tt := range []struct {
+		name, auth string
+		want       int
+	}{
+		{"no token", "", http.StatusUnauthorized},
+		{"another token", "Bearer not-it", http.StatusUnauthorized},
+		{"a prefix of it", "Bearer s3cret", http.StatusUnauthorized},
+		{"not a bearer", "Basic czNjcmV0LXRva2Vu", http.StatusUnauthorized},
+		{"the token", "Bearer s3cret-token", http.StatusNoContent},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c.Disarm()
+			req := httptest.NewRequest("POST", "/faults/crash?at=after-commit", nil)
+			if tt.auth != "" {
+				req.Header.Set("Authorization", tt.auth)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tt.want {
+				t.Errorf("= %d, want %d (%s)", rec.Code, tt.want, rec.Body)
+			}
+			if armed := len(c.Armed()) > 0; armed != (tt.want == http.StatusNoContent) {
+				t.Errorf("armed %v after %d", c.Armed(), rec.Code)
+			}
+		})
 	}
 }

@@ -33,6 +33,7 @@ type Config struct {
 	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
 	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM, every phase together: in-flight messages finish, unstarted ones are given back or stored (keep stop_grace_period at least 5s above; with tracing on, 2s of them may go to the last spans' flush)"`
 	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
+	FaultsToken        string          `envconfig:"FAULTS_TOKEN" secret:"true" desc:"the bearer token the fault endpoints require (Authorization: Bearer <token>); required with FAULTS_ENABLED unless HTTP_ADDR listens on loopback only"`
 	PprofEnabled       bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
 	LogLevel           string          `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	// Inbox rows older than InboxRetention are pruned every InboxPruneInterval
@@ -137,6 +138,8 @@ func (c *Config) validate(v *Checks) {
 	tracing.Check(c.Config, v.Require)
 	v.Require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
 	v.Require(validListenAddr(c.HTTPAddr), "HTTP_ADDR", "must be host:port or :port with a port of 0 to 65535, got %q", c.HTTPAddr)
+	v.Require(!c.FaultsEnabled || c.FaultsToken != "" || loopbackOnly(c.HTTPAddr), "FAULTS_TOKEN",
+		"must be set with FAULTS_ENABLED=true while HTTP_ADDR=%q listens beyond loopback: anyone reaching the port could crash the replica", c.HTTPAddr)
 	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
 	v.Require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
 	v.Require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
@@ -308,6 +311,20 @@ func ValidLogLevel(s string) bool {
 
 // validListenAddr reports whether addr is an address net.Listen takes for
 // TCP: an optional host and a numeric port.
+// loopbackOnly reports whether a listen address takes connections from this
+// host alone (127.0.0.1, ::1, localhost).
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func validListenAddr(addr string) bool {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {

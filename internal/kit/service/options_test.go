@@ -101,6 +101,15 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 		{map[string]string{"HTTP_ADDR": "bogus"}, "HTTP_ADDR"},
 		{map[string]string{"HTTP_ADDR": ":99999"}, "HTTP_ADDR"},
 		{map[string]string{"HTTP_ADDR": "127.0.0.1:0"}, ""},
+		// The fault endpoints crash a replica: beyond loopback only with a token.
+		{map[string]string{"FAULTS_ENABLED": "true"}, "FAULTS_TOKEN"},
+		{map[string]string{"FAULTS_ENABLED": "true", "HTTP_ADDR": "0.0.0.0:8080"}, "FAULTS_TOKEN"},
+		{map[string]string{"FAULTS_ENABLED": "true", "HTTP_ADDR": "127.0.0.1:8080"}, ""},
+		{map[string]string{"FAULTS_ENABLED": "true", "HTTP_ADDR": "[::1]:8080"}, ""},
+		{map[string]string{"FAULTS_ENABLED": "true", "HTTP_ADDR": "localhost:8080"}, ""},
+		{map[string]string{"FAULTS_ENABLED": "true", "FAULTS_TOKEN": "t0ken"}, ""},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"},
+		{map[string]string{"OTEL_TRACES_SAMPLER_ARG": "1.5", "OTEL_TRACES_SAMPLER": "traceidratio"}, "OTEL_TRACES_SAMPLER_ARG"},
 		{map[string]string{"HANDLER_TIMEOUT": "31m"}, "HANDLER_TIMEOUT"},
 		{map[string]string{"HANDLER_TIMEOUT": "2s"}, "CARRIER_TIMEOUT"}, // the handler's own check
 		{map[string]string{"CARRIER_TIMEOUT": "soon"}, "CARRIER_TIMEOUT"},

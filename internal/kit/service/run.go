@@ -327,7 +327,7 @@ func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task,
 	k.Metrics.MustRegister(rt.Collectors()...)
 	mux := health.Mux(reg, checks)
 	if k.Crasher != nil {
-		mux.Handle("/faults/", k.Crasher.Handler())
+		mux.Handle("/faults/", k.Crasher.Handler(k.Config.FaultsToken))
 	}
 	if k.Config.PprofEnabled {
 		health.Pprof(mux)

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net/http"
 	"os"
@@ -85,22 +86,26 @@ func (p *Program) Path(t testing.TB) string {
 type Process struct {
 	Addr string   // its HTTP_ADDR: health, readiness, metrics, fault endpoints
 	Env  []string // the environment it runs with
-	Out  *Buffer  // what it wrote to stdout and stderr since its last start
-	path string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// FaultsToken is its FAULTS_TOKEN, which its fault endpoints require
+	// (FaultsRequest sends it).
+	FaultsToken string
+	Out         *Buffer // what it wrote to stdout and stderr since its last start
+	path        string
+	cmd         *exec.Cmd
+	done        chan struct{}
 	// earlier is what the runs before the last one wrote (Restart, Revive).
 	earlier strings.Builder
 }
 
 // Start runs the program with the environment plus env (NAME=value), a free
-// HTTP_ADDR, FAULTS_ENABLED=true and the suite's group commit setting, and
+// HTTP_ADDR, FAULTS_ENABLED=true with a FAULTS_TOKEN of its own, and the
+// suite's group commit setting, and
 // waits until /readyz answers 200. The process is killed when the test ends;
 // its output is logged if the test failed.
 func (p *Program) Start(t testing.TB, env ...string) *Process {
 	t.Helper()
-	pr := &Process{Addr: FreeAddr(t), path: p.Path(t)}
-	pr.Env = append(os.Environ(), "HTTP_ADDR="+pr.Addr, "FAULTS_ENABLED=true")
+	pr := &Process{Addr: FreeAddr(t), path: p.Path(t), FaultsToken: rand.Text()}
+	pr.Env = append(os.Environ(), "HTTP_ADDR="+pr.Addr, "FAULTS_ENABLED=true", "FAULTS_TOKEN="+pr.FaultsToken)
 	pr.Env = append(pr.Env, GroupCommitVars()...)
 	pr.Env = append(pr.Env, env...)
 	pr.start(t, "/readyz")
@@ -255,7 +260,11 @@ func (pr *Process) ArmCrashWith(t testing.TB, point string, p float64) {
 	if p > 0 {
 		u += "&probability=" + strconv.FormatFloat(p, 'f', -1, 64)
 	}
-	resp, err := http.Post(u, "", nil)
+	req, err := pr.FaultsRequest(http.MethodPost, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,4 +322,16 @@ func Count(t testing.TB, dbURL, sql string, args ...any) int {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
+}
+
+// FaultsRequest is a request to the process's fault endpoints, with its token.
+func (pr *Process) FaultsRequest(method, url string) (*http.Request, error) {
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if pr.FaultsToken != "" {
+		req.Header.Set("Authorization", "Bearer "+pr.FaultsToken)
+	}
+	return req, nil
 }

@@ -327,3 +327,43 @@ func TestMetricsCarryTheAlertsGauges(t *testing.T) {
 		}
 	}
 }
+
+// With FAULTS_TOKEN, the running service's fault endpoints refuse a caller
+// without it (401) and arm for one with it.
+func TestFaultEndpointsRequireTheToken(t *testing.T) {
+	s := servicetest.Start(t, ledger(), "FAULTS_ENABLED=true", "FAULTS_TOKEN=let-me-crash-it")
+	post := func(auth string) int {
+		req, err := http.NewRequest(http.MethodPost, "http://"+s.Addr+"/faults/crash?at=after-ack", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(""); code != http.StatusUnauthorized {
+		t.Errorf("no token: %d, want 401", code)
+	}
+	if code := post("Bearer guess"); code != http.StatusUnauthorized {
+		t.Errorf("a wrong token: %d, want 401", code)
+	}
+	req, _ := http.NewRequest(http.MethodDelete, "http://"+s.Addr+"/faults/crash", nil)
+	req.Header.Set("Authorization", "Bearer let-me-crash-it")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("DELETE with the token: %d, want 204", resp.StatusCode)
+	}
+	if strings.Contains(s.Logs.String(), "let-me-crash-it") {
+		t.Error("the token is in the logs")
+	}
+}

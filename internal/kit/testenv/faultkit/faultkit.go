@@ -270,7 +270,7 @@ func (s *Stack) arm(r *replica) {
 	for _, c := range calls {
 		ok := false
 		for try := 0; try < 3 && !ok && !r.proc.Exited(); try++ {
-			ok = faultsCall(c[0], c[1])
+			ok = faultsCall(r.proc, c[0], c[1])
 		}
 		if r.proc.Exited() || !ok && r.proc.ExitsWithin(3*time.Second) {
 			return
@@ -287,8 +287,8 @@ var client = &http.Client{Timeout: 5 * time.Second}
 // message (calls are made from the test's goroutine only).
 var lastAnswer string
 
-func faultsCall(method, u string) bool {
-	req, err := http.NewRequest(method, u, nil)
+func faultsCall(p *testenv.Process, method, u string) bool {
+	req, err := p.FaultsRequest(method, u)
 	if err != nil {
 		lastAnswer = err.Error()
 		return false
