@@ -580,7 +580,10 @@ crash_phase() {
 gateway_faults() {
   # Docker maps a new host port if it restarted the container.
   GATEWAY_ADDR=$(compose port fake-gateway 8081 2>/dev/null | tail -n1) || true
-  curl -fsS -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' -d "$1" \
+  local token
+  token=$(docker inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$(compose ps -q fake-gateway)" 2>/dev/null |
+    sed -n 's/^FAULTS_TOKEN=//p')
+  curl -fsS -o /dev/null --max-time 5 -X POST -H 'Content-Type: application/json' -H "Authorization: Bearer $token" -d "$1" \
     "http://$GATEWAY_ADDR/faults" || die "POST /faults $1 to the fake gateway failed"
 }
 

@@ -74,6 +74,7 @@ func serve(ctx context.Context, cfg config.FakeGateway, stdout, stderr io.Writer
 	srv, err := fakegateway.NewServerWithStore(store, reg, log, faults, fakegateway.Options{
 		InFlightTakeover: cfg.InFlightTakeover,
 		FaultsEnabled:    cfg.FaultsEnabled,
+		FaultsToken:      cfg.FaultsToken,
 	})
 	if err != nil {
 		return fmt.Errorf("build gateway: %w", err)

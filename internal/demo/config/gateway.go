@@ -24,6 +24,7 @@ type FakeGateway struct {
 	InFlightTakeover time.Duration `envconfig:"IN_FLIGHT_TAKEOVER" default:"30s" desc:"an in-flight idempotency key older than this is presumed abandoned"`
 	KeyTTL           time.Duration `envconfig:"KEY_TTL" default:"0s" desc:"how long a completed idempotency key is remembered, 0 = forever (a real gateway forgets: Stripe after 24h); after it the same key charges again"`
 	FaultsEnabled    bool          `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
+	FaultsToken      string        `envconfig:"FAULTS_TOKEN" secret:"true" desc:"the bearer token the fault endpoints require (Authorization: Bearer <token>); required with FAULTS_ENABLED unless HTTP_ADDR listens on loopback only"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 }
 
@@ -41,6 +42,7 @@ func (c *FakeGateway) Validate() error {
 	v.Require(c.Latency >= 0 && c.Latency <= time.Minute, "FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
 	v.Require(c.InFlightTakeover >= time.Second, "IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
 	v.Require(c.KeyTTL >= 0, "KEY_TTL", "must be 0 (forever) or positive, got %s", c.KeyTTL)
+	v.FaultsToken(c.FaultsEnabled, c.FaultsToken, c.HTTPAddr)
 	v.Require(service.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	return v.Err()
 }

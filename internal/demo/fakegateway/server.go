@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/faults"
 )
 
 // Options are the Server's settings besides its dependencies.
@@ -22,6 +24,8 @@ type Options struct {
 	InFlightTakeover time.Duration
 	// FaultsEnabled serves GET, POST and DELETE /faults; without it they answer 404.
 	FaultsEnabled bool
+	// FaultsToken, if set, is the bearer token /faults requires (401 without).
+	FaultsToken string
 }
 
 // Server is the fake gateway's HTTP API.
@@ -73,9 +77,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.gatherer, promhttp.HandlerOpts{}))
 	if s.opts.FaultsEnabled {
-		mux.HandleFunc("GET /faults", s.handleGetFaults)
-		mux.HandleFunc("POST /faults", s.handleSetFaults)
-		mux.HandleFunc("DELETE /faults", s.handleClearFaults)
+		mux.Handle("GET /faults", faults.Guard(s.opts.FaultsToken, http.HandlerFunc(s.handleGetFaults)))
+		mux.Handle("POST /faults", faults.Guard(s.opts.FaultsToken, http.HandlerFunc(s.handleSetFaults)))
+		mux.Handle("DELETE /faults", faults.Guard(s.opts.FaultsToken, http.HandlerFunc(s.handleClearFaults)))
 	}
 	return mux
 }

@@ -3,6 +3,7 @@ package fakegateway
 import (
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,36 @@ func TestFaultEndpointsAre404WhenDisabled(t *testing.T) {
 	}
 	if f := e.srv.Faults(); f != (Faults{}) {
 		t.Fatalf("faults changed to %+v", f)
+	}
+}
+
+// With a token, the fault knobs answer 401 to a caller without it and stay
+// as they were.
+func TestFaultEndpointsRequireTheToken(t *testing.T) {
+	e := newEnvWith(t, memoryStore, Options{FaultsEnabled: true, FaultsToken: "gw-token"})
+	h := e.srv.Handler()
+	for _, auth := range []string{"", "Bearer other", "gw-token"} {
+		req := httptest.NewRequest(http.MethodPost, "/faults", strings.NewReader(`{"error_rate":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusUnauthorized {
+			t.Errorf("POST /faults with %q = %d, want 401", auth, rec.Code)
+		}
+	}
+	if f := e.srv.Faults(); f != (Faults{}) {
+		t.Fatalf("faults changed to %+v without the token", f)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/faults", strings.NewReader(`{"error_rate":1}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer gw-token")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusNoContent || e.srv.Faults().ErrorRate != 1 {
+		t.Fatalf("POST /faults with the token = %d, faults %+v", rec.Code, e.srv.Faults())
 	}
 }
 

@@ -164,10 +164,14 @@ func (c *Crasher) OnStage(s consumer.Stage) { c.Hit(Point(s)) }
 // request without "Authorization: Bearer <token>" answers 401 and changes
 // nothing; "" serves anyone, for a listener on loopback only (the
 // configuration refuses it otherwise).
-func (c *Crasher) Handler(token string) http.Handler {
-	mux := c.mux()
+func (c *Crasher) Handler(token string) http.Handler { return Guard(token, c.mux()) }
+
+// Guard serves h only to a request with "Authorization: Bearer <token>"
+// (compared in constant time), and answers 401 to any other, h untouched;
+// with token "" it is h. For every fault endpoint (the fake gateway's too).
+func Guard(token string, h http.Handler) http.Handler {
 	if token == "" {
-		return mux
+		return h
 	}
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -176,7 +180,7 @@ func (c *Crasher) Handler(token string) http.Handler {
 			http.Error(w, "the fault endpoints need Authorization: Bearer <FAULTS_TOKEN>", http.StatusUnauthorized)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	})
 }
 

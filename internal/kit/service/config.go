@@ -138,8 +138,7 @@ func (c *Config) validate(v *Checks) {
 	tracing.Check(c.Config, v.Require)
 	v.Require(c.Consumer != "", "CONSUMER_NAME", "must not be empty")
 	v.Require(validListenAddr(c.HTTPAddr), "HTTP_ADDR", "must be host:port or :port with a port of 0 to 65535, got %q", c.HTTPAddr)
-	v.Require(!c.FaultsEnabled || c.FaultsToken != "" || loopbackOnly(c.HTTPAddr), "FAULTS_TOKEN",
-		"must be set with FAULTS_ENABLED=true while HTTP_ADDR=%q listens beyond loopback: anyone reaching the port could crash the replica", c.HTTPAddr)
+	v.FaultsToken(c.FaultsEnabled, c.FaultsToken, c.HTTPAddr)
 	v.Require(c.Prefetch >= 1 && c.Prefetch <= 1000, "PREFETCH", "must be between 1 and 1000, got %d", c.Prefetch)
 	v.Require(c.Workers >= 1 && c.Workers <= c.Prefetch, "WORKERS", "must be between 1 and PREFETCH (%d), got %d: raise PREFETCH or lower WORKERS", c.Prefetch, c.Workers)
 	v.Require(c.DBCommitters >= 1, "DB_COMMITTERS", "must be at least 1, got %d", c.DBCommitters)
@@ -311,6 +310,14 @@ func ValidLogLevel(s string) bool {
 
 // validListenAddr reports whether addr is an address net.Listen takes for
 // TCP: an optional host and a numeric port.
+// FaultsToken requires FAULTS_TOKEN of a program whose fault endpoints are
+// on (FAULTS_ENABLED) and whose HTTP_ADDR listens beyond loopback: anyone
+// reaching the port could crash it or change its behaviour.
+func (c *Checks) FaultsToken(enabled bool, token, httpAddr string) {
+	c.Require(!enabled || token != "" || loopbackOnly(httpAddr), "FAULTS_TOKEN",
+		"must be set with FAULTS_ENABLED=true while HTTP_ADDR=%q listens beyond loopback: anyone reaching the port could use the fault endpoints", httpAddr)
+}
+
 // loopbackOnly reports whether a listen address takes connections from this
 // host alone (127.0.0.1, ::1, localhost).
 func loopbackOnly(addr string) bool {
