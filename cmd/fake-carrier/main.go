@@ -67,6 +67,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if cfg.FaultsEnabled {
+		srv.WithFaultEndpoints(cfg.FaultsToken)
+	}
 	return listen(ctx, cfg.HTTPAddr, srv.Handler(), log)
 }
 

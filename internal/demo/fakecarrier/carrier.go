@@ -28,6 +28,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 )
 
@@ -64,6 +65,17 @@ type Server struct {
 	takeover time.Duration
 	mu       sync.Mutex
 	faults   Faults
+	// fault endpoints (WithFaultEndpoints): served, and the token they want
+	faultsOn    bool
+	faultsToken string
+}
+
+// WithFaultEndpoints serves GET and POST /faults (the knobs at run time),
+// to callers with "Authorization: Bearer <token>" ("": any caller, for a
+// loopback-only listener).
+func (s *Server) WithFaultEndpoints(token string) *Server {
+	s.faultsOn, s.faultsToken = true, token
+	return s
 }
 
 // NewServer returns a carrier storing its bookings in db; a key in flight
@@ -75,7 +87,8 @@ func NewServer(db *sql.DB, faults Faults, takeover time.Duration, log *slog.Logg
 	return &Server{db: db, log: log, takeover: takeover, faults: faults}, nil
 }
 
-// Handler serves /v1/pickups, /healthz and /faults (GET and POST).
+// Handler serves /v1/pickups, /healthz and, with WithFaultEndpoints, /faults
+// (GET and POST).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/pickups", s.book)
@@ -86,8 +99,10 @@ func (s *Server) Handler() http.Handler {
 		}
 		_, _ = io.WriteString(w, "ok\n")
 	})
-	mux.HandleFunc("GET /faults", s.getFaults)
-	mux.HandleFunc("POST /faults", s.setFaults)
+	if s.faultsOn {
+		mux.Handle("GET /faults", faults.Guard(s.faultsToken, http.HandlerFunc(s.getFaults)))
+		mux.Handle("POST /faults", faults.Guard(s.faultsToken, http.HandlerFunc(s.setFaults)))
+	}
 	return mux
 }
 

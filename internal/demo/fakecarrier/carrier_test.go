@@ -96,3 +96,29 @@ func TestCarrierLostResponseReplays(t *testing.T) {
 		t.Errorf("%d pickups", n)
 	}
 }
+
+// The fault knobs are served only when asked for, and then to a caller with
+// the token alone.
+func TestFaultEndpointsWantTheToken(t *testing.T) {
+	_, s, _ := newCarrier(t, Faults{})
+	if code := faultsCall(t, s.Handler(), ""); code != http.StatusNotFound {
+		t.Errorf("GET /faults without fault endpoints = %d, want 404", code)
+	}
+	h := s.WithFaultEndpoints("carrier-token").Handler()
+	for auth, want := range map[string]int{"": 401, "Bearer other": 401, "Bearer carrier-token": 200} {
+		if code := faultsCall(t, h, auth); code != want {
+			t.Errorf("GET /faults with %q = %d, want %d", auth, code, want)
+		}
+	}
+}
+
+func faultsCall(t *testing.T, h http.Handler, auth string) int {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, "/faults", nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code
+}

@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -29,8 +30,15 @@ func FuzzChargeRequest(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !validID(req.OrderID) || !validID(req.CustomerID) || req.AmountCents <= 0 || !validCurrency(req.Currency) ||
-			strings.ContainsRune(req.OrderID, 0) {
+		// The store's rules, stated apart from the code they check: ids of 1
+		// to 255 bytes of UTF-8 without control characters, a positive
+		// amount, three uppercase letters.
+		for _, id := range []string{req.OrderID, req.CustomerID} {
+			if id == "" || len(id) > 255 || !utf8.ValidString(id) || strings.ContainsFunc(id, unicode.IsControl) {
+				t.Fatalf("accepted the id %q in %+v", id, req)
+			}
+		}
+		if req.AmountCents <= 0 || len(req.Currency) != 3 || strings.ContainsFunc(req.Currency, func(r rune) bool { return r < 'A' || r > 'Z' }) {
 			t.Fatalf("accepted %+v", req)
 		}
 	})

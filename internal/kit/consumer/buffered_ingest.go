@@ -154,10 +154,7 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 			ok = false
 		}
 	}()
-	msg := message(d)
-	if !r.fromRetryQueue(d) {
-		msg.Attempt = 1
-	}
+	msg := r.received(d)
 	reason, err := r.admit(d, &msg)
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if reason != "" {

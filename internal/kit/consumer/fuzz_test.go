@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"mime"
 	"strings"
 	"testing"
 	"unicode"
@@ -24,7 +25,7 @@ func FuzzAdmit(f *testing.F) {
 	f.Add("\xffid", "", "payments.order-placed.retry.5s", int64(2), int64(0), []byte(`{"id":`))
 	r := &Runtime{cfg: Config{
 		Topology:     rabbit.Topology{Queue: "payments.order-placed"},
-		MaxBodyBytes: 1 << 16, ContentTypes: []string{"application/json"},
+		MaxBodyBytes: 64, ContentTypes: []string{"application/json"}, // small: the fuzzer's bodies reach it
 		KeyFromBody: func(b []byte) string {
 			s := string(b)
 			if i := strings.Index(s, `"id":"`); i >= 0 {
@@ -42,10 +43,7 @@ func FuzzAdmit(f *testing.F) {
 			HeaderTimestampMillis: publishedMs,
 			"x-death":             []any{amqp.Table{"queue": deathQueue, "count": attempt}},
 		}}
-		msg := message(d)
-		if !r.fromRetryQueue(d) {
-			msg.Attempt = 1
-		}
+		msg := r.received(d) // as both modes take a delivery
 		if msg.Attempt < 1 {
 			t.Fatalf("attempt %d", msg.Attempt)
 		}
@@ -59,11 +57,19 @@ func FuzzAdmit(f *testing.F) {
 			}
 			return
 		}
-		if msg.ID == "" || len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl) {
+		// The rules, stated here apart from the code they check: an AMQP
+		// short string, UTF-8 without control characters; a body within 64
+		// bytes; a JSON media type or none.
+		if msg.ID == "" || len(msg.ID) > 255 || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl) {
 			t.Fatalf("admitted the dedupe key %q", msg.ID)
 		}
-		if len(body) > r.cfg.MaxBodyBytes {
+		if len(body) > 64 {
 			t.Fatalf("admitted a body of %d bytes", len(body))
+		}
+		if contentType != "" {
+			if mt, _, err := mime.ParseMediaType(contentType); err != nil || mt != "application/json" {
+				t.Fatalf("admitted the content type %q", contentType)
+			}
 		}
 	})
 }

@@ -60,10 +60,7 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	r := m.r
 	ctx, span := r.cfg.Tracer.Process(ctx, d, r.cfg.Topology.Queue, r.cfg.Name)
 	defer span.End()
-	msg := message(d)
-	if !r.fromRetryQueue(d) {
-		msg.Attempt = 1 // only our retry path raises the count: a producer's x-attempt is not trusted
-	}
+	msg := r.received(d)
 	reason, admitErr := r.admit(d, &msg)
 	if reason == "" && msg.undecoded != nil {
 		reason, admitErr = permanentReason(msg.undecoded), msg.undecoded

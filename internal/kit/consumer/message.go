@@ -54,6 +54,18 @@ func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
 	return false
 }
 
+// received is the handler's view of a delivery as the runtime trusts it:
+// only its own retry path raises the attempt count, so a producer's
+// x-attempt is not trusted unless the delivery came from one of its delay
+// queues.
+func (r *Runtime) received(d amqp.Delivery) Message {
+	msg := message(d)
+	if !r.fromRetryQueue(d) {
+		msg.Attempt = 1
+	}
+	return msg
+}
+
 // message builds the handler's view of a delivery.
 func message(d amqp.Delivery) Message {
 	attempt := 1

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -27,7 +28,7 @@ const retryJitter = 0.2
 func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt + 1) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
+	pub.Headers[HeaderAttempt] = header32(msg.Attempt + 1)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	if _, ok := pub.Headers[HeaderFirstError]; !ok {
 		pub.Headers[HeaderFirstError] = truncate(cause.Error())
@@ -51,9 +52,9 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
+	pub.Headers[HeaderAttempt] = header32(msg.Attempt)
 	held, _ := intHeader(d.Headers, HeaderHeld)
-	pub.Headers[HeaderHeld] = int32(held + 1) // #nosec G115 -- read from an int32 header, one more
+	pub.Headers[HeaderHeld] = header32(held + 1)
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
@@ -102,7 +103,7 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
 	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
-	pub.Headers[HeaderAttempt] = int32(msg.Attempt) // #nosec G115 -- at most MAX_ATTEMPTS (≤ 10000)
+	pub.Headers[HeaderAttempt] = header32(msg.Attempt)
 	if _, ok := pub.Headers[HeaderFirstError]; !ok {
 		pub.Headers[HeaderFirstError] = truncate(cause.Error())
 	}
@@ -178,4 +179,10 @@ func stampSeen(h amqp.Table, published, seen time.Time) {
 	if published.IsZero() && !seen.IsZero() {
 		h[HeaderTimestampMillis] = seen.UnixMilli()
 	}
+}
+
+// header32 is n as the int32 an AMQP header count takes, clamped: a count
+// read from a producer's headers may be anything.
+func header32(n int) int32 {
+	return int32(max(min(n, math.MaxInt32), math.MinInt32)) // #nosec G115 -- clamped to the int32 range
 }

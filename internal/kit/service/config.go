@@ -308,8 +308,6 @@ func ValidLogLevel(s string) bool {
 	return false
 }
 
-// validListenAddr reports whether addr is an address net.Listen takes for
-// TCP: an optional host and a numeric port.
 // FaultsToken requires FAULTS_TOKEN of a program whose fault endpoints are
 // on (FAULTS_ENABLED) and whose HTTP_ADDR listens beyond loopback: anyone
 // reaching the port could crash it or change its behaviour.
@@ -332,6 +330,8 @@ func loopbackOnly(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// validListenAddr reports whether addr is an address net.Listen takes for
+// TCP: an optional host and a numeric port.
 func validListenAddr(addr string) bool {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {

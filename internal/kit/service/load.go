@@ -105,10 +105,29 @@ func maskOne(s string) string {
 	switch {
 	case err != nil && strings.Contains(s, "@"):
 		return "***"
-	case err != nil || u.User == nil:
+	case err != nil:
 		return s
 	}
-	return u.Redacted()
+	// A password can sit in the query too (libpq's password, sslpassword).
+	masked := false
+	if q := u.Query(); u.Scheme != "" && len(q) > 0 {
+		for k := range q {
+			if strings.Contains(strings.ToLower(k), "password") {
+				q.Set(k, "xxxxx")
+				masked = true
+			}
+		}
+		if masked {
+			u.RawQuery = q.Encode()
+		}
+	}
+	switch {
+	case u.User != nil:
+		return u.Redacted()
+	case masked:
+		return u.String()
+	}
+	return s
 }
 
 // Checks collects validation failures, so that one start reports all of them,

@@ -169,13 +169,17 @@ func TestLoadConfigNamesTheVariableAtFault(t *testing.T) {
 
 func TestLogValueMasksSecrets(t *testing.T) {
 	t.Setenv("AMQP_URL", "amqp://user:s3cret@broker:5672/, amqp://user:s3cret@broker2:5672/")
-	t.Setenv("DATABASE_URL", "postgres://app:hunter2@db:5432/shipping")
+	// libpq also takes a password, and the client key's, in the query.
+	t.Setenv("DATABASE_URL", "postgres://app:hunter2@db:5432/shipping?sslmode=verify-full&sslpassword=keyPass9&password=qPass7")
 	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	v := LogValue(&cfg)
-	for _, secret := range []string{"s3cret", "hunter2"} {
+	if !strings.Contains(v["DATABASE_URL"], "sslmode=verify-full") {
+		t.Errorf("DATABASE_URL=%s lost its sslmode", v["DATABASE_URL"])
+	}
+	for _, secret := range []string{"s3cret", "hunter2", "keyPass9", "qPass7"} {
 		for k, val := range v {
 			if strings.Contains(val, secret) {
 				t.Errorf("%s=%s shows a password", k, val)

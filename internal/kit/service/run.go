@@ -110,7 +110,11 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Addr: cfg.HTTPAddr, ReadHeaderTimeout: 5 * time.Second, Handler: newMux(k, reg, rt, tasks, checker.Check)}
+	// Probes, scrapes and fault calls are small and quick: bounded reads,
+	// headers, writes (a CPU profile takes 30 s) and idle keep-alives.
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: newMux(k, reg, rt, tasks, checker.Check),
+		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 60 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10}
 	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, tasks, cfg.ShutdownTimeout, log))
 }
 

@@ -28,14 +28,19 @@ type Certs struct {
 	CAFile            string // the CA that signed the server certificate
 	OtherCAFile       string // a CA that signed nothing here
 	CertFile, KeyFile string // the server's
+	// ClientCert and ClientKey are a client certificate of the CA, for the
+	// user postgres (PostgreSQL's clientcert=verify-full matches its name).
+	ClientCert, ClientKey string
 }
 
-// NewCerts makes a CA, a server certificate for names and an unrelated CA, in a directory removed when the test ends.
+// NewCerts makes a CA, a server certificate for names, a client certificate
+// and an unrelated CA, in a directory removed when the test ends.
 func NewCerts(t testing.TB, names ...string) Certs {
 	t.Helper()
 	dir := t.TempDir()
 	c := Certs{Dir: dir, CAFile: filepath.Join(dir, "ca.pem"), OtherCAFile: filepath.Join(dir, "other-ca.pem"),
-		CertFile: filepath.Join(dir, "server.pem"), KeyFile: filepath.Join(dir, "server-key.pem")}
+		CertFile: filepath.Join(dir, "server.pem"), KeyFile: filepath.Join(dir, "server-key.pem"),
+		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem")}
 	ca, caKey := newCert(t, "test CA", nil, nil, nil, true)
 	writePEM(t, c.CAFile, "CERTIFICATE", ca.Raw)
 	other, _ := newCert(t, "another CA", nil, nil, nil, true)
@@ -43,6 +48,9 @@ func NewCerts(t testing.TB, names ...string) Certs {
 	srv, srvKey := newCert(t, names[0], names, ca, caKey, false)
 	writePEM(t, c.CertFile, "CERTIFICATE", srv.Raw)
 	writeKey(t, c.KeyFile, srvKey)
+	cli, cliKey := newCert(t, "postgres", nil, ca, caKey, false)
+	writePEM(t, c.ClientCert, "CERTIFICATE", cli.Raw)
+	writeKey(t, c.ClientKey, cliKey)
 	return c
 }
 
@@ -128,15 +136,16 @@ func StartTLSPostgres(t testing.TB, c Certs) int {
 	chownToPostgres(t, dir)
 	data := filepath.Join(dir, "data")
 	run(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
-	// TCP with TLS only: a plaintext client is refused.
-	hba := "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n"
+	// TCP with TLS only, and a client certificate of the CA for the user:
+	// a plaintext client, or one without a certificate, is refused.
+	hba := "local all all trust\nhostssl all all 127.0.0.1/32 trust clientcert=verify-full\nhostssl all all ::1/128 trust clientcert=verify-full\n"
 	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	chownToPostgres(t, data)
 	port := freePort(t)
-	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s -c fsync=off",
-		port, dir, filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"))
+	opts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -c unix_socket_directories=%s -c ssl=on -c ssl_cert_file=%s -c ssl_key_file=%s -c ssl_ca_file=%s -c fsync=off",
+		port, dir, filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"), filepath.Join(dir, "ca.pem"))
 	run(filepath.Join(bin, "pg_ctl"), "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"), "-w", "-t", "60", "start")
 	t.Cleanup(func() {
 		_ = asPostgres(t, dir, filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop").Run()
@@ -208,7 +217,8 @@ type TLSBroker struct {
 
 // StartTLSRabbitMQ runs a RabbitMQ node of the test's own (the machine's
 // server, its own node name, ports, data and configuration, no plugins)
-// with a TLS listener on 127.0.0.1 that presents c's server certificate, a
+// with a TLS listener on 127.0.0.1 that presents c's server certificate and
+// requires a client certificate of c's CA, a
 // user and a password of the test's, and stops it when the test ends. It
 // needs root, as scripts/cluster.sh does, and fails without it. The
 // machine's broker is not touched.
@@ -244,8 +254,8 @@ listeners.ssl.1 = 127.0.0.1:%d
 ssl_options.cacertfile = %s
 ssl_options.certfile = %s
 ssl_options.keyfile = %s
-ssl_options.verify = verify_none
-ssl_options.fail_if_no_peer_cert = false
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = true
 loopback_users = none
 `, tcp, b.TLSPort, filepath.Join(dir, filepath.Base(c.CAFile)), filepath.Join(dir, filepath.Base(c.CertFile)), filepath.Join(dir, filepath.Base(c.KeyFile)))
 	for name, content := range map[string]string{"rabbitmq.conf": conf, "rabbitmq-env.conf": "", "enabled_plugins": "[].\n"} {
@@ -262,6 +272,7 @@ loopback_users = none
 		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"), "RABBITMQ_PID_FILE="+pid, "ERL_EPMD_ADDRESS=127.0.0.1",
 		"RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=-kernel inet_dist_use_interface {127,0,0,1}",
 		"/usr/lib/rabbitmq/bin/rabbitmq-server", "-detached")
+	start.Dir = dir // where a crash dump would land
 	if out, err := start.CombinedOutput(); err != nil {
 		t.Fatalf("rabbitmq-server: %v\n%s", err, out)
 	}
@@ -274,7 +285,9 @@ loopback_users = none
 		}
 	}
 	t.Cleanup(func() {
-		_ = exec.Command(rabbitmqctl(), "-q", "-n", b.Node, "stop").Run() // #nosec G204 -- as above
+		// With the pid file, stop returns once the node's process has exited:
+		// only then is its directory removed.
+		_ = exec.Command(rabbitmqctl(), "-q", "-n", b.Node, "stop", pid).Run() // #nosec G204 -- as above
 	})
 	ctl("wait", "--timeout", "120", pid)
 	ctl("await_startup", "--timeout", "120")

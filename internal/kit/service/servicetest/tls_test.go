@@ -20,21 +20,26 @@ import (
 // TestTLSToBothServers runs a service against a RabbitMQ node and a
 // PostgreSQL of the test's own, each with TLS only on the port it is given,
 // and a certificate of a test CA for the name localhost alone: with the CA
-// (amqps:// with cacertfile, sslmode=verify-full with sslrootcert) the
-// service connects, consumes and commits; a client given another CA, or
-// dialling an address the certificate does not name, is refused; and no
-// password reaches the service's logs.
+// (amqps:// with cacertfile, sslmode=verify-full with sslrootcert) and a
+// client certificate of it (certfile and keyfile, sslcert and sslkey: both
+// servers require one) the service connects, consumes and commits; a client
+// given another CA, dialling an address the certificate does not name, or
+// without a client certificate, is refused; and no password reaches the
+// service's logs.
 func TestTLSToBothServers(t *testing.T) {
 	certs := testenv.NewCerts(t, "localhost")
 	const amqpPassword, pgPassword = "amqp-pa55-Zq9", "pg-pa55-Xw7"
 	broker := testenv.StartTLSRabbitMQ(t, certs, "tlsuser", amqpPassword)
 	pgPort := testenv.StartTLSPostgres(t, certs)
 
+	// Both servers want a client certificate of the CA as well.
+	client := fmt.Sprintf("&certfile=%s&keyfile=%s", url.QueryEscape(certs.ClientCert), url.QueryEscape(certs.ClientKey))
 	amqpURL := func(host, ca string) string {
-		return fmt.Sprintf("amqps://tlsuser:%s@%s:%d/?cacertfile=%s", amqpPassword, host, broker.TLSPort, url.QueryEscape(ca))
+		return fmt.Sprintf("amqps://tlsuser:%s@%s:%d/?cacertfile=%s%s", amqpPassword, host, broker.TLSPort, url.QueryEscape(ca), client)
 	}
+	pgClient := fmt.Sprintf("&sslcert=%s&sslkey=%s", url.QueryEscape(certs.ClientCert), url.QueryEscape(certs.ClientKey))
 	dbURL := func(host, ca string) string {
-		return fmt.Sprintf("postgres://postgres:%s@%s:%d/postgres?sslmode=verify-full&sslrootcert=%s", pgPassword, host, pgPort, url.QueryEscape(ca))
+		return fmt.Sprintf("postgres://postgres:%s@%s:%d/postgres?sslmode=verify-full&sslrootcert=%s%s", pgPassword, host, pgPort, url.QueryEscape(ca), pgClient)
 	}
 
 	// Refused: another CA, or an address the certificate does not name.
@@ -71,6 +76,27 @@ func TestTLSToBothServers(t *testing.T) {
 			}
 		})
 	}
+	t.Run("amqp refuses a client without a certificate", func(t *testing.T) {
+		u := fmt.Sprintf("amqps://tlsuser:%s@localhost:%d/?cacertfile=%s", amqpPassword, broker.TLSPort, url.QueryEscape(certs.CAFile))
+		conn, err := rabbit.Dial(u, 5*time.Second, "tls test")
+		if err == nil {
+			conn.Close()
+			t.Fatal("connected without a client certificate")
+		}
+	})
+	t.Run("postgres refuses a client without a certificate", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		u := fmt.Sprintf("postgres://postgres@localhost:%d/postgres?sslmode=verify-full&sslrootcert=%s", pgPort, url.QueryEscape(certs.CAFile))
+		db, err := database.Open(ctx, database.Options{URL: u, MaxConns: 2}, testenv.Logger(t))
+		if err == nil {
+			database.Close(db)
+			t.Fatal("connected without a client certificate")
+		}
+		if !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("error %v; want the server's refusal of a missing certificate", err)
+		}
+	})
 	t.Run("plaintext to the TLS port is refused", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
