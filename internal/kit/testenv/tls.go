@@ -102,6 +102,22 @@ func writeKey(t testing.TB, path string, key *ecdsa.PrivateKey) {
 	}
 }
 
+// copyServerFiles copies the CA and the server's certificate and key into
+// dir, private, under their own names: a server reads a key only from a file
+// of its own user's.
+func (c Certs) copyServerFiles(t testing.TB, dir string) {
+	t.Helper()
+	for _, f := range []string{c.CAFile, c.CertFile, c.KeyFile} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // StartTLSPostgres runs a PostgreSQL of the test's own (initdb in a
 // temporary directory, the machine's server binaries, a free port on
 // 127.0.0.1) with ssl=on and c's server certificate, TLS connections only
@@ -124,15 +140,7 @@ func StartTLSPostgres(t testing.TB, c Certs) int {
 		}
 	}
 	// The server reads its key only if it is its owner's and private.
-	for _, f := range []string{c.CertFile, c.KeyFile, c.CAFile} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.copyServerFiles(t, dir)
 	chownToPostgres(t, dir)
 	data := filepath.Join(dir, "data")
 	run(filepath.Join(bin, "initdb"), "-D", data, "-A", "trust", "-U", "postgres", "--no-sync")
@@ -240,15 +248,7 @@ func StartTLSRabbitMQ(t testing.TB, c Certs, user, password string) TLSBroker {
 	// The node runs as the rabbitmq user, with its home (and its Erlang
 	// cookie, which rabbitmqctl uses too), on copies of the certificates it
 	// can read.
-	for _, f := range []string{c.CAFile, c.CertFile, c.KeyFile} {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c.copyServerFiles(t, dir)
 	conf := fmt.Sprintf(`listeners.tcp.local = 127.0.0.1:%d
 listeners.ssl.1 = 127.0.0.1:%d
 ssl_options.cacertfile = %s
