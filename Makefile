@@ -34,13 +34,17 @@ build:
 # so that they disturb no other. The fault kit's scenarios (TestPaymentUnderFaults,
 # TestShippingUnderFaults and their buffered twins: a dozen minutes of crashes and
 # restarts), the generator's tests (TestNewProjectScript*, which commit
-# nothing themselves) and the trace tests (the spans, not the commits) run in
-# the first pass only.
+# nothing themselves), the trace tests (the spans, not the commits) and the
+# consumer's recovery scenarios (COMMIT_PASS_ONCE: an outage, a blackhole,
+# closed connections, killed replicas; their subject is the pause and the
+# reconnect, and the buffered half of most fixes its own commit) run in the
+# first pass only.
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
+COMMIT_PASS_ONCE = UnderFaults|NewProject|Trace|^TestDatabaseOutagePausesAndLosesNothing$$|^TestBlackholedDatabaseDoesNotWedgeWorkers$$|^TestConnectionsClosedUnderLoad$$|^TestBufferedIngestFaultNotOfTheDataReconnects$$|^TestBufferedOrderAcrossKilledReplicas$$
 test: check lint test-rules
 	$(GO) test -race -count=1 -timeout 40m ./...
 	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
-	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip 'UnderFaults|NewProject|Trace' $(COMMIT_PACKAGES)
+	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip '$(COMMIT_PASS_ONCE)' $(COMMIT_PACKAGES)
 	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
