@@ -42,9 +42,11 @@ build:
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
 COMMIT_PASS_ONCE = UnderFaults|NewProject|Trace|^TestDatabaseOutagePausesAndLosesNothing$$|^TestBlackholedDatabaseDoesNotWedgeWorkers$$|^TestConnectionsClosedUnderLoad$$|^TestBufferedIngestFaultNotOfTheDataReconnects$$|^TestBufferedOrderAcrossKilledReplicas$$
 test: check lint test-rules
+	@echo "== $$(date -u +%T) the whole suite with the race detector"
 	$(GO) test -race -count=1 -timeout 40m ./...
-	@echo "== the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
+	@echo "== $$(date -u +%T) the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
 	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip '$(COMMIT_PASS_ONCE)' $(COMMIT_PACKAGES)
+	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
 	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 check: fmt vet
