@@ -16,6 +16,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -167,15 +168,17 @@ func (c *Crasher) OnStage(s consumer.Stage) { c.Hit(Point(s)) }
 func (c *Crasher) Handler(token string) http.Handler { return Guard(token, c.mux()) }
 
 // Guard serves h only to a request with "Authorization: Bearer <token>"
-// (compared in constant time), and answers 401 to any other, h untouched;
-// with token "" it is h. For every fault endpoint (the fake gateway's too).
+// (the scheme in any case, as RFC 7235 has it; the token compared in
+// constant time), and answers 401 to any other, h untouched; with token ""
+// it is h. For every fault endpoint (the fake gateway's too).
 func Guard(token string, h http.Handler) http.Handler {
 	if token == "" {
 		return h
 	}
-	want := []byte("Bearer " + token)
+	want := []byte(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="faults"`)
 			http.Error(w, "the fault endpoints need Authorization: Bearer <FAULTS_TOKEN>", http.StatusUnauthorized)
 			return

@@ -121,6 +121,10 @@ func TestHandlerWithATokenRefusesOtherCallers(t *testing.T) {
 		{"a prefix of it", "Bearer s3cret", http.StatusUnauthorized},
 		{"not a bearer", "Basic czNjcmV0LXRva2Vu", http.StatusUnauthorized},
 		{"the token", "Bearer s3cret-token", http.StatusNoContent},
+		{"the scheme in lower case", "bearer s3cret-token", http.StatusNoContent}, // RFC 7235: the scheme is case-insensitive
+		{"the scheme in upper case", "BEARER s3cret-token", http.StatusNoContent},
+		{"the token in another case", "Bearer S3CRET-TOKEN", http.StatusUnauthorized},
+		{"no space", "Bearers3cret-token", http.StatusUnauthorized},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c.Disarm()

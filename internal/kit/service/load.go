@@ -64,7 +64,7 @@ func collect(v reflect.Value, out map[string]string, mask bool) {
 			continue
 		}
 		val := render(v.Field(i).Interface())
-		if mask && f.Tag.Get("secret") == "true" {
+		if mask && f.Tag.Get("secret") == "true" && val != "" { // unset shows as unset
 			val = "***"
 		}
 		if mask {

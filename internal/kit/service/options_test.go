@@ -223,6 +223,10 @@ func TestLogValueMasksTaggedSecrets(t *testing.T) {
 	if v := LogValue(&settings{APIKey: "k-123"}); v["CARRIER_API_KEY"] != "***" {
 		t.Fatalf("CARRIER_API_KEY logged as %q", v["CARRIER_API_KEY"])
 	}
+	// An unset secret shows as unset: "***" would tell an operator it is set.
+	if v := LogValue(&settings{}); v["CARRIER_API_KEY"] != "" {
+		t.Fatalf("an unset CARRIER_API_KEY logged as %q, want \"\"", v["CARRIER_API_KEY"])
+	}
 }
 
 // A service pins the kit settings it depends on: an unset variable takes the
