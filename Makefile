@@ -111,7 +111,7 @@ up:
 	bash scripts/up.sh
 
 down:
-	docker compose --profile cluster down -v --remove-orphans
+	docker compose --profile cluster --profile tracing down -v --remove-orphans
 
 # Fault scripts (scripts/faults, scripts/chaos.sh): by default each runs its
 # Go scenario (go test of the service's fault test: local processes on the
