@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,6 +33,11 @@ type Trial struct {
 	// Load publishes the service's load at a bounded rate, while the fault
 	// happens, and returns once the broker confirmed all of it.
 	Load func() error
+	// LoadMore, if set, is called after Load while the fault is still being
+	// injected, and publishes one more batch each time: a fault loop whose
+	// rounds run slow (the CLI on a loaded machine) still finds the load
+	// running at its every round.
+	LoadMore func() error
 	// Progress counts the service's effects (rows of its own table): the
 	// drain waits until it stands still.
 	Progress func() int
@@ -53,7 +59,15 @@ func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenari
 			tr := trial(t, sc)
 			s := tr.Stack
 			loaded := make(chan error, 1)
-			go func() { loaded <- tr.Load() }()
+			var faulting atomic.Bool
+			faulting.Store(true)
+			go func() {
+				err := tr.Load()
+				for err == nil && tr.LoadMore != nil && faulting.Load() {
+					err = tr.LoadMore()
+				}
+				loaded <- err
+			}()
 			var loadErr error
 			done := false
 			busy := func() bool {
@@ -69,6 +83,7 @@ func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenari
 				}
 			}
 			sc.Fault(s, busy)
+			faulting.Store(false)
 			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
 			if loadErr != nil {
 				t.Fatalf("the load: %v", loadErr)
