@@ -137,13 +137,13 @@ var bufferedFaultEnv = []string{
 // the outbox relays are routed there (nobody reads them in these tests).
 const faultSink = "faults.order-paid"
 
-// paymentTrial is a fresh run of the payment service with env for sc: its
-// publisher runs load (one run each, in turn), or by default the
-// scenario's paymentLoads.
 // clusterLoadMore is a batch of the load's extension while node-loss rounds
 // remain (faultkit.Trial.LoadMore): 10 s at the cluster load's rate.
 var clusterLoadMore = []string{"-count", "750", "-duplicate-rate", "0.1", "-rate", "75", "-timeout", "5m"}
 
+// paymentTrial is a fresh run of the payment service with env for sc: its
+// publisher runs load (one run each, in turn), or by default the
+// scenario's paymentLoads.
 func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 		var cluster *testenv.Cluster
