@@ -23,6 +23,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
@@ -181,7 +182,11 @@ func (o *Outbox) insertOne(tx *gorm.DB, msgs []Message, ids []string) error {
 		if m.OrderingKey != "" {
 			key = m.OrderingKey
 		}
-		v.row(i, ids[i], m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), m.Body, !m.Optional, key)
+		body := m.Body
+		if body == nil { // an empty message, not a NULL
+			body = []byte{}
+		}
+		v.row(i, ids[i], m.Exchange, m.RoutingKey, ct, rabbit.HeadersJSON(m.Headers), body, !m.Optional, key)
 	}
 	// One statement, one round trip: the messages (m), the sequence of
 	// their ordering keys raised under each key row's lock (k: keys in
@@ -224,6 +229,9 @@ func (o *Outbox) Wake() {
 	}
 }
 
+// validate refuses a message the relay could never publish: AMQP carries
+// the exchange, the routing key, the content type and each header's name
+// (nested ones too) as short strings of 255 bytes at most.
 func (m Message) validate() error {
 	switch {
 	case m.RoutingKey == "" && m.Exchange == "":
@@ -231,7 +239,10 @@ func (m Message) validate() error {
 	case len(m.OrderingKey) > maxKeyLen || !utf8.ValidString(m.OrderingKey) || strings.ContainsFunc(m.OrderingKey, unicode.IsControl):
 		return errors.New("ordering key longer than 255 bytes, not UTF-8, or with a control character")
 	}
-	return nil
+	if err := rabbit.CheckPublishing(m.Exchange, m.RoutingKey, amqp.Publishing{ContentType: m.ContentType}); err != nil {
+		return err
+	}
+	return rabbit.CheckHeaderNames(m.Headers)
 }
 
 // values builds the VALUES list of a multi-row statement.

@@ -120,7 +120,7 @@ func TestMarkSentSurvivesADeadlockWithEnqueue(t *testing.T) {
 	if _, err := e.emit(nil, event(1, "a"), event(2, "b")); err != nil {
 		t.Fatal(err)
 	}
-	claimed, token, err := e.store.Claim(ctx, 10, 30*time.Second)
+	claimed, _, err := e.store.Claim(ctx, 10, 30*time.Second)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim: %d rows, %v", len(claimed), err)
 	}
@@ -132,7 +132,7 @@ func TestMarkSentSurvivesADeadlockWithEnqueue(t *testing.T) {
 	r := &Relay{store: e.store, log: e.logger()}
 	var wg sync.WaitGroup
 	var markErr error
-	wg.Go(func() { _, markErr = r.markSent(ctx, token, claimed) })
+	wg.Go(func() { _, _, markErr = r.markSent(ctx, claimed) })
 	time.Sleep(300 * time.Millisecond) // the mark holds "a" and waits for "b"
 	_, enqErr := e.outbox.Enqueue(ctx, tx, event(6, "a"))
 	if enqErr == nil {
@@ -174,7 +174,7 @@ func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
 	if _, err := e.emit(nil, event(1, "B"), event(2, "a")); err != nil {
 		t.Fatal(err)
 	}
-	claimed, token, err := e.store.Claim(ctx, 10, 30*time.Second)
+	claimed, _, err := e.store.Claim(ctx, 10, 30*time.Second)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim: %d, %v", len(claimed), err)
 	}
@@ -188,7 +188,7 @@ func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
 	}
 	var wg sync.WaitGroup
 	var markErr, enqErr error
-	wg.Go(func() { _, markErr = e.store.MarkSent(ctx, token, claimed) })
+	wg.Go(func() { _, _, markErr = e.store.MarkSent(ctx, claimed) })
 	time.Sleep(300 * time.Millisecond)
 	tx := e.db.Begin()
 	defer tx.Rollback()

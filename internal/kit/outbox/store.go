@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -39,6 +38,9 @@ type Claimed struct {
 	Seq         int64
 	Attempts    int // failed publishes so far
 	CreatedAt   time.Time
+	// Token is the claim's lease: every settlement of the row names it, so
+	// that a row whose lease passed to another relay is left to that one.
+	Token int64
 }
 
 // claim leases up to $2 due rows, oldest due first, for $3 seconds under
@@ -81,6 +83,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 		if c.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {
 			return nil, 0, fmt.Errorf("outbox row %s: %w", c.ID, err)
 		}
+		c.Token = token
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
@@ -97,93 +100,141 @@ type keySeq struct {
 	seq int64
 }
 
-// markSent settles the confirmed rows of a claim in one transaction: each is
-// sent, and each ordered one moves its key on and makes the key's next row
-// due. Keys are locked in byte order, as one Enqueue call locks them; a
-// transaction that enqueues in several calls may lock them in another order,
-// and the two can deadlock (the relay marks again: Relay.markSent). A row
-// whose lease passed to another relay meanwhile is left to it.
-func (s *Store) MarkSent(ctx context.Context, token int64, sent []Claimed) (int, error) {
-	if len(sent) == 0 {
-		return 0, nil
+// leases are the ids and lease tokens of rows, as the arrays of a statement.
+func leases(rows []Claimed) (ids []string, tokens []int64) {
+	ids, tokens = make([]string, len(rows)), make([]int64, len(rows))
+	for i, c := range rows {
+		ids[i], tokens[i] = c.ID, c.Token
 	}
-	ids := make([]string, len(sent))
-	for i, c := range sent {
-		ids[i] = c.ID
+	return ids, tokens
+}
+
+// markUnordered marks rows sent in one statement, one round trip: no key to
+// move on.
+const markUnordered = `UPDATE outbox o SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
+	FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
+	WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'`
+
+// markOrdered marks rows sent and locks the keys of the ordered ones, in
+// byte order (as Enqueue locks them: COLLATE "C", since the column's
+// collation may sort otherwise), returning each ordered row's key and
+// number. Only rows still leased to the tokens are marked.
+const markOrdered = `WITH sent AS (
+	UPDATE outbox o SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
+	FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
+	WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'
+	RETURNING o.ordering_key, o.seq
+), locked AS (
+	SELECT k.ordering_key, s.seq FROM outbox_keys k JOIN sent s ON k.producer = $3 AND k.ordering_key = s.ordering_key
+	ORDER BY k.ordering_key COLLATE "C"
+	FOR UPDATE OF k
+)
+SELECT ordering_key, seq, 0 FROM locked
+UNION ALL SELECT NULL, NULL, count(*) FROM sent`
+
+// advanceKeys moves each key past its sent head and makes the key's next row
+// due, in one statement. It runs after markOrdered, in a statement of its
+// own: the keys are locked by then, so every transaction that enqueued to
+// them has committed and its rows are in this statement's snapshot.
+const advanceKeys = `WITH moved AS (
+	UPDATE outbox_keys k SET next_seq = v.seq + 1
+	FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
+	WHERE k.producer = $1 AND k.ordering_key = v.key AND k.next_seq = v.seq
+	RETURNING k.ordering_key, k.next_seq, k.last_seq
+)
+UPDATE outbox o SET available_at = now()
+FROM moved m
+WHERE m.next_seq <= m.last_seq AND o.producer = $1 AND o.ordering_key = m.ordering_key AND o.seq = m.next_seq
+	AND o.status = 'pending'`
+
+// MarkSent settles confirmed rows, of any claims of this producer: each is
+// sent, and each ordered one moves its key on and makes the key's next row
+// due. Unordered rows take one statement; ordered ones a transaction of two
+// (the keys locked in byte order, as one Enqueue call locks them; a
+// transaction that enqueues in several calls may lock them in another order,
+// and the two can deadlock: the relay marks again, Relay.markSent). A row
+// whose lease passed to another relay meanwhile is left to it. It returns
+// the rows marked and the successors made due.
+func (s *Store) MarkSent(ctx context.Context, sent []Claimed) (marked, due int, err error) {
+	if len(sent) == 0 {
+		return 0, 0, nil
+	}
+	ids, tokens := leases(sent)
+	if !slices.ContainsFunc(sent, func(c Claimed) bool { return c.OrderingKey != "" }) {
+		res, err := s.db.ExecContext(ctx, markUnordered, ids, tokens)
+		if err != nil {
+			return 0, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
+		}
+		n, err := res.RowsAffected()
+		return int(n), 0, err
 	}
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
+		return 0, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	rows, err := tx.QueryContext(ctx, `UPDATE outbox SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
-		WHERE id = ANY($1::uuid[]) AND lease_token = $2 AND status = 'pending'
-		RETURNING coalesce(ordering_key, ''), coalesce(seq, 0)`, ids, token)
+	ordered, marked, err := s.markOrdered(ctx, tx, ids, tokens)
 	if err != nil {
-		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
+		return 0, 0, err
 	}
-	var ordered []keySeq
-	n := 0
-	for rows.Next() {
-		var ks keySeq
-		if err := rows.Scan(&ks.key, &ks.seq); err != nil {
-			_ = rows.Close()
-			return 0, err
-		}
-		n++
-		if ks.key != "" {
-			ordered = append(ordered, ks)
-		}
-	}
-	_ = rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
-	}
-	if err := s.advance(ctx, tx, ordered); err != nil {
-		return 0, err
+	if due, err = s.advance(ctx, tx, ordered); err != nil {
+		return 0, 0, err
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("mark %d outbox rows sent: commit: %w", len(sent), err)
+		return 0, 0, fmt.Errorf("mark %d outbox rows sent: commit: %w", len(sent), err)
 	}
-	return n, nil
+	return marked, due, nil
 }
 
-// advance moves each key past its sent head and makes the key's next row
-// due, with three statements whatever the number of keys: the keys' rows are
-// locked first, in byte order (as Enqueue locks them: COLLATE "C", since the
-// column's collation may sort otherwise, and the order of an UPDATE … FROM's
-// join is the planner's), then moved on together, then their successors made
-// due together.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) error {
-	if len(ordered) == 0 {
-		return nil
+func (s *Store) markOrdered(ctx context.Context, tx *sql.Tx, ids []string, tokens []int64) ([]keySeq, int, error) {
+	rows, err := tx.QueryContext(ctx, markOrdered, ids, tokens, s.producer)
+	if err != nil {
+		return nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
-	slices.SortFunc(ordered, func(a, b keySeq) int { return strings.Compare(a.key, b.key) })
+	defer rows.Close()
+	var ordered []keySeq
+	marked := 0
+	for rows.Next() {
+		var key sql.NullString
+		var seq sql.NullInt64
+		var n int
+		if err := rows.Scan(&key, &seq, &n); err != nil {
+			return nil, 0, err
+		}
+		if key.Valid {
+			ordered = append(ordered, keySeq{key.String, seq.Int64})
+		} else {
+			marked = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+	}
+	return ordered, marked, nil
+}
+
+// advance moves the keys of the ordered rows just marked on, and makes
+// their next rows due; it returns how many it made due.
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) (int, error) {
+	if len(ordered) == 0 {
+		return 0, nil
+	}
 	keys, seqs := make([]string, len(ordered)), make([]int64, len(ordered))
 	for i, ks := range ordered {
 		keys[i], seqs[i] = ks.key, ks.seq
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT 1 FROM outbox_keys WHERE producer = $1 AND ordering_key = ANY($2::text[])
-		ORDER BY ordering_key COLLATE "C" FOR UPDATE`, s.producer, keys); err != nil {
-		return fmt.Errorf("lock %d outbox keys: %w", len(keys), err)
+	res, err := tx.ExecContext(ctx, advanceKeys, s.producer, keys, seqs)
+	if err != nil {
+		return 0, fmt.Errorf("move %d outbox keys on: %w", len(keys), err)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox_keys k SET next_seq = v.seq + 1
-		FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
-		WHERE k.producer = $1 AND k.ordering_key = v.key AND k.next_seq = v.seq`, s.producer, keys, seqs); err != nil {
-		return fmt.Errorf("move %d outbox keys on: %w", len(keys), err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE outbox o SET available_at = now()
-		FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
-		WHERE o.producer = $1 AND o.ordering_key = v.key AND o.seq = v.seq + 1 AND o.status = 'pending'`, s.producer, keys, seqs); err != nil {
-		return fmt.Errorf("make the next messages of %d outbox keys due: %w", len(keys), err)
-	}
-	return nil
+	n, err := res.RowsAffected()
+	return int(n), err
 }
 
 // Fail records a failed publish of a claimed row: due again after delay, or
 // parked with reason once it failed maxAttempts times. It reports whether
 // the row was parked.
-func (s *Store) Fail(ctx context.Context, token int64, c Claimed, delay time.Duration, maxAttempts int, reason, lastErr string) (bool, error) {
+func (s *Store) Fail(ctx context.Context, c Claimed, delay time.Duration, maxAttempts int, reason, lastErr string) (bool, error) {
 	var parked bool
 	err := s.db.QueryRowContext(ctx, `UPDATE outbox SET attempts = attempts + 1, last_error = $4, lease_token = NULL,
 			status = CASE WHEN attempts + 1 >= $5 THEN 'parked' ELSE status END,
@@ -191,7 +242,7 @@ func (s *Store) Fail(ctx context.Context, token int64, c Claimed, delay time.Dur
 			parked_at = CASE WHEN attempts + 1 >= $5 THEN now() ELSE parked_at END,
 			available_at = now() + make_interval(secs => $3)
 		WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-		RETURNING status = 'parked'`, c.ID, token, delay.Seconds(), truncate(lastErr), maxAttempts, reason).Scan(&parked)
+		RETURNING status = 'parked'`, c.ID, c.Token, delay.Seconds(), truncate(lastErr), maxAttempts, reason).Scan(&parked)
 	if err == sql.ErrNoRows {
 		return false, nil // the lease passed to another relay
 	}
@@ -203,16 +254,14 @@ func (s *Store) Fail(ctx context.Context, token int64, c Claimed, delay time.Dur
 
 // Release gives claimed rows back without counting an attempt (the broker
 // went away, not their fault): due again after delay.
-func (s *Store) Release(ctx context.Context, token int64, rows []Claimed, delay time.Duration) error {
+func (s *Store) Release(ctx context.Context, rows []Claimed, delay time.Duration) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	ids := make([]string, len(rows))
-	for i, c := range rows {
-		ids[i] = c.ID
-	}
-	_, err := s.db.ExecContext(ctx, `UPDATE outbox SET available_at = now() + make_interval(secs => $3), lease_token = NULL
-		WHERE id = ANY($1::uuid[]) AND lease_token = $2 AND status = 'pending'`, ids, token, delay.Seconds())
+	ids, tokens := leases(rows)
+	_, err := s.db.ExecContext(ctx, `UPDATE outbox o SET available_at = now() + make_interval(secs => $3), lease_token = NULL
+		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
+		WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'`, ids, tokens, delay.Seconds())
 	if err != nil {
 		return fmt.Errorf("release %d outbox rows: %w", len(rows), err)
 	}

@@ -1,0 +1,165 @@
+package outbox
+
+import (
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
+)
+
+// One bad row costs that row alone, wherever it sits in a batch: it spends
+// its attempts and is parked with its reason, every good row is sent
+// without spending one, and the relay keeps its connection. Before, a row
+// the broker closed the channel on (404, 403) had the first row of the batch
+// still without a confirm charged in its place (with quorum queues, usually
+// a good one that came before it), and a row with a name over AMQP's 255
+// bytes made the client library close the connection: the relay gave the
+// batch back and reconnected, forever.
+func TestABadRowIsParkedWhereverItSitsInTheBatch(t *testing.T) {
+	const batch = 5
+	kinds := []struct {
+		name   string
+		reason string
+		// add commits the bad row (some bad rows Enqueue would refuse: they
+		// are written as an earlier version of the kit could have).
+		add func(t *testing.T, e *env)
+	}{
+		{"404 no such exchange", ReasonRefused, func(t *testing.T, e *env) {
+			if _, err := e.emit(nil, Message{Exchange: "not-declared", RoutingKey: key, Body: []byte(`{"bad":true}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"403 no permission", ReasonRefused, func(t *testing.T, e *env) {
+			if _, err := e.emit(nil, Message{Exchange: "forbidden", RoutingKey: key, Body: []byte(`{"bad":true}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"routing key over 255 bytes", ReasonInvalid, func(t *testing.T, e *env) {
+			e.insertRaw(t, exchange, strings.Repeat("k", 300), `{}`)
+		}},
+		{"nested header name over 255 bytes", ReasonInvalid, func(t *testing.T, e *env) {
+			e.insertRaw(t, exchange, key, `{"outer": {"`+strings.Repeat("h", 256)+`": 1}}`)
+		}},
+	}
+	for _, kind := range kinds {
+		for _, pos := range []struct {
+			name string
+			at   int
+		}{{"first", 0}, {"middle", batch / 2}, {"last", batch - 1}} {
+			t.Run(kind.name+"/"+pos.name, func(t *testing.T) {
+				t.Parallel()
+				e := newEnv(t)
+				denyWritesTo(t, e.amqp, "forbidden")
+				for i := range batch {
+					if i == pos.at {
+						kind.add(t, e)
+						continue
+					}
+					if _, err := e.emit(nil, event(i, "")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				r, m, _ := e.relay(e.amqp, func(c *RelayConfig) { c.Batch = batch })
+				eventually(t, "the bad row parked after its attempts, every good row sent", time.Minute, func() bool {
+					return e.count("status = 'parked' AND park_reason = ?", kind.reason) == 1 &&
+						e.count("status = 'sent'") == batch-1
+				})
+				if n := e.count("attempts > 0 AND status <> 'parked'"); n != 0 {
+					t.Errorf("%d good rows were charged an attempt", n)
+				}
+				if n := e.count("status = 'parked'"); n != 1 {
+					t.Errorf("%d rows parked, want the bad one only", n)
+				}
+				if kind.reason == ReasonRefused {
+					if n := e.count("status = 'parked' AND attempts = 3"); n != 1 {
+						t.Errorf("the bad row was not charged each of its 3 attempts")
+					}
+				}
+				got := map[string]bool{}
+				for _, d := range e.received(batch - 1) {
+					got[d.MessageId] = true
+				}
+				if len(got) != batch-1 {
+					t.Errorf("received %d distinct good rows, want %d", len(got), batch-1)
+				}
+				if n := testutil.ToFloat64(m.reconnects.WithLabelValues("producer")); n != 0 {
+					t.Errorf("the relay reconnected %v times for one bad row", n)
+				}
+				if err := r.Ready(); err != nil {
+					t.Errorf("relay not ready after one bad row: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// insertRaw commits a row as Enqueue does not write it, headers as stored.
+func (e *env) insertRaw(t *testing.T, exchange, routingKey, headers string) {
+	t.Helper()
+	if err := e.db.Exec(`INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body)
+		VALUES (gen_random_uuid(), 'producer', ?, ?, 'application/json', ?::jsonb, '{}')`, exchange, routingKey, headers).Error; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// denyWritesTo declares exchange in the vhost of amqpURL, bound to the
+// downstream queue, and takes the right to publish to it from the test's
+// user: a publish there is refused with 403.
+func denyWritesTo(t *testing.T, amqpURL, exchange string) {
+	t.Helper()
+	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(queue, key, exchange, false, nil)
+	})
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Ctl(t, "set_permissions", "-p", strings.TrimPrefix(u.Path, "/"), u.User.Username(), ".*", "^(?!"+exchange+"$).*", ".*")
+}
+
+// Enqueue refuses a message AMQP could not carry, naming what is too long,
+// instead of leaving a row that would never go out.
+func TestEnqueueRefusesWhatAMQPCannotCarry(t *testing.T) {
+	e := newEnv(t)
+	long := strings.Repeat("x", 256)
+	for _, c := range []struct {
+		name string
+		msg  Message
+		want string
+	}{
+		{"routing key", Message{Exchange: exchange, RoutingKey: long}, "routing key"},
+		{"exchange", Message{Exchange: long, RoutingKey: key}, "exchange"},
+		{"content type", Message{Exchange: exchange, RoutingKey: key, ContentType: long}, "content type"},
+		{"header name", Message{Exchange: exchange, RoutingKey: key, Headers: map[string]any{long: 1}}, "header name"},
+		{"header name in a table", Message{Exchange: exchange, RoutingKey: key,
+			Headers: map[string]any{"a": map[string]any{"b": amqp.Table{long: 1}}}}, "header name a.b."},
+		{"header name in an array", Message{Exchange: exchange, RoutingKey: key,
+			Headers: map[string]any{"a": []any{1, map[string]any{long: 1}}}}, "header name a.[1]."},
+		{"header name of NULs, three bytes each once stored", Message{Exchange: exchange, RoutingKey: key,
+			Headers: map[string]any{strings.Repeat("\x00", 100): 1}}, "300 bytes"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			c.msg.Body = []byte(`{}`)
+			_, err := e.emit(nil, c.msg)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Enqueue: %v, want an error naming %q", err, c.want)
+			}
+		})
+	}
+	// At the limit, and with no body at all (an empty message, not a NULL).
+	edge := strings.Repeat("y", 255)
+	if _, err := e.emit(nil, Message{Exchange: exchange, RoutingKey: edge, ContentType: edge, Headers: map[string]any{edge: edge}}); err != nil {
+		t.Fatalf("Enqueue refused names of 255 bytes: %v", err)
+	}
+	if n := e.count("true"); n != 1 {
+		t.Fatalf("%d rows in the outbox, want the one of names at the limit", n)
+	}
+}
