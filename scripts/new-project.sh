@@ -3,7 +3,7 @@
 # optionally a new service in it.
 #
 #   scripts/new-project.sh MODULE_PATH DIR
-#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K
+#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--bare]
 #   scripts/new-project.sh example.com/acme/refunds ../refunds \
 #     --service refund-service --event refund-requested --exchange payments --routing-key refund.requested
 #
@@ -26,6 +26,14 @@
 # the real RabbitMQ and PostgreSQL, as generated: each record once,
 # duplicates suppressed, poison dead-lettered with its reason.
 #
+# The service is generated for a handler that calls out (a payment gateway, a
+# carrier): the kit keeps its retries, and dlq replay, within
+# IDEMPOTENCY_KEY_TTL, how long the services it calls remember an idempotency
+# key (the key-expiry guard). --no-outside-calls declares instead that the
+# handler only writes its own database (Options.NoOutsideCalls: no guard, no
+# replay age limit, IDEMPOTENCY_KEY_TTL refused): say so only when it is true,
+# since a call added later under that declaration goes unguarded.
+#
 # With --bare (and --service), the copy keeps the kit and that one service:
 # no payment service, fake gateway, shipping example, demo, bench or fault
 # scripts. It gets its own README, Makefile, .ci/run, Dockerfile,
@@ -42,7 +50,7 @@ old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/dock
   { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--bare]]" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--bare]]" >&2
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
@@ -55,10 +63,11 @@ camel() {
 }
 
 args=()
-svc="" event="" exchange="" routing_key="" bare=0
+svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0
 while (($#)); do
   case $1 in
     --bare) bare=1; shift ;;
+    --no-outside-calls) no_outside_calls=1; shift ;;
     --service | --event | --exchange | --routing-key)
       [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
@@ -79,6 +88,10 @@ module=${args[0]}
 dir=${args[1]}
 if ((bare)) && [[ -z $svc ]]; then
   echo "$0: --bare needs --service: the copy keeps the kit and one service of yours" >&2
+  exit 2
+fi
+if ((no_outside_calls)) && [[ -z $svc ]]; then
+  echo "$0: --no-outside-calls needs --service: it describes the handler of the service it writes" >&2
   exit 2
 fi
 if [[ -n $svc$event$exchange$routing_key ]]; then
@@ -161,6 +174,36 @@ fi
 if [[ -n $svc ]]; then
   Event=$(camel "$event")
   table="${pkg}_records"
+  # The outside calls: guarded by default; --no-outside-calls declares none.
+  if ((no_outside_calls)); then
+    calls_contract="An outside call made here must be idempotent, with a key derived
+//     from the business entity (ev.Key), never from the message or a fresh
+//     one. This service was generated with --no-outside-calls: set
+//     NoOutsideCalls to false in Service before Handle calls out, or nothing
+//     keeps the retries within the callee's memory of the key."
+    calls_todo="// TODO: the business logic. No outside call here while Service
+	// declares NoOutsideCalls: true."
+    calls_option="// true (generated with --no-outside-calls): the handler calls
+		// nothing outside its database, so no idempotency key can expire:
+		// no key-expiry guard, no replay age limit, IDEMPOTENCY_KEY_TTL
+		// refused. Set it to false before Handle calls out, or a retry after
+		// the callee forgot the key repeats the side effect.
+		NoOutsideCalls: true,"
+  else
+    calls_contract="An outside call made here must be idempotent, with a key derived
+//     from the business entity (ev.Key), never from the message or a fresh
+//     one; the kit keeps the retries and dlq replay within
+//     IDEMPOTENCY_KEY_TTL (default 24h: set it to what the service you call
+//     promises), so that no retry comes after the callee forgot the key."
+    calls_todo="// TODO: the business logic. An outside call goes here, before the
+	// writes, with no transaction open."
+    calls_option="// false: the handler may call out, and the kit keeps its retries
+		// and dlq replay within IDEMPOTENCY_KEY_TTL, how long the services
+		// it calls remember an idempotency key (the key-expiry guard). true
+		// turns the guard off: only for a handler that calls nothing outside
+		// its database (scripts/new-project.sh --no-outside-calls).
+		NoOutsideCalls: false,"
+  fi
   mkdir -p "$dst/internal/$pkg/migrations" "$dst/cmd/$svc"
 
   cat >"$dst/internal/$pkg/$pkg.go" <<EOF2
@@ -222,9 +265,7 @@ func Decode$Event(body []byte) ($Event, error) {
 // contract (the kit keeps its side of it):
 //   - Handle runs with no transaction open, at least once per message: a
 //     redelivery after a crash runs it again, and so may a second replica.
-//     An outside call made here must be idempotent, with a key derived from
-//     the business entity (ev.Key), never from the message or a fresh one;
-//     then set NoOutsideCalls to false in Service.
+//     $calls_contract
 //   - An error from Handle or from the writes is retried with backoff and
 //     then dead-lettered (the buffered mode: parked); one wrapped with
 //     consumer.Permanent is dead-lettered at once with its reason. A fault of
@@ -245,8 +286,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 	if err != nil {
 		return nil, err
 	}
-	// TODO: the business logic. An outside call goes here, before the
-	// writes, with no transaction open.
+	$calls_todo
 	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
 		res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&Record{Key: ev.Key, MessageID: msg.ID})
 		switch {
@@ -284,10 +324,7 @@ func Service() service.Options {
 			}
 			return []slog.Attr{slog.String("key", ev.Key)}
 		},
-		// The handler calls nothing outside its database. TODO: false once
-		// Handle calls out (the kit then bounds the retries by
-		// IDEMPOTENCY_KEY_TTL, the lifetime of the callee's keys).
-		NoOutsideCalls: true,
+		$calls_option
 		NewHandler:     func(k *service.Kit) (consumer.Handler, error) { return &Handler{}, nil },
 	}
 }

@@ -48,6 +48,27 @@ func TestNewProjectScript(t *testing.T) {
 	if err != nil || !strings.Contains(string(compose), "\nname: shipping-service\n") || strings.Contains(string(compose), "inbox-template/") {
 		t.Errorf("docker-compose.yml keeps the template's project or image names (%v)", err)
 	}
+	// A handler that gains an outside call must still have the key-expiry
+	// guard: it is on unless the generator was asked for --no-outside-calls.
+	if out, err := commandOutput(dir, []string{"IDEMPOTENCY_KEY_TTL=1m"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
+		!strings.Contains(out, "a retry after the key expired would repeat its side effect") {
+		t.Errorf("the generated service with IDEMPOTENCY_KEY_TTL=1m: %v, want the key-expiry guard's refusal:\n%s", err, out)
+	}
+	if out, err := commandOutput(dir, nil, "go", "run", "./cmd/refund-service", "env"); err != nil || !strings.Contains(out, "\nIDEMPOTENCY_KEY_TTL=24h\n") {
+		t.Errorf("refund-service env: %v, want IDEMPOTENCY_KEY_TTL=24h:\n%s", err, out)
+	}
+}
+
+// commandOutput runs name in dir with extra added to the environment, and
+// returns its output, stdout and stderr together.
+func commandOutput(dir string, extra []string, name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), extra...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 func mustRun(t *testing.T, dir, name string, args ...string) {
@@ -81,6 +102,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "type-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "Go does not allow"},
 		{[]string{"--service", "outbox-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "kit's schemas"},
 		{[]string{"--service", "r-service", "--event", "record", "--exchange", "x", "--routing-key", "k"}, "collide"},
+		{[]string{"--no-outside-calls"}, "--no-outside-calls needs --service"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
@@ -95,11 +117,14 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 // --bare: the copy keeps the kit and the generated service only. It builds,
 // vets, is gofmt-clean and the generated service passes its end-to-end test;
 // nothing of the payment service, the demo or the examples is left, and its
-// .env.example is the service's own env command.
+// .env.example is the service's own env command. With --no-outside-calls
+// the service declares NoOutsideCalls: IDEMPOTENCY_KEY_TTL is refused and
+// left out of .env.example.
 func TestNewProjectScriptBare(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "refunds")
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", "example.com/acme/refunds", dir,
-		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare")
+		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare",
+		"--no-outside-calls")
 	mustRun(t, dir, "go", "vet", "./...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
@@ -121,8 +146,13 @@ func TestNewProjectScriptBare(t *testing.T) {
 		t.Errorf("the bare copy still names the payment stack:\n%s", out)
 	}
 	env, err := os.ReadFile(filepath.Join(dir, ".env.example"))
-	if err != nil || !strings.Contains(string(env), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(env), "GATEWAY_URL") {
-		t.Errorf(".env.example is not refund-service's (%v):\n%s", err, env)
+	if err != nil || !strings.Contains(string(env), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(env), "GATEWAY_URL") ||
+		strings.Contains(string(env), "IDEMPOTENCY_KEY_TTL") {
+		t.Errorf(".env.example is not refund-service's with no outside calls (%v):\n%s", err, env)
+	}
+	if out, err := commandOutput(dir, []string{"IDEMPOTENCY_KEY_TTL=24h"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
+		!strings.Contains(out, "declares no outside calls") {
+		t.Errorf("the service generated --no-outside-calls with IDEMPOTENCY_KEY_TTL set: %v, want a refusal:\n%s", err, out)
 	}
 	for f, want := range map[string]string{
 		"docker-compose.yml": "\n  refund-service:\n", "Dockerfile": "./cmd/refund-service", "README.md": "# refund-service\n",
