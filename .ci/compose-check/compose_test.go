@@ -4,7 +4,8 @@
 // and start order, two payment-service replicas, named volumes, the images
 // and the Dockerfile targets they build, and every .env.example variable
 // reaching the programs that read it. dockerfile_test.go checks the
-// Dockerfile: its targets, and each image's size.
+// Dockerfile: its targets, and each image's size. up_test.go runs
+// scripts/up.sh (make up) against a stub docker: each refusal says why.
 //
 // It is a module of its own so that the main module does not depend on
 // compose-go. No Docker engine is needed: run.sh runs it.

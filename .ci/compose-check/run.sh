@@ -6,7 +6,8 @@
 #      Docker Compose uses, with and without .env.example, plus the stack's
 #      promises (health checks, replicas, start order, volumes, images), and
 #      the Dockerfile's targets (distroless static, nonroot, binaries only)
-#      and its `go build` run here, with each image's size checked;
+#      and its `go build` run here, with each image's size checked, and
+#      scripts/up.sh's refusals against a stub docker;
 #   3. `docker compose config -q` with the real Compose CLI, when one is
 #      installed, or built from its Go module with --build-plugin (a cold build
 #      takes 2 to 3 minutes on 2 cores; later runs reuse the installed binary).
