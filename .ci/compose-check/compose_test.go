@@ -171,6 +171,13 @@ func TestMain(m *testing.M) {
 // with env as the whole environment (no .env file, no process environment).
 func load(t *testing.T, env map[string]string) *types.Project {
 	t.Helper()
+	return loadProfiles(t, env, "*")
+}
+
+// loadProfiles loads docker-compose.yml as load does, with only the profiles
+// named active (none: the services `docker compose up` starts).
+func loadProfiles(t *testing.T, env map[string]string, profiles ...string) *types.Project {
+	t.Helper()
 	var list []string
 	for k, v := range env {
 		list = append(list, k+"="+v)
@@ -178,7 +185,7 @@ func load(t *testing.T, env map[string]string) *types.Project {
 	opts, err := cli.NewProjectOptions([]string{composeFile},
 		cli.WithWorkingDirectory(repoRoot),
 		cli.WithEnv(list),
-		cli.WithProfiles([]string{"*"}),
+		cli.WithProfiles(profiles),
 		cli.WithResolvedPaths(true),
 	)
 	if err != nil {
@@ -575,6 +582,29 @@ func TestImages(t *testing.T) {
 		if len(s.Entrypoint) != 1 || !strings.HasPrefix(s.Entrypoint[0], binDir) {
 			t.Errorf("%s: entrypoint %q, want one of the programs in %s", s.Name, s.Entrypoint, binDir)
 		}
+	}
+}
+
+// .ci/stack-images/build.sh gets the images of the services `docker compose
+// up` starts, and of a profile only when asked for it: the collector, whose
+// stand-in takes the longest to build, must stay the profile tracing's alone,
+// or make up would need it with tracing off.
+func TestCollectorRunsOnlyInTheProfileTracing(t *testing.T) {
+	env := envExampleValues(t)
+	collector := func(p *types.Project) []string {
+		var names []string
+		for _, s := range p.Services {
+			if strings.HasPrefix(s.Image, "otel/opentelemetry-collector") {
+				names = append(names, s.Name)
+			}
+		}
+		return names
+	}
+	if got := collector(loadProfiles(t, env)); len(got) > 0 {
+		t.Errorf("services started without a profile run the collector's image: %v", got)
+	}
+	if got := collector(loadProfiles(t, env, "tracing")); len(got) != 1 {
+		t.Errorf("the profile tracing runs the collector's image in %v, want one service", got)
 	}
 }
 

@@ -10,14 +10,21 @@
 #   postgres:<v>                               Debian's PostgreSQL 15, with the official entrypoint's contract
 #   rabbitmq:<v>-management                    Debian's RabbitMQ 3.10, management and prometheus plugins
 #   prom/prometheus:<v>                        Debian's Prometheus, with wget
-#   otel/opentelemetry-collector-contrib:<v>   the collector of release <v>, built here from the Go module proxy (otel-collector/)
+#   otel/opentelemetry-collector-contrib:<v>   the collector of release <v>, built here from the Go module proxy (otel-collector/);
+#                                              the profile tracing's only: with --profile tracing (or COMPOSE_PROFILES=tracing)
 #
 # The stand-ins are not the pinned versions: they run the same contract (the
 # variables, paths and commands the stack uses) on Debian's packages. An image
 # that is already there, real or stand-in, is never touched; remove a stand-in
 # with `docker rmi NAME` to build it again.
 #
-#   .ci/stack-images/build.sh [--no-pull]
+#   .ci/stack-images/build.sh [--no-pull] [--profile NAME]...
+#
+# The images are those of the services `docker compose up` starts, plus those
+# of the profiles named (--profile, as docker compose takes it, '*' for every
+# one; or COMPOSE_PROFILES, which docker compose reads itself): the
+# collector's stand-in, the longest to build (2 to 3 minutes on 2 cores),
+# is built only for the profile tracing.
 #
 # Settings (environment): DEBIAN_MIRROR and DEBIAN_SECURITY_MIRROR (plain HTTP;
 # default: the host's apt sources, else deb.debian.org), STANDIN_PULL_TIMEOUT
@@ -33,11 +40,18 @@ pull=true
 log() { printf '== %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-case "${1:-}" in
-  "") ;;
-  --no-pull) pull=false ;;
-  *) echo "usage: $0 [--no-pull]" >&2; exit 2 ;;
-esac
+profiles=()
+while (($#)); do
+  case $1 in
+    --no-pull) pull=false; shift ;;
+    --profile)
+      [[ $# -ge 2 && -n $2 ]] || { echo "usage: $0 [--no-pull] [--profile NAME]..." >&2; exit 2; }
+      profiles+=(--profile "$2")
+      shift 2
+      ;;
+    *) echo "usage: $0 [--no-pull] [--profile NAME]..." >&2; exit 2 ;;
+  esac
+done
 
 have_image() { docker image inspect "$1" >/dev/null 2>&1; }
 
@@ -61,9 +75,9 @@ dockerfile_bases() {
 }
 
 # compose_images prints the images of the Compose services that do not build
-# their own (every profile included).
+# their own: the default ones and those of the profiles asked for.
 compose_images() {
-  docker compose --project-directory "$root" -f "$root/docker-compose.yml" --profile '*' config |
+  docker compose --project-directory "$root" -f "$root/docker-compose.yml" ${profiles[@]+"${profiles[@]}"} config |
     awk '
       function flush() { if (img != "" && !build) print img; img = ""; build = 0 }
       /^services:/ { in_services = 1; next }
