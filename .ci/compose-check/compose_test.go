@@ -757,6 +757,27 @@ var wantHostPorts = map[string]struct {
 	"PROMETHEUS_HOST_PORT":  {"prometheus", 9090},
 }
 
+// docs/compose.md's table of ports names every host port variable, and the
+// README's line that moves them all sets every one.
+func TestDocsNameEveryHostPort(t *testing.T) {
+	compose, err := os.ReadFile(repoRoot + "/docs/compose.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(repoRoot + "/README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name := range wantHostPorts {
+		if !strings.Contains(string(compose), "\n| `"+name+"` |") {
+			t.Errorf("docs/compose.md: the table of ports lacks %s", name)
+		}
+		if !strings.Contains(string(readme), " "+name+"=0") {
+			t.Errorf("README.md: the export of free ports lacks %s=0", name)
+		}
+	}
+}
+
 // TestHostPortsComeFromEnv: every fixed host port is a [compose] variable of
 // .env.example, defaulting to the container's port, so that the stack runs
 // beside local servers without editing the file.
