@@ -8,6 +8,7 @@
 //	inboxctl dlq replay (--id ID | --reason R | --all) [--dry-run] [--max-replays N] [--force]
 //	inboxctl dlq purge [--yes]
 //	inboxctl inbox prune|status|parked|retry|skip|export …
+//	inboxctl outbox status|parked|retry …
 //	inboxctl verify (--summary FILE ... | --run-id ID --orders N) [--json]
 package main
 
@@ -31,7 +32,7 @@ import (
 
 const usage = `usage: inboxctl <command>
 
-The payment service's operations commands (payment-service has them too), and:
+the payment stack's own commands:
   migrate gateway              apply the fake gateway's schema to
                                GATEWAY_DATABASE_URL
   verify (--summary FILE ... | --run-id ID --orders N) [--json]
@@ -42,6 +43,12 @@ The payment service's operations commands (payment-service has them too), and:
                                GATEWAY_DATABASE_URL
 
 `
+
+// serviceOnly is the head of ops.Usage: its title and the lines of what the
+// service's own binary alone does (serve, healthcheck).
+const serviceOnly = "commands:\n" +
+	"  (none)                       serve: consume until SIGINT or SIGTERM\n" +
+	"  healthcheck                  exit 0 if the local service is ready (/readyz)\n"
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -56,14 +63,14 @@ func main() {
 func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	err := dispatch(ctx, args, stdin, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		_, err = io.WriteString(stdout, usage+strings.Replace(ops.Usage, "  (none)                       serve: consume until SIGINT or SIGTERM\n  healthcheck                  exit 0 if the local service is ready (/readyz)\n", "", 1))
+		_, err = io.WriteString(stdout, usage+strings.Replace(ops.Usage, serviceOnly, "the payment service's operations commands (payment-service has them too):\n", 1))
 	}
-	return err
+	return ops.WithHelpHint(err, "inboxctl")
 }
 
 func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("no command\n" + strings.TrimRight(usage, "\n"))
+		return &ops.UsageError{Err: errors.New("no command")}
 	}
 	switch {
 	case args[0] == "verify":

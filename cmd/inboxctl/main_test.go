@@ -62,11 +62,36 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
+// help prints every command inboxctl takes, its own and the service's, and
+// none it does not (serve, healthcheck).
 func TestHelpPrintsUsage(t *testing.T) {
-	for _, args := range [][]string{{"help"}, {"dlq", "replay", "-h"}, {"inbox", "prune", "--help"}} {
+	for _, args := range [][]string{{"help"}, {"dlq", "replay", "-h"}, {"inbox", "prune", "--help"}, {"verify", "-h"}} {
 		out, err := inboxctl(t, "", args...)
-		if err != nil || !strings.Contains(out, "dlq replay (--id ID | --reason R | --all)") {
-			t.Errorf("%v: err %v, output %q; want the usage", args, err, out)
+		if err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+		for _, want := range []string{"\n  verify (--summary FILE", "\n  migrate gateway ", "\n  dlq replay (--id ID | --reason R | --all)", "\n  outbox retry "} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%v: the usage lacks %q:\n%s", args, want, out)
+			}
+		}
+		if strings.Contains(out, "serve: consume") || strings.Contains(out, "healthcheck") || strings.Contains(out, "SERVICE") {
+			t.Errorf("%v: the usage lists what inboxctl does not do:\n%s", args, out)
+		}
+	}
+}
+
+// A usage error is the mistake and a line naming inboxctl's help, not the
+// whole usage.
+func TestUsageErrorsPointToHelp(t *testing.T) {
+	for _, args := range [][]string{nil, {"frobnicate"}, {"verify", "--bogus"}, {"verify", "extra"}, {"dlq", "peek"}, {"migrate", "gateway", "x"}} {
+		_, err := inboxctl(t, "", args...)
+		if err == nil {
+			t.Errorf("%q: no error", args)
+			continue
+		}
+		if lines := strings.Split(err.Error(), "\n"); len(lines) != 2 || lines[1] != "run 'inboxctl help' for usage" {
+			t.Errorf("%q: error %q, want the mistake and then \"run 'inboxctl help' for usage\"", args, err)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/demo/verify"
 	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/logging"
+	"github.com/inbox-template/payment-service/internal/kit/ops"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/service"
 )
@@ -37,8 +38,15 @@ func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout 
 	runID := fs.String("run-id", "", "run id, instead of a summary (with --orders)")
 	orders := fs.Int("orders", 0, "orders published by --run-id")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	fs.SetOutput(io.Discard) // the error says it, and help prints the usage
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &ops.UsageError{Err: fmt.Errorf("verify: %w", err)}
+	}
+	if fs.NArg() > 0 {
+		return &ops.UsageError{Err: fmt.Errorf("verify: unexpected argument %q", fs.Arg(0))}
 	}
 	cfg, err := service.LoadConfig(opts)
 	if err != nil {

@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -153,7 +152,7 @@ func inboxRetry(ctx context.Context, opts service.Options, args []string, stdout
 		return err
 	}
 	if sel.Validate() != nil {
-		return errors.New("inbox retry: give exactly one of --id, --key or --all\n" + usage)
+		return usageErrorf("inbox retry: give exactly one of --id, --key or --all")
 	}
 	return withStore(ctx, opts, func(cfg service.Config, s *buffered.Store) error {
 		n, err := s.Retry(ctx, sel)
@@ -174,7 +173,7 @@ func inboxSkip(ctx context.Context, opts service.Options, args []string, stdout 
 		return err
 	}
 	if sel.Validate() != nil {
-		return errors.New("inbox skip: give exactly one of --id or --key\n" + usage)
+		return usageErrorf("inbox skip: give exactly one of --id or --key")
 	}
 	return withStore(ctx, opts, func(cfg service.Config, s *buffered.Store) error {
 		n, err := s.Skip(ctx, sel)
@@ -195,7 +194,7 @@ func inboxExport(ctx context.Context, opts service.Options, args []string, stdou
 		return err
 	}
 	if sel.Validate() != nil {
-		return errors.New("inbox export: give exactly one of --id, --key or --all\n" + usage)
+		return usageErrorf("inbox export: give exactly one of --id, --key or --all")
 	}
 	return withStore(ctx, opts, func(cfg service.Config, s *buffered.Store) error {
 		return withQueue(opts, func(q *deadletter.Queue, _ ageLimit) error {

@@ -19,7 +19,7 @@ import (
 
 func dlq(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("dlq: missing subcommand (list, replay or purge)\n" + usage)
+		return usageErrorf("dlq: missing subcommand (list, replay or purge)")
 	}
 	switch args[0] {
 	case "list":
@@ -29,7 +29,7 @@ func dlq(ctx context.Context, opts service.Options, args []string, stdin io.Read
 	case "purge":
 		return dlqPurge(opts, args[1:], stdin, stdout)
 	}
-	return fmt.Errorf("dlq: unknown subcommand %q (want list, replay or purge)\n%s", args[0], usage)
+	return usageErrorf("dlq: unknown subcommand %q (want list, replay or purge)", args[0])
 }
 
 // withQueue connects to the broker of the service's configuration and runs f
@@ -172,7 +172,7 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 		return err
 	}
 	if sel.Validate() != nil {
-		return errors.New("dlq replay: give exactly one of --id, --reason or --all\n" + usage)
+		return usageErrorf("dlq replay: give exactly one of --id, --reason or --all")
 	}
 	if opts.MaxReplays < 1 {
 		return fmt.Errorf("dlq replay: --max-replays must be at least 1, got %d", opts.MaxReplays)

@@ -18,7 +18,7 @@ import (
 
 func inbox(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("inbox: missing subcommand (prune, status, parked, retry, skip or export)\n" + usage)
+		return usageErrorf("inbox: missing subcommand (prune, status, parked, retry, skip or export)")
 	}
 	switch args[0] {
 	case "prune":
@@ -34,7 +34,7 @@ func inbox(ctx context.Context, opts service.Options, args []string, stdout io.W
 	case "export":
 		return inboxExport(ctx, opts, args[1:], stdout)
 	}
-	return fmt.Errorf("inbox: unknown subcommand %q (want prune, status, parked, retry, skip or export)\n%s", args[0], usage)
+	return usageErrorf("inbox: unknown subcommand %q (want prune, status, parked, retry, skip or export)", args[0])
 }
 
 // inboxPrune runs the service's scheduled prune once, now: the same code,

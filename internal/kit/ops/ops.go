@@ -88,39 +88,73 @@ its database and CONSUMER_NAME (export also its broker), the outbox's its
 database and CONSUMER_NAME.
 `
 
-// usage is the usage error's text.
-var usage = "usage: SERVICE [command]\n\n" + Usage
-
 // Run runs the service (no arguments, or healthcheck) or one of its commands.
+// A command line it does not take is refused with the mistake and a line
+// naming `<service> help`, which prints the usage.
 func Run(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 || len(args) == 1 && args[0] == "healthcheck" {
 		return service.Run(ctx, opts, args, stdout)
 	}
 	err := Command(ctx, opts, args, stdin, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		_, err = io.WriteString(stdout, strings.ReplaceAll(usage, "SERVICE", opts.Name))
+		_, err = fmt.Fprintf(stdout, "usage: %s [command]\n\n%s", opts.Name, Usage)
 	}
-	return err
+	return WithHelpHint(err, opts.Name)
+}
+
+// UsageError is a command line the commands do not take. Its text is the
+// mistake, then, once a program is named, a line that points to its help:
+// the whole usage, some fifty lines, would bury the mistake.
+type UsageError struct {
+	Err error
+	// Program names the help command of the hint; "" leaves the hint out.
+	Program string
+}
+
+func (e *UsageError) Error() string {
+	if e.Program == "" {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%v\nrun '%s help' for usage", e.Err, e.Program)
+}
+
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// usageErrorf is a UsageError with the text of fmt.Errorf.
+func usageErrorf(format string, a ...any) error {
+	return &UsageError{Err: fmt.Errorf(format, a...)}
+}
+
+// WithHelpHint returns err with its hint naming program when err is a
+// UsageError, and err unchanged otherwise: a program with commands of its
+// own (inboxctl) names itself.
+func WithHelpHint(err error, program string) error {
+	var ue *UsageError
+	if !errors.As(err, &ue) {
+		return err
+	}
+	return &UsageError{Err: ue.Err, Program: program}
 }
 
 // ErrUnknown is matched by the error of a command that is not one of these:
 // a program with commands of its own tries them first.
 var ErrUnknown = errors.New("unknown command")
 
-// Command runs one command of the service's; flag.ErrHelp asks for the usage.
+// Command runs one command of the service's; flag.ErrHelp asks for the usage,
+// and a *UsageError says what is wrong with the command line.
 func Command(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("no command\n" + usage)
+		return usageErrorf("no command")
 	}
 	switch args[0] {
 	case "env":
 		if len(args) > 1 {
-			return fmt.Errorf("env: unexpected arguments %q\n%s", args[1:], usage)
+			return usageErrorf("env: unexpected arguments %q", args[1:])
 		}
 		return env(opts, stdout)
 	case "migrate":
 		if len(args) > 1 {
-			return fmt.Errorf("migrate: unexpected arguments %q\n%s", args[1:], usage)
+			return usageErrorf("migrate: unexpected arguments %q", args[1:])
 		}
 		return migrate(ctx, opts, stdout)
 	case "dlq":
@@ -132,7 +166,7 @@ func Command(ctx context.Context, opts service.Options, args []string, stdin io.
 	case "help", "-h", "--help":
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w %q\n%s", ErrUnknown, args[0], usage)
+	return usageErrorf("%w %q", ErrUnknown, args[0])
 }
 
 // env prints the service's variables as a .env file: a comment with the
@@ -158,10 +192,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return fmt.Errorf("%s: %w\n%s", fs.Name(), err, usage)
+		return usageErrorf("%s: %w", fs.Name(), err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q\n%s", fs.Name(), fs.Arg(0), usage)
+		return usageErrorf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
 	return nil
 }

@@ -2,6 +2,8 @@ package ops_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -51,5 +53,36 @@ func TestEnvLeavesOutWhatTheServiceRefuses(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "IDEMPOTENCY_KEY_TTL") || !strings.Contains(out.String(), "\nQUEUE=notes.note-taken\n") {
 		t.Errorf("env of a service with no outside calls:\n%s", out.String())
+	}
+}
+
+// A command line the commands do not take is refused with the mistake and one
+// line naming the program's help, not the whole usage; help itself prints the
+// usage under the program's name.
+func TestUsageErrorsPointToHelp(t *testing.T) {
+	opts := service.Options{Name: "refund-service", Event: "refund-requested", Exchange: "x", RoutingKey: "k",
+		NewHandler: func(k *service.Kit) (consumer.Handler, error) { return nil, nil }}
+	for _, args := range [][]string{
+		{"bogus"}, {"env", "x"}, {"migrate", "x"}, {"dlq"}, {"dlq", "peek"}, {"dlq", "list", "--bogus"},
+		{"dlq", "list", "extra"}, {"dlq", "replay"}, {"inbox"}, {"inbox", "vacuum"}, {"inbox", "retry"},
+		{"inbox", "skip"}, {"inbox", "export"}, {"outbox"}, {"outbox", "flush"}, {"outbox", "retry"},
+	} {
+		err := ops.Run(context.Background(), opts, args, nil, io.Discard)
+		if err == nil {
+			t.Errorf("%q: no error", args)
+			continue
+		}
+		lines := strings.Split(err.Error(), "\n")
+		if len(lines) != 2 || lines[1] != "run 'refund-service help' for usage" || strings.Contains(lines[0], "SERVICE") {
+			t.Errorf("%q: error %q, want the mistake and then \"run 'refund-service help' for usage\"", args, err)
+		}
+	}
+	if err := ops.Run(context.Background(), opts, []string{"bogus"}, nil, io.Discard); !errors.Is(err, ops.ErrUnknown) {
+		t.Errorf("bogus: %v, want ErrUnknown", err)
+	}
+	var out strings.Builder
+	if err := ops.Run(context.Background(), opts, []string{"help"}, nil, &out); err != nil ||
+		!strings.HasPrefix(out.String(), "usage: refund-service [command]\n") || strings.Contains(out.String(), "SERVICE") {
+		t.Errorf("help: %v\n%s", err, out.String())
 	}
 }

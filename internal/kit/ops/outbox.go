@@ -3,7 +3,6 @@ package ops
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -20,7 +19,7 @@ import (
 
 func outboxCommand(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("outbox: want status, parked or retry\n" + usage)
+		return usageErrorf("outbox: missing subcommand (status, parked or retry)")
 	}
 	switch args[0] {
 	case "status":
@@ -30,7 +29,7 @@ func outboxCommand(ctx context.Context, opts service.Options, args []string, std
 	case "retry":
 		return outboxRetry(ctx, opts, args[1:], stdout)
 	}
-	return fmt.Errorf("outbox: unknown command %q\n%s", args[0], usage)
+	return usageErrorf("outbox: unknown subcommand %q (want status, parked or retry)", args[0])
 }
 
 // withOutbox opens the service's database and runs f on its outbox.
@@ -113,7 +112,7 @@ func outboxRetry(ctx context.Context, opts service.Options, args []string, stdou
 		return err
 	}
 	if (*id == "") == !*all {
-		return fmt.Errorf("outbox retry: choose exactly one of --id or --all\n%s", usage)
+		return usageErrorf("outbox retry: give exactly one of --id or --all")
 	}
 	return withOutbox(ctx, opts, func(cfg service.Config, s *outbox.Store) error {
 		n, err := s.Retry(ctx, *id)
