@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,14 +29,30 @@ with publisher confirms. Exits 1 unless every message was confirmed and none ret
 Flags:
 `
 
+// usageError is a command line the publisher does not take: main prints it
+// once, with where the usage is, rather than the flag package's whole usage.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() + "\nrun 'order-publisher -h' for usage" }
+func (e usageError) Unwrap() error { return e.err }
+
+// parseFlags reads the flags; -h prints the usage to stderr and returns
+// flag.ErrHelp, and any other mistake is a usageError.
 func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o, err := readFlags(args, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return o, usageError{err}
+	}
+	return o, err
+}
+
+func readFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("order-publisher", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), usage)
-		fs.PrintDefaults()
-	}
+	// The flag package prints the usage on every mistake: only -h does here,
+	// and the error alone says what is wrong (main prints it).
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.IntVar(&o.load.Count, "count", 100, "distinct orders to publish")
 	fs.StringVar(&o.load.RunID, "run-id", "", "`id` of this run; order ids are <run-id>-<n> (default: random)")
 	fs.Uint64Var(&o.load.Seed, "seed", 0, "seed for amounts, currencies, customers, duplicates and republishes (default: random, printed in the summary)")
@@ -48,6 +65,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up after this long")
 	fs.StringVar(&o.oncePath, "once", "", "publish only if this `file` does not exist, and create it after a run that published everything (a demo load once per fresh volume)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stderr, usage)
+			fs.SetOutput(stderr)
+			fs.PrintDefaults()
+		}
 		return o, err
 	}
 	if fs.NArg() > 0 {

@@ -42,6 +42,14 @@ func TestRunRejectsBadFlags(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("run(%q) = %v, want an error containing %q", tt.args, err, tt.want)
 			}
+			// main prints the error once: nothing else says it, and the
+			// usage is one flag away.
+			if err != nil && !strings.HasSuffix(err.Error(), "\nrun 'order-publisher -h' for usage") {
+				t.Errorf("run(%q) = %q, want it to end with the hint to -h", tt.args, err)
+			}
+			if stderr.Len() > 0 {
+				t.Errorf("run(%q) wrote to stderr besides its error:\n%s", tt.args, stderr.String())
+			}
 		})
 	}
 }
