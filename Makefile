@@ -19,6 +19,12 @@ PROGRAMS = $(notdir $(wildcard cmd/*))
 #         scripts it is given (G204), on paths of the tests' own (G304).
 #   bench/, .ci/  separate modules, tools of the project.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+# go test through gotestsum (pinned, built from the Go module proxy on first
+# use): the output of go test, and the JSON of each run in TEST_REPORT, which
+# make test-times (and CI) turn into the longest packages and tests.
+GOTESTSUM   ?= gotest.tools/gotestsum@v1.13.0
+TEST_REPORT ?= .test-report
+GOTEST       = $(GO) run $(GOTESTSUM) --format standard-quiet
 GOSEC       ?= github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 
 all: check build
@@ -42,12 +48,19 @@ build:
 COMMIT_PACKAGES = ./internal/kit/inbox ./internal/kit/consumer ./internal/payment ./internal/kit/deadletter ./internal/e2e ./examples/...
 COMMIT_PASS_ONCE = UnderFaults|NewProject|Trace|^TestDatabaseOutagePausesAndLosesNothing$$|^TestBlackholedDatabaseDoesNotWedgeWorkers$$|^TestConnectionsClosedUnderLoad$$|^TestBufferedIngestFaultNotOfTheDataReconnects$$|^TestBufferedOrderAcrossKilledReplicas$$
 test: check lint test-rules
+	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the whole suite with the race detector"
-	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GOTEST) --jsonfile $(TEST_REPORT)/1-suite.json -- -race -count=1 -timeout 40m ./...
 	@echo "== $$(date -u +%T) the integration suite again with a transaction per message (GROUP_COMMIT_MAX=1), but the fault scenarios"
-	TEST_GROUP_COMMIT_MAX=1 $(GO) test -race -count=1 -timeout 30m -skip '$(COMMIT_PASS_ONCE)' $(COMMIT_PACKAGES)
+	TEST_GROUP_COMMIT_MAX=1 $(GOTEST) --jsonfile $(TEST_REPORT)/2-tx-per-message.json -- -race -count=1 -timeout 30m -skip '$(COMMIT_PASS_ONCE)' $(COMMIT_PACKAGES)
 	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
-	$(GO) test -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/3-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
+
+# Where the time went, from the JSON of each go test run of make test (and
+# of test-cluster): the longest packages and tests (.ci/testtimes).
+.PHONY: test-times
+test-times:
+	cd .ci/testtimes && $(GO) run . $(abspath $(TEST_REPORT))
 
 check: fmt vet
 
@@ -104,7 +117,8 @@ clean:
 .PHONY: test-cluster
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
-	$(GO) test -race -count=1 -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' ./internal/kit/rabbit ./internal/kit/consumer
+	@mkdir -p $(TEST_REPORT)
+	$(GOTEST) --jsonfile $(TEST_REPORT)/4-cluster.json -- -race -count=1 -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' ./internal/kit/rabbit ./internal/kit/consumer
 
 .PHONY: up down
 up:

@@ -1,0 +1,3 @@
+module testtimes
+
+go 1.26.8
