@@ -34,7 +34,7 @@ func park(t *testing.T, s *buffered.Store, id, key string, behind int) {
 			if ok, err := s.Park(ctx, c.Lease, "invalid_field", "amount_cents must be positive"); !ok || err != nil {
 				t.Fatalf("park: %v %v", ok, err)
 			}
-		} else if _, err := s.Release(ctx, c.Lease, time.Hour, "not this test's"); err != nil {
+		} else if _, err := s.Release(ctx, c.Lease, time.Hour, "not this test's", false); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -377,7 +377,7 @@ func TestReleaseSpendsNoAttempt(t *testing.T) {
 	ctx := context.Background()
 	ingest(t, s, msg("a1", "a", "1"))
 	c := claim(t, s, 1, time.Minute)[0]
-	if ok, err := s.Release(ctx, c.Lease, 0, "database down"); !ok || err != nil {
+	if ok, err := s.Release(ctx, c.Lease, 0, "database down", false); !ok || err != nil {
 		t.Fatalf("release: %v %v", ok, err)
 	}
 	if st := status(t, db, "a1"); st != "pending" {
@@ -385,6 +385,41 @@ func TestReleaseSpendsNoAttempt(t *testing.T) {
 	}
 	if again := claim(t, s, 1, time.Minute); len(again) != 1 || again[0].Attempts != 1 {
 		t.Fatalf("claimed %+v, want a1 on attempt 1", again)
+	}
+}
+
+// A release that counts (a pause the handler asked for) adds to the
+// message's holds, which the next claim reads and which no other release
+// changes; an operator's retry of the parked message resets them with its
+// attempts.
+func TestReleaseCountsHoldsAndRetryResetsThem(t *testing.T) {
+	s, _ := setup(t)
+	ctx := context.Background()
+	ingest(t, s, msg("a1", "a", "1"))
+	for i, r := range []struct {
+		holds  int // before this claim's release
+		counts bool
+	}{{0, true}, {1, false}, {1, true}} {
+		c := claim(t, s, 1, time.Minute)[0]
+		if c.Holds != r.holds {
+			t.Fatalf("claim %d: holds %d, want %d", i+1, c.Holds, r.holds)
+		}
+		if ok, err := s.Release(ctx, c.Lease, 0, "paused", r.counts); !ok || err != nil {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+	}
+	c := claim(t, s, 1, time.Minute)[0]
+	if c.Holds != 2 || c.Attempts != 1 {
+		t.Fatalf("holds %d, attempt %d: want 2 holds and attempt 1", c.Holds, c.Attempts)
+	}
+	if ok, _ := s.Park(ctx, c.Lease, "held_too_often", "paused"); !ok {
+		t.Fatal("park")
+	}
+	if n, err := s.Retry(ctx, buffered.Selector{MessageID: "a1"}); n != 1 || err != nil {
+		t.Fatalf("retry: %d %v", n, err)
+	}
+	if again := claim(t, s, 1, time.Minute); len(again) != 1 || again[0].Holds != 0 {
+		t.Fatalf("claimed %+v after the retry, want a1 with no holds", again)
 	}
 }
 

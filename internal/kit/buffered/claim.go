@@ -27,6 +27,7 @@ type Claimed struct {
 	MessageID   string
 	Attempts    int // runs of the retry budget begun, this one included
 	Runs        int // every claim of the message, this one included: an operator's retry resets Attempts, not Runs
+	Holds       int // releases a pause the handler asked for cost it (Release with counts); an operator's retry resets them
 	ContentType string
 	Headers     amqp.Table
 	Body        []byte
@@ -72,7 +73,7 @@ WITH due AS (
 SELECT leased.ordering_key, h.* FROM leased LEFT JOIN heads h ON h.ordering_key = leased.ordering_key`
 
 // headColumns are the columns of a claimed message, in scanHead's order.
-const headColumns = `m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.content_type, m.headers, m.body, m.published_at, m.received_at`
+const headColumns = `m.id, m.ordering_key, m.seq, m.message_id, m.attempts, m.runs, m.holds, m.content_type, m.headers, m.body, m.published_at, m.received_at`
 
 // claimHeads marks processing the heads of keys this claim ($3) leased
 // whose head its first statement could not see.
@@ -148,10 +149,10 @@ func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, query string, args ...a
 		var key string
 		var id, seq sql.NullInt64
 		var messageID, orderingKey, contentType sql.NullString
-		var attempts, runs sql.NullInt32
+		var attempts, runs, holds sql.NullInt32
 		var headers, body []byte
 		var published, received sql.NullTime
-		if err := rows.Scan(&key, &id, &orderingKey, &seq, &messageID, &attempts, &runs, &contentType,
+		if err := rows.Scan(&key, &id, &orderingKey, &seq, &messageID, &attempts, &runs, &holds, &contentType,
 			&headers, &body, &published, &received); err != nil {
 			return nil, nil, err
 		}
@@ -161,7 +162,7 @@ func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, query string, args ...a
 		}
 		c := Claimed{
 			Lease:     Lease{ID: id.Int64, OrderingKey: orderingKey.String, Seq: seq.Int64, Token: token},
-			MessageID: messageID.String, Attempts: int(attempts.Int32), Runs: int(runs.Int32),
+			MessageID: messageID.String, Attempts: int(attempts.Int32), Runs: int(runs.Int32), Holds: int(holds.Int32),
 			ContentType: contentType.String, Body: body, PublishedAt: published.Time, ReceivedAt: received.Time,
 		}
 		if c.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {

@@ -195,11 +195,11 @@ func (s *Store) unpark(ctx context.Context, sel Selector, keySet, msgSet string,
 	return int(n), err
 }
 
-// Retry gives the chosen parked messages a fresh retry budget: each is
-// pending again and its key due now. It returns how many it re-armed.
+// Retry gives the chosen parked messages a fresh retry budget (attempts and
+// holds): each is pending again and its key due now. It returns how many it re-armed.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int, error) {
 	n, err := s.unpark(ctx, sel, `lease_token = NULL`,
-		`status = 'pending', attempts = 0, available_at = now(), park_reason = NULL`)
+		`status = 'pending', attempts = 0, holds = 0, available_at = now(), park_reason = NULL`)
 	if err != nil {
 		return n, fmt.Errorf("retry parked messages of %s: %w", s.consumer, err)
 	}

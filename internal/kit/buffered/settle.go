@@ -270,13 +270,19 @@ func (s *Store) Park(ctx context.Context, l Lease, reason, cause string) (ok boo
 
 // Release gives a claimed message back without spending its attempt (the
 // failure was not the message's: the database or a dependency of every
-// message is down): it is pending or failed again, due after delay.
-func (s *Store) Release(ctx context.Context, l Lease, delay time.Duration, cause string) (ok bool, err error) {
+// message is down): it is pending or failed again, due after delay. counts
+// adds one to its holds (Claimed.Holds): the release of a pause the handler
+// asked for, which the caller bounds.
+func (s *Store) Release(ctx context.Context, l Lease, delay time.Duration, cause string, counts bool) (ok bool, err error) {
+	hold := 0
+	if counts {
+		hold = 1
+	}
 	ok, err = s.settleLease(ctx, l,
 		`available_at = now() + make_interval(secs => $6)`,
 		`attempts = attempts - 1, status = CASE WHEN attempts > 1 THEN 'failed' ELSE 'pending' END,
-		 last_error = $7, available_at = now() + make_interval(secs => $6)`,
-		delay.Seconds(), truncate(cause))
+		 last_error = $7, available_at = now() + make_interval(secs => $6), holds = holds + $8`,
+		delay.Seconds(), truncate(cause), hold)
 	if err != nil {
 		return false, fmt.Errorf("release message %d: %w", l.ID, err)
 	}

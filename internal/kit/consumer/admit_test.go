@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
@@ -65,5 +67,24 @@ func TestAttemptComesFromOurHeader(t *testing.T) {
 		if got := message(amqp.Delivery{Headers: tt.headers}).Attempt; got != tt.want {
 			t.Errorf("headers %v: attempt %d, want %d", tt.headers, got, tt.want)
 		}
+	}
+}
+
+// A producer's x-pause-holds is not ours: only a delivery back from one of
+// our delay queues carries a hold count the runtime wrote, and a copy the
+// runtime makes carries the count it trusts, not the producer's.
+func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
+	r := &Runtime{cfg: Config{Topology: rabbit.Topology{Queue: "work"}}}
+	fromRetry := amqp.Table{HeaderPauseHolds: int32(4), "x-death": []any{amqp.Table{"queue": "work.retry.50ms"}}}
+	if got := r.received(amqp.Delivery{Headers: fromRetry}).holds; got != 4 {
+		t.Errorf("back from a delay queue: %d holds, want 4", got)
+	}
+	fresh := amqp.Delivery{Headers: amqp.Table{HeaderPauseHolds: int32(1000)}}
+	msg := r.received(fresh)
+	if msg.holds != 0 {
+		t.Errorf("a producer's header: %d holds, want 0", msg.holds)
+	}
+	if _, ok := republish(fresh, msg).Headers[HeaderPauseHolds]; ok {
+		t.Error("the producer's hold count survived on the runtime's copy")
 	}
 }

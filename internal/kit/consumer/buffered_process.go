@@ -40,6 +40,7 @@ type processor struct {
 type release struct {
 	claimed buffered.Claimed
 	cause   string // the error that made it give the message back
+	counts  bool   // the release counts against MaxHolds (a pause the handler asked for)
 }
 
 // claimBatch bounds the keys one claim leases.
@@ -277,7 +278,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	ctx, span := r.cfg.Tracer.ProcessStored(ctx, c.Headers, c.MessageID, r.cfg.Topology.Queue, r.cfg.Name, len(c.Body))
 	defer span.End()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
-		Attempt: c.Attempts, PublishedAt: c.PublishedAt}
+		Attempt: c.Attempts, PublishedAt: c.PublishedAt, holds: c.Holds}
 	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	park := func(reason Reason, cause error) {
 		span.Outcome(string(OutcomeParked), c.Attempts)
@@ -321,7 +322,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		log.get().Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
 		return
 	}
-	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts))
+	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts, c.Holds))
 	if v.act != actDeadLetter {
 		span.Outcome(v.outcome(), c.Attempts)
 		span.FailAs(err, v.errorType())
@@ -329,17 +330,18 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	switch v.act {
 	case actAbandon:
 		log.get().Warn("abandoned at shutdown; released for another replica", "err", err)
-		p.release(c, err, log)
+		p.release(c, err, false, log)
 	case actDeadLetter:
 		park(v.reason, err)
 	case actPutBack:
 		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
 			"attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
+		p.release(c, err, false, log)
 	case actPause:
 		log.get().Warn("not the message's fault: releasing it without spending an attempt and pausing",
-			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts, "err", err)
-		p.release(c, err, log)
+			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts,
+			"pause_holds", c.Holds, "max_holds", r.cfg.MaxHolds, "err", err)
+		p.release(c, err, v.counts, log)
 		p.requestPause(v.cause)
 	case actRetry:
 		p.failed(c, err, log)
@@ -423,24 +425,26 @@ func (p *processor) park(c buffered.Claimed, reason Reason, cause error, log *me
 	}
 }
 
-// release gives the message back without spending its attempt. If the
-// database refuses (it is down: the likeliest reason to release), the
+// release gives the message back without spending its attempt; counts adds
+// one to its holds (a pause the handler asked for, bounded by MaxHolds). If
+// the database refuses (it is down: the likeliest reason to release), the
 // release is kept and tried again when the pause ends, before this replica
 // claims anything: unless another replica has taken the message over after
 // its lease ended, its attempt is given back then.
-func (p *processor) release(c buffered.Claimed, cause error, log *messageLog) {
-	if !p.releaseOne(c, cause.Error(), log) {
+func (p *processor) release(c buffered.Claimed, cause error, counts bool, log *messageLog) {
+	u := release{claimed: c, cause: cause.Error(), counts: counts}
+	if !p.releaseOne(u, log) {
 		p.unreleasedMu.Lock()
-		p.unreleased = append(p.unreleased, release{claimed: c, cause: cause.Error()})
+		p.unreleased = append(p.unreleased, u)
 		p.unreleasedMu.Unlock()
 	}
 }
 
-// releaseOne releases c, and reports false if the database refused.
-func (p *processor) releaseOne(c buffered.Claimed, cause string, log *messageLog) bool {
+// releaseOne releases u, and reports false if the database refused.
+func (p *processor) releaseOne(u release, log *messageLog) bool {
 	sctx, cancel := p.rt.settleContext()
 	defer cancel()
-	ok, err := p.cfg.Store.Release(sctx, c.Lease, p.cfg.RetryDelays[0], cause)
+	ok, err := p.cfg.Store.Release(sctx, u.claimed.Lease, p.cfg.RetryDelays[0], u.cause, u.counts)
 	switch {
 	case err != nil:
 		if _, stopping := p.rt.stopLeft(); stopping {
@@ -466,7 +470,7 @@ func (p *processor) releaseHeld() {
 	for _, u := range held {
 		msg := Message{ID: u.claimed.MessageID}
 		log := &messageLog{r: p.rt, msg: &msg, attrs: []any{"ordering_key", u.claimed.OrderingKey, "seq", u.claimed.Seq}}
-		if !p.releaseOne(u.claimed, u.cause, log) {
+		if !p.releaseOne(u, log) {
 			again = append(again, u)
 		}
 	}

@@ -19,7 +19,9 @@ var ErrPaused = errors.New("dependency unavailable for every message")
 // answering 401 after a key rotation, a 404 from a wrong URL): the message is
 // not at fault. The runtime puts the message back without spending an
 // attempt, stops consuming (readiness fails with Cause), and resumes by itself
-// after a backoff.
+// after a backoff. After Config.MaxHolds such holds of one message, its next
+// pause is taken for the message's own fault: it is dead-lettered (buffered:
+// parked) with ReasonHeldTooOften.
 type PauseError struct {
 	Cause Cause
 	Err   error

@@ -39,6 +39,9 @@ type verdict struct {
 	act    action
 	reason Reason // actDeadLetter: the dead-letter (park) reason
 	cause  Cause  // actPause: the pause cause
+	// counts: actPause, and the hold counts against the message's MaxHolds
+	// (the service's code asked for the pause).
+	counts bool
 }
 
 // outcome is the delivery's outcome under the verdict, for its trace.
@@ -80,6 +83,8 @@ type failure struct {
 	stopping    bool // the runtime is stopping and cut the run short
 	attempt     int  // this run, 1-based, of the message's budget
 	maxAttempts int
+	holds       int // the times the service's code paused it before, put back each time (MaxHolds)
+	maxHolds    int
 	cause       func() Cause
 	inARow      func() bool
 }
@@ -87,9 +92,18 @@ type failure struct {
 // decide applies the rules in order: a stop cuts the run short; the
 // message's own fault (a permanent error, another payload under its id) ends
 // it; a dependency down or the database's trouble is nobody's fault of the
-// message's and pauses; a wait on a lock puts it back; then its own budget is
-// decided, before the run of failures of distinct messages, which pauses
-// when a dependency fails every message alike; else it is retried.
+// message's and pauses, unless the service's code has asked to pause for
+// this message maxHolds times already: then the message is taken to be at
+// fault itself (ReasonHeldTooOften); a wait on a lock puts it back; then its
+// own budget is decided, before the run of failures of distinct messages,
+// which pauses when a dependency fails every message alike; else it is
+// retried.
+//
+// Only the pauses the service's code asks for (Pause) count against
+// maxHolds: it claims them for one message, and may be wrong about that
+// message. The runtime's own causes come from what it saw of the database or
+// of many distinct messages (handler_failing), never of one message alone,
+// and an outage of any length must not dead-letter good messages.
 func decide(f failure) verdict {
 	switch {
 	case f.stopping:
@@ -100,7 +114,13 @@ func decide(f failure) verdict {
 		return verdict{act: actDeadLetter, reason: permanentReason(f.err)}
 	}
 	if cause := f.cause(); cause != "" {
-		return verdict{act: actPause, cause: cause}
+		switch {
+		case !askedToPause(f.err):
+			return verdict{act: actPause, cause: cause}
+		case f.holds >= f.maxHolds:
+			return verdict{act: actDeadLetter, reason: ReasonHeldTooOften}
+		}
+		return verdict{act: actPause, cause: cause, counts: true}
 	}
 	if waited(f.err) {
 		return verdict{act: actPutBack}
@@ -113,4 +133,11 @@ func decide(f failure) verdict {
 		return verdict{act: actPause, cause: CauseFailing}
 	}
 	return verdict{act: actRetry}
+}
+
+// askedToPause reports a pause the service's code asked for: a PauseError
+// from the handler or its writes. The runtime makes none of its own.
+func askedToPause(err error) bool {
+	var pe *PauseError
+	return errors.As(err, &pe)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -13,6 +14,7 @@ import (
 
 func TestDecide(t *testing.T) {
 	lockWait := &pgconn.PgError{Code: "55P03"}
+	handlerPause := failedAt(stepHandler, Pause("gateway_misconfigured", errors.New("401")))
 	cases := []struct {
 		name     string
 		f        failure
@@ -40,6 +42,21 @@ func TestDecide(t *testing.T) {
 			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
 		{name: "retry", f: failure{err: errTransient, attempt: 1, maxAttempts: 5},
 			want: verdict{act: actRetry}, asked: true},
+		// A pause the handler (or its writes) asked for counts against the
+		// message's holds; after maxHolds of them it is the message's fault.
+		// The runtime's own pauses and lock waits never count.
+		{name: "the handler's pause within the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 2, maxHolds: 3},
+			cause: "gateway_misconfigured", want: verdict{act: actPause, cause: "gateway_misconfigured", counts: true}},
+		{name: "the handler's pause past the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
+			cause: "gateway_misconfigured", want: verdict{act: actDeadLetter, reason: ReasonHeldTooOften}},
+		{name: "the writes' pause past the bound", f: failure{err: failedAt(stepCommit, Pause("ledger_locked", nil)), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
+			cause: "ledger_locked", want: verdict{act: actDeadLetter, reason: ReasonHeldTooOften}},
+		{name: "database down past the bound", f: failure{err: failedAt(stepCommit, io.ErrUnexpectedEOF), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
+			cause: CauseDatabase, want: verdict{act: actPause, cause: CauseDatabase}},
+		{name: "lock wait past the bound", f: failure{err: lockWait, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
+			want: verdict{act: actPutBack}},
+		{name: "run of failures past the bound", f: failure{err: errTransient, attempt: 2, maxAttempts: 5, holds: 3, maxHolds: 3}, inARow: true,
+			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

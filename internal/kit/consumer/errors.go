@@ -75,6 +75,7 @@ const (
 	ReasonUnsupportedContent = "unsupported_content_type"
 	ReasonPayloadMismatch    = "payload_mismatch"
 	ReasonRetriesExhausted   = "retries_exhausted"
+	ReasonHeldTooOften       = "held_too_often"          // put back MaxHolds times by the handler's Pause: the message's fault, not the dependency's
 	ReasonKeyExpired         = "idempotency_key_expired" // may have called out before, longer ago than the key lifetime
 	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
 	ReasonInvalidOrderingKey = "invalid_ordering_key"    // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character

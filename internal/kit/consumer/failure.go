@@ -10,10 +10,12 @@ import (
 )
 
 // failure describes a failed run to decide, asking the database and
-// counting the run of failures only when decide needs them.
-func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, maxAttempts int) failure {
+// counting the run of failures only when decide needs them. holds are the
+// message's holds so far that count against MaxHolds.
+func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, maxAttempts, holds int) failure {
 	return failure{
 		err: err, stopping: ctx.Err() != nil, attempt: attempt, maxAttempts: maxAttempts,
+		holds: holds, maxHolds: r.cfg.MaxHolds,
 		cause:  func() Cause { return r.infrastructure(ctx, err) },
 		inARow: func() bool { return r.failingInARow(id, err) },
 	}

@@ -46,6 +46,9 @@ type Message struct {
 	// the Decoder's refusal of the body (a PermanentError).
 	orderingKey string
 	undecoded   error
+	// holds counts the pauses the service's code asked for that put this
+	// message back (HeaderPauseHolds; the buffered mode's holds column).
+	holds int
 }
 
 // MayHaveRun reports whether the message may have been handled before, and so

@@ -84,7 +84,7 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.ack(ctx, s, d, msg, out, log)
 		return
 	}
-	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts))
+	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts, msg.holds))
 	span.Outcome(v.outcome(), msg.Attempt)
 	span.FailAs(err, v.errorType())
 	switch v.act {
@@ -97,11 +97,12 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	case actPutBack:
 		log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
 			"attempt", msg.Attempt, "err", err)
-		r.hold(ctx, s, d, msg, err, log)
+		r.hold(ctx, s, d, msg, err, false, log)
 	case actPause:
 		log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
-			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt, "err", err)
-		r.hold(ctx, s, d, msg, err, log)
+			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt,
+			"pause_holds", msg.holds, "max_holds", r.cfg.MaxHolds, "err", err)
+		r.hold(ctx, s, d, msg, err, v.counts, log)
 		s.requestPause(v.cause)
 	case actRetry:
 		r.retry(ctx, s, d, msg, err, log)

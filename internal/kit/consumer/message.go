@@ -29,6 +29,10 @@ const (
 	HeaderOriginalExchange = "x-original-exchange"
 	HeaderOriginalKey      = "x-original-routing-key"
 	HeaderHeld             = "x-held" // times put back without spending an attempt
+	// HeaderPauseHolds counts the holds a pause the service's code asked for
+	// (Pause) cost the message: MaxHolds bounds them. Like x-attempt, it is
+	// read only from a delivery that came back from one of our delay queues.
+	HeaderPauseHolds = "x-pause-holds"
 	// HeaderMayHaveRun marks every copy the kit makes of a message that may
 	// have run (see Message.MayHaveRun): a copy has neither the broker's
 	// redelivered flag nor, once replayed, our attempt count, and without the
@@ -55,13 +59,13 @@ func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
 }
 
 // received is the handler's view of a delivery as the runtime trusts it:
-// only its own retry path raises the attempt count, so a producer's
-// x-attempt is not trusted unless the delivery came from one of its delay
-// queues.
+// only its own retry path raises the attempt and hold counts, so a
+// producer's x-attempt and x-pause-holds are not trusted unless the delivery
+// came from one of its delay queues.
 func (r *Runtime) received(d amqp.Delivery) Message {
 	msg := message(d)
 	if !r.fromRetryQueue(d) {
-		msg.Attempt = 1
+		msg.Attempt, msg.holds = 1, 0
 	}
 	return msg
 }
@@ -72,6 +76,7 @@ func message(d amqp.Delivery) Message {
 	if n, ok := intHeader(d.Headers, HeaderAttempt); ok && n > 1 {
 		attempt = n
 	}
+	holds, _ := intHeader(d.Headers, HeaderPauseHolds)
 	return Message{
 		ID:          d.MessageId,
 		Body:        d.Body,
@@ -81,6 +86,7 @@ func message(d amqp.Delivery) Message {
 		Redelivered: d.Redelivered,
 		PublishedAt: publishedAt(d),
 		seenAt:      time.Now(),
+		holds:       max(holds, 0),
 	}
 }
 

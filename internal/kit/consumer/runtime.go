@@ -75,6 +75,15 @@ type Config struct {
 	// retries last, are dead-lettered (retries_exhausted). 0 means 20; -1
 	// never pauses.
 	PauseAfterFailures int
+	// MaxHolds bounds how often a pause the service's code asked for
+	// (Pause, from the handler or its writes) may put one message back
+	// without spending an attempt: the message that made the handler ask
+	// that often is taken to be at fault itself, not the dependency, and is
+	// dead-lettered (buffered: parked) with ReasonHeldTooOften. The
+	// runtime's own pauses (the database's trouble, handler_failing) and its
+	// lock waits never count: an outage must not dead-letter good messages.
+	// 0 means 20.
+	MaxHolds int
 	// ResetDatabase, if set, is called when a database pause ends, before
 	// consuming again: the pool's sessions from the outage may keep its state
 	// (read-only), and the runtime's checker saw only a fresh one.
@@ -130,6 +139,9 @@ func (c *Config) setDefaults() {
 	if c.PauseAfterFailures == 0 {
 		c.PauseAfterFailures = 20
 	}
+	if c.MaxHolds == 0 {
+		c.MaxHolds = 20
+	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 20 * time.Second
 	}
@@ -169,6 +181,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("max attempts %d < 1", c.MaxAttempts)
 	case c.PauseAfterFailures == 1 || c.PauseAfterFailures < -1:
 		return fmt.Errorf("pause after failures %d: want -1 (never) or at least 2 distinct messages", c.PauseAfterFailures)
+	case c.MaxHolds < 1:
+		return fmt.Errorf("max holds %d < 1", c.MaxHolds)
 	case c.Committers < 1 || c.GroupCommitMax < 1 || c.GroupCommitWait < 0:
 		return fmt.Errorf("need committers (%d) >= 1, group commit max (%d) >= 1, wait (%s) >= 0",
 			c.Committers, c.GroupCommitMax, c.GroupCommitWait)

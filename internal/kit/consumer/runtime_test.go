@@ -370,6 +370,51 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 	})
 }
 
+// A handler that returns Pause for one message that is itself bad (every
+// other message goes through) used to put it back without spending an
+// attempt and pause the whole consumer every cycle, until the key's lifetime
+// ended it, or forever for a service without one. After MaxHolds holds it is
+// the message's own fault: dead-lettered (buffered: parked) held_too_often,
+// after exactly MaxHolds pauses, and every other message is applied.
+func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		const maxHolds = 3
+		var runs atomic.Int64
+		rt := e.start(orderedHandler(func(_ Message, ev event) error {
+			if ev.Key != "bad" {
+				return nil
+			}
+			runs.Add(1)
+			return Pause("gateway_misconfigured", errors.New("the gateway refuses this one message"))
+		}), func(c *Config) {
+			m.config(e.db, e.dbURL, nil)(c)
+			c.MaxHolds, c.ReconnectMaxWait = maxHolds, 300*time.Millisecond
+		})
+		e.publish("bad-0", `{"key":"bad","n":0}`)
+		keys := keyNames(3)
+		e.publishEvents(keys, 4)
+		got := m.givenUp(e, 1)
+		if len(got) != 1 || got[0].id != "bad-0" || got[0].reason != ReasonHeldTooOften || !strings.Contains(got[0].err, "gateway_misconfigured") {
+			t.Fatalf("given up on %+v, want bad-0 with %s and the handler's error", got, ReasonHeldTooOften)
+		}
+		testenv.Eventually(t, time.Minute, "every other message applied", func() (bool, error) { return e.appliedTotal() == 12, nil })
+		if m.orderPerKey {
+			e.assertInOrder(keys, 4)
+		}
+		if n := runs.Load(); n != maxHolds+1 {
+			t.Errorf("the bad message ran %d times, want %d: held %d times, then given up", n, maxHolds+1, maxHolds)
+		}
+		if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n != maxHolds {
+			t.Errorf("%d pauses, want %d", n, maxHolds)
+		}
+		if rt.count(OutcomeRetried) != 0 {
+			t.Errorf("%d retried: a hold spends no attempt", rt.count(OutcomeRetried))
+		}
+		waitFor(t, "ready, the bad message gone", func() bool { return rt.Ready() == nil })
+	})
+}
+
 // The dead-letter queue is gone (deleted by hand): the broker would confirm
 // the copy and drop it, so the runtime publishes it mandatory, keeps the
 // original, and ends its session: the next one declares the queue again, and

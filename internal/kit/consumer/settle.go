@@ -49,12 +49,17 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 // the first delay queue with its attempt count unchanged, then the original is
 // acked. Unlike a nack with requeue, the copy is a new message to the broker,
 // so the work queue's x-delivery-limit never counts an outage against it.
-func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
+// counts raises the holds that count against MaxHolds (a pause the service's
+// code asked for).
+func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, counts bool, log *messageLog) {
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
 	pub.Headers[HeaderAttempt] = header32(msg.Attempt)
 	held, _ := intHeader(d.Headers, HeaderHeld)
 	pub.Headers[HeaderHeld] = header32(held + 1)
+	if counts {
+		pub.Headers[HeaderPauseHolds] = header32(msg.holds + 1)
+	}
 	pub.Headers[HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
@@ -154,7 +159,11 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 		p.Headers[HeaderMayHaveRun] = true
 	}
 	stampSeen(p.Headers, msg.PublishedAt, msg.seenAt)
-	delete(p.Headers, "x-death") // the broker's own history; ours is in x-attempt
+	delete(p.Headers, "x-death")        // the broker's own history; ours is in x-attempt
+	delete(p.Headers, HeaderPauseHolds) // a producer's is not ours: the copy carries the count the runtime trusts
+	if msg.holds > 0 {
+		p.Headers[HeaderPauseHolds] = header32(msg.holds)
+	}
 	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
 		p.Headers[HeaderOriginalExchange] = d.Exchange
 		p.Headers[HeaderOriginalKey] = d.RoutingKey

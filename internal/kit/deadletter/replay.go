@@ -190,12 +190,14 @@ func (q *Queue) replay(ctx context.Context, pub *rabbit.Publisher, d amqp.Delive
 	return nil
 }
 
-// resetHeaders are removed from a replayed copy: the runtime's attempt counter,
-// so the retry budget starts again, and the history of the dead-lettering,
+// resetHeaders are removed from a replayed copy: the runtime's attempt and
+// hold counters, so the retry budget and MaxHolds start again, and the
+// history of the dead-lettering,
 // which the next failure would otherwise report as its own. The broker's
 // counters are the dead-letter queue's, not the work queue's.
 var resetHeaders = []string{
 	consumer.HeaderAttempt,
+	consumer.HeaderPauseHolds,
 	consumer.HeaderDeadLetterReason,
 	consumer.HeaderDeadLetterError,
 	consumer.HeaderDeadLetteredAt,

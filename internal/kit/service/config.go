@@ -31,6 +31,7 @@ type Config struct {
 	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
 	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
 	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
+	MaxHolds           int             `envconfig:"MAX_HOLDS" default:"20" desc:"times one message may be put back, without spending an attempt, by a pause its handler asked for (consumer.Pause); its next such pause is taken for its own fault: dead-lettered (buffered: parked) held_too_often (1-10000); the database's pauses, handler_failing and lock waits never count"`
 	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM, every phase together: in-flight messages finish, unstarted ones are given back or stored (keep stop_grace_period at least 5s above; with tracing on, 2s of them may go to the last spans' flush)"`
 	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
 	FaultsToken        string          `envconfig:"FAULTS_TOKEN" secret:"true" desc:"the bearer token the fault endpoints require (Authorization: Bearer <token>); required with FAULTS_ENABLED unless HTTP_ADDR listens on loopback only"`
@@ -165,6 +166,9 @@ func (c *Config) validate(v *Checks) {
 	// an attempt, it would fail, pause and call out again forever.
 	v.Require(c.PauseAfterFailures == -1 || c.PauseAfterFailures >= 2, "PAUSE_AFTER_FAILURES",
 		"must be -1 (never) or at least 2 (distinct messages; one message failing alone is its own trouble), got %d", c.PauseAfterFailures)
+	// An unbounded hold would let one message that makes its handler pause
+	// stop the consumer every cycle, forever.
+	v.Require(c.MaxHolds >= 1 && c.MaxHolds <= 10000, "MAX_HOLDS", "must be between 1 and 10000, got %d", c.MaxHolds)
 	v.Require(c.ShutdownTimeout > 0, "SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	v.Require(ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 }

@@ -236,6 +236,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		ShutdownTimeout:    cfg.ShutdownTimeout,
 		KeyTTL:             cfg.IdempotencyKeyTTL,
 		PauseAfterFailures: cfg.PauseAfterFailures,
+		MaxHolds:           cfg.MaxHolds,
 		ReconnectMaxWait:   cfg.ReconnectMaxWait,
 		DatabaseCheck:      check,
 		ResetDatabase:      func() { database.Recycle(k.DB); k.Reader.Recycle() },
