@@ -91,7 +91,9 @@ func readPaid(_ context.Context, tx *gorm.DB, orderIDs []string) (map[string]Pay
 }
 
 // DecodeOrder decodes and validates an OrderPlaced body (orders.Decode),
-// giving a refused body the reason the contract names.
+// giving a refused body the reason the contract names. The event comes back
+// with the refusal as far as it was read: its event_id names the dead letter
+// of a message published without a message_id.
 func DecodeOrder(body []byte) (orders.OrderPlaced, error) {
 	ev, err := orders.Decode(body)
 	var invalid *orders.InvalidError

@@ -1,6 +1,7 @@
 package payment_test
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -21,6 +22,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/internal/kit/ops"
 	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
@@ -318,6 +320,63 @@ func TestPoisonMessages(t *testing.T) {
 		}
 	}
 	s.assertPaidOnce("o-after")
+}
+
+// An order whose order_id holds a NUL, published without a message_id, is
+// refused by the Decoder (invalid_field) although its event_id reads fine:
+// the dead letter carries that id as every other does, and so does the log
+// line, so dlq list shows it and dlq replay --id reaches it. (It used to go
+// without one: "-" in dlq list, out of reach of --id.)
+func TestRefusedOrderKeepsItsEventID(t *testing.T) {
+	s := newStack(t)
+	m := s.service()
+	body := `{"event_id":"evt-nul","order_id":"o\u0000x","customer_id":"c","amount_cents":100,"currency":"EUR","placed_at":"2026-11-29T12:00:00Z"}`
+	s.publish("", "application/json", []byte(body))
+	waitOutcome(t, m, "dead_lettered", 1)
+	if !loggedFor(m.Logs.String(), "message dead-lettered", "evt-nul") {
+		t.Errorf("no dead-lettering logged with message_id evt-nul:\n%s", m.Logs)
+	}
+	ctx := context.Background()
+	var list bytes.Buffer
+	if err := ops.Run(ctx, payment.Service(), []string{"dlq", "list", "--json"}, nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	var listing struct {
+		Messages []struct {
+			ID     string `json:"message_id"`
+			Reason string `json:"reason"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(list.Bytes(), &listing); err != nil {
+		t.Fatal(err)
+	}
+	if len(listing.Messages) != 1 || listing.Messages[0].ID != "evt-nul" || listing.Messages[0].Reason != orders.ReasonInvalidField {
+		t.Fatalf("dlq list: %+v, want evt-nul with %s", listing.Messages, orders.ReasonInvalidField)
+	}
+	var out bytes.Buffer
+	if err := ops.Run(ctx, payment.Service(), []string{"dlq", "replay", "--id", "evt-nul"}, nil, &out); err != nil ||
+		!strings.Contains(out.String(), "replayed evt-nul") {
+		t.Fatalf("dlq replay --id evt-nul: %v\n%s", err, out.String())
+	}
+	// The replay carries the id as its message_id: refused again, under it.
+	waitOutcome(t, m, "dead_lettered", 2)
+	if reasons := s.drainDLQ(1); reasons["evt-nul"] != orders.ReasonInvalidField {
+		t.Fatalf("after the replay: dead letters %v, want evt-nul with %s", reasons, orders.ReasonInvalidField)
+	}
+}
+
+// loggedFor reports whether logs hold a JSON line with msg about message id.
+func loggedFor(logs, msg, id string) bool {
+	for line := range strings.Lines(logs) {
+		var l struct {
+			Msg       string `json:"msg"`
+			MessageID string `json:"message_id"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.MessageID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // drainDLQ takes n messages from the dead-letter queue: message id → reason.

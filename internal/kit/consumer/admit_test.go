@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -86,5 +87,38 @@ func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
 	}
 	if _, ok := republish(fresh, msg).Headers[HeaderPauseHolds]; ok {
 		t.Error("the producer's hold count survived on the runtime's copy")
+	}
+}
+
+// A body the Decoder refuses keeps the id it names, where that is an id: the
+// dead letter and the log line carry it. With no message_id property the
+// refusal is the reason at once; with one, the property is the id and the
+// refusal is left for the mode (dead-lettered inline, parked buffered).
+func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
+	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
+	var decodes atomic.Int64
+	r.cfg.Decoder = countingEvents(&decodes)
+	r.cfg.setDefaults()
+	tests := []struct {
+		name, property, body string
+		wantID               string
+		wantReason           Reason
+	}{
+		{"refused, its id readable", "", `{"id": "ev-1", "n": -1}`, "ev-1", "negative_n"},
+		{"refused, its id a NUL", "", `{"id": "ev-\u0000", "n": -1}`, "", "negative_n"},
+		{"refused, its id too long", "", `{"id": "` + strings.Repeat("x", 256) + `", "n": -1}`, "", "negative_n"},
+		{"refused, no id", "", `{"n": -1}`, "", "negative_n"},
+		{"malformed", "", `{"id": "ev-2", `, "", ReasonInvalidEvent},
+		{"refused under a property", "m-1", `{"id": "ev-3", "n": -1}`, "m-1", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := amqp.Delivery{MessageId: tt.property, Body: []byte(tt.body)}
+			msg := r.received(d)
+			reason, _ := r.admit(d, &msg)
+			if msg.ID != tt.wantID || reason != tt.wantReason || msg.undecoded == nil {
+				t.Errorf("admit = id %q, reason %q (refusal %v); want id %q, reason %q", msg.ID, reason, msg.undecoded, tt.wantID, tt.wantReason)
+			}
+		})
 	}
 }

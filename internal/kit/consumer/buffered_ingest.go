@@ -8,8 +8,6 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -186,9 +184,9 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 	}}, true
 }
 
-func validKey(k string) bool {
-	return len(k) <= maxIDLen && utf8.ValidString(k) && !strings.ContainsFunc(k, unicode.IsControl)
-}
+// validKey reports whether k can be an ordering key: "" (a key of its own),
+// or what an id can be.
+func validKey(k string) bool { return k == "" || validID(k) }
 
 // store commits a batch and acks each delivery after the commit. A batch
 // that fails is never rerouted: a copy in a delay queue, or one republished to

@@ -32,6 +32,10 @@ type Events[E any] struct {
 	// buffered mode (stored as a key of its own), with the reason of a
 	// PermanentError (Permanent) or else ReasonInvalidEvent. It must be
 	// pure: the buffered mode decodes a stored message again to process it.
+	// With its refusal it may return the event as far as it read it: a body
+	// without a message_id property is then dead-lettered under the ID of
+	// that event, where ID reads a valid one, so that an operator can find
+	// it (dlq list, dlq replay --id).
 	Decode func(body []byte) (E, error)
 	// ID, if set, is the dedupe key of a delivery without a message_id
 	// property; nil requires the property.
@@ -51,7 +55,7 @@ type decoded struct {
 func (e Events[E]) decode(body []byte) (decoded, error) {
 	ev, err := e.Decode(body)
 	if err != nil {
-		return decoded{}, err
+		return decoded{id: e.refusedID(ev)}, err
 	}
 	d := decoded{event: ev}
 	if e.ID != nil {
@@ -61,6 +65,22 @@ func (e Events[E]) decode(body []byte) (decoded, error) {
 		d.orderingKey = e.OrderingKey(ev)
 	}
 	return d, nil
+}
+
+// refusedID is the ID of the event Decode returned with its refusal, only
+// to name the refused message: "" when there is none, or when ID cannot take
+// a partly read event (it panics), since the message is refused for the
+// Decoder's reason all the same.
+func (e Events[E]) refusedID(ev E) (id string) {
+	if e.ID == nil {
+		return ""
+	}
+	defer func() {
+		if recover() != nil {
+			id = ""
+		}
+	}()
+	return e.ID(ev)
 }
 
 func (e Events[E]) ordered() bool { return e.OrderingKey != nil }

@@ -213,3 +213,48 @@ func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
 		rt.shutdown(t)
 	})
 }
+
+// A body the Decoder refuses, published without a message_id, is
+// dead-lettered at once in either mode with the Decoder's reason, and under
+// the id the body names wherever the Decoder could read it (the event it
+// returned with its refusal): on the copy as its message_id and on the log
+// line, so that dlq list shows it and dlq replay --id reaches it. An id that
+// is no id (a NUL in it) is left off, and the reason stays the Decoder's.
+func TestRefusedBodyKeepsItsReadableID(t *testing.T) {
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := m.newEnv(t)
+		var decodes atomic.Int64
+		rt := e.start(eventHandler(), func(c *Config) {
+			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.OrderingKey = nil })(c)
+			c.Decoder, c.KeyFromBody = countingEvents(&decodes), nil
+		})
+		e.publish("", `{"id": "ev-negative", "key": "a", "n": -1}`)
+		e.publish("", `{"id": "ev-\u0000", "key": "b", "n": -1}`)
+		e.publish("", `{"id": "ev-valid", "key": "a", "n": 1}`)
+		reasons := map[string]string{}
+		for _, d := range e.deadLetters(2) {
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
+		}
+		if want := map[string]string{"ev-negative": "negative_n", "": "negative_n"}; fmt.Sprint(reasons) != fmt.Sprint(want) {
+			t.Errorf("dead letters %v, want %v", reasons, want)
+		}
+		waitFor(t, "the valid event applied", func() bool { return e.appliedTotal() == 1 })
+		if !loggedFor(rt.logs.String(), "message dead-lettered", "ev-negative") {
+			t.Errorf("no dead-lettering logged with message_id ev-negative:\n%s", rt.logs)
+		}
+	})
+}
+
+// loggedFor reports whether logs hold a JSON line with msg about message id.
+func loggedFor(logs, msg, id string) bool {
+	for line := range strings.Lines(logs) {
+		var l struct {
+			Msg       string `json:"msg"`
+			MessageID string `json:"message_id"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == msg && l.MessageID == id {
+			return true
+		}
+	}
+	return false
+}

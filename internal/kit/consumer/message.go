@@ -42,6 +42,12 @@ const (
 
 const maxIDLen = 255
 
+// validID reports whether id can be a message's id: a message_id property
+// (at most 255 bytes) and PostgreSQL text (no NUL) take it.
+func validID(id string) bool {
+	return id != "" && len(id) <= maxIDLen && utf8.ValidString(id) && !strings.ContainsFunc(id, unicode.IsControl)
+}
+
 // fromRetryQueue reports whether the broker brought the delivery back from
 // one of our delay queues (x-death names the queue): only then was its
 // x-attempt header written by this runtime.
@@ -104,8 +110,10 @@ func publishedAt(d amqp.Delivery) time.Time {
 
 // admit applies the checks every handler needs before a body is trusted,
 // decodes it with the Decoder (a refusal is left in msg.undecoded: the inline
-// mode dead-letters it, the buffered mode stores it to be parked) and
-// resolves the dedupe key. A non-empty reason dead-letters the delivery.
+// mode dead-letters it, the buffered mode stores it to be parked; a refused
+// body without a message_id property is the reason itself, in either mode)
+// and resolves the dedupe key. A non-empty reason dead-letters the delivery,
+// under msg.ID wherever one could be read.
 func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
 		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
@@ -117,7 +125,19 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		ev, err := r.decode(d.Body, d.MessageId)
 		msg.undecoded = err
 		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
-		if msg.ID == "" {
+		switch {
+		case msg.ID != "":
+		case err != nil:
+			// The id was to come from the event: the refusal says why there
+			// is none, and ends the message at once in either mode. An id
+			// the refused body names all the same (the Decoder read that
+			// far) goes on the dead letter and the log line, so that an
+			// operator can find it; it is no dedupe key.
+			if validID(ev.id) {
+				msg.ID = ev.id
+			}
+			return permanentReason(err), err
+		default:
 			msg.ID = ev.id
 		}
 	}
@@ -125,12 +145,9 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		msg.ID = r.cfg.KeyFromBody(d.Body)
 	}
 	switch {
-	case msg.ID == "" && msg.undecoded != nil:
-		// The id was to come from the event: the refusal says why there is none.
-		return permanentReason(msg.undecoded), msg.undecoded
 	case msg.ID == "":
 		return ReasonMissingID, errors.New("no message_id property and no id in the body")
-	case len(msg.ID) > maxIDLen || !utf8.ValidString(msg.ID) || strings.ContainsFunc(msg.ID, unicode.IsControl):
+	case !validID(msg.ID):
 		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
 		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
@@ -138,8 +155,9 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 }
 
 // decode runs the service's Decoder on a body. A refusal comes back as a
-// PermanentError with the reason to dead-letter (park) with; so does a
-// panic of the Decoder, counted and logged (ReasonInvalidEvent), so that a
+// PermanentError with the reason to dead-letter (park) with, and the id the
+// refused body names if the Decoder read one; so does a panic of the
+// Decoder, counted and logged (ReasonInvalidEvent), without an id, so that a
 // body it cannot take never crashes a replica, at ingest or when the
 // buffered mode decodes a stored message again.
 func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
@@ -157,7 +175,7 @@ func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
 		if pe := (*PermanentError)(nil); errors.As(err, &pe) && pe.Err != nil {
 			cause = pe.Err // the reason once in the text, not twice
 		}
-		return decoded{}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", cause))
+		return decoded{id: d.id}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", cause))
 	}
 	return d, nil
 }
