@@ -68,6 +68,9 @@ var fields = []string{"event_id", "order_id", "customer_id", "amount_cents", "cu
 
 // Decode parses and validates body. Unknown fields are allowed so that producers
 // can add fields without breaking this consumer; everything else is strict.
+// A body it refuses comes back with the event as far as it was read, its
+// event_id first: the consumer names the message by it (the dead letter of a
+// message published without a message_id).
 func Decode(body []byte) (OrderPlaced, error) {
 	var o OrderPlaced
 	if !utf8.Valid(body) {
@@ -77,6 +80,9 @@ func Decode(body []byte) (OrderPlaced, error) {
 	var raw map[string]json.RawMessage
 	if err := decodeOne(body, &raw); err != nil {
 		return o, err
+	}
+	if id, ok := raw["event_id"]; ok {
+		_ = json.Unmarshal(id, &o.EventID) // not a string: refused below, and left empty
 	}
 	for _, f := range fields {
 		if v, ok := raw[f]; !ok || string(v) == "null" {

@@ -177,6 +177,26 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// A refused body comes back with the event as far as it was read, its
+// event_id included, whatever other field is missing or invalid: the
+// consumer names the message by it when it was published without a
+// message_id (its dead letter, dlq replay --id).
+func TestRefusedEventKeepsItsEventID(t *testing.T) {
+	for name, b := range map[string]string{
+		"missing customer_id":   body(map[string]string{"customer_id": ""}),
+		"NUL in order_id":       body(map[string]string{"order_id": `"o\u0000x"`}),
+		"amount as string":      body(map[string]string{"amount_cents": `"1250"`}),
+		"currency EURO":         body(map[string]string{"currency": `"EURO"`}),
+		"field in another case": body(nil, `"Currency":"EUR"`),
+		"placed_at not a time":  body(map[string]string{"placed_at": `"yesterday"`}),
+	} {
+		o, err := orders.Decode([]byte(b))
+		if err == nil || o.EventID != "evt-1" {
+			t.Errorf("%s: Decode = event id %q, %v; want evt-1 and a refusal", name, o.EventID, err)
+		}
+	}
+}
+
 // FuzzDecode checks properties that must hold for any body: Decode never
 // panics, and whatever it accepts is valid and survives a round trip through
 // json.Marshal unchanged, so a consumer can re-publish an event it decoded.
