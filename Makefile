@@ -166,7 +166,7 @@ bench: bench-build
 	$(BIN)/bench -bin $(BIN) $(BENCH_FLAGS)
 
 bench-smoke: bench-build
-	$(BIN)/bench -bin $(BIN) -messages 200 -paced 2s -configs all $(BENCH_FLAGS)
+	$(BIN)/bench -bin $(BIN) -messages 200 -paced 2s -relay-rows 2000 -configs all $(BENCH_FLAGS)
 
 bench-check:
 	@out=$$(gofmt -l bench); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

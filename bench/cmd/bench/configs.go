@@ -31,6 +31,8 @@ func (b *bench) runConfig(ctx context.Context, name string) result {
 		c = b.newService(true, true).buffered()
 	case "pipeline":
 		c = b.newPipeline()
+	case "relay":
+		return b.runRelay(ctx)
 	default:
 		return result{name: name, err: fmt.Errorf("unknown configuration %q", name)}
 	}

@@ -20,7 +20,8 @@ type result struct {
 	name     string
 	label    string
 	settings string
-	rate     float64 // messages (pgbench: transactions) per second
+	rate     float64 // messages (pgbench: transactions) per second, or units per second
+	unit     string  // what rate and the CPU columns count if not messages ("events", "payments"): no ratio to the plain consumer
 	ingest   float64 // messages per second off the work queue: until none was ready
 	drained  int     // messages in the drain
 	paced    pacedPhase
@@ -62,7 +63,7 @@ type consumer interface {
 // runConsumer measures one consumer: pre-fill, drain, paced phase.
 func (b *bench) runConsumer(ctx context.Context, name string, c consumer) (r result) {
 	r = result{name: name, label: c.label(), settings: c.settings()}
-	st, cleanup, err := b.newStage(ctx, name, true)
+	st, cleanup, err := b.newStage(ctx, name, broker.Declare)
 	if err != nil {
 		r.err = err
 		return r

@@ -9,7 +9,8 @@
 // payments schema, payment-service and fake-gateway (STORE=memory,
 // LOG_LEVEL=warn) are the system under test. The peers are bench-amqp091 and
 // bench-watermill of this module, and pgbench. Each consumer is its own
-// process, so that peak RSS compares.
+// process, so that peak RSS compares. The relay configuration runs the
+// outbox relay alone (bench-relay) on a full outbox.
 package main
 
 import (
@@ -57,7 +58,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if r.err != nil {
 			b.logf("%s failed: %v", name, r.err)
 		} else {
-			b.logf("%s: %.0f msg/s", name, r.rate)
+			unit := r.unit
+			if unit == "" {
+				unit = "msg"
+			}
+			b.logf("%s: %.0f %s/s", name, r.rate, unit)
 		}
 		results = append(results, r)
 		if ctx.Err() != nil {

@@ -34,6 +34,8 @@ type options struct {
 	pacedFraction float64       // paced rate as a fraction of the drain rate
 	pacedMaxRate  float64
 
+	relayRows int // rows in the outbox before the relay configuration's relay starts
+
 	drainTimeout time.Duration
 	binDir       string
 	amqpURL      string
@@ -47,7 +49,7 @@ type options struct {
 // configNames are the configurations, in the order they run: the plain
 // consumer before the others, which the table relates to it.
 var configNames = []string{"pgbench", "amqp091", "watermill", "kit", "service", "service-gc", "service-latency", "service-gc-latency",
-	"service-buffered", "service-buffered-latency", "pipeline"}
+	"service-buffered", "service-buffered-latency", "pipeline", "relay"}
 
 const usage = `Usage: bench [flags]
 
@@ -72,6 +74,9 @@ Configurations (-configs, comma-separated, or all):
   pipeline            payment-service with group commit, gateway at 0 ms, emitting OrderPaid
                       through its outbox to shipping-service and the fake carrier: the
                       relay's rate and the payment commit→shipment latency
+  relay               the outbox relay alone (bench-relay): -relay-rows OrderPaid rows
+                      committed before the clock starts, published with confirms
+                      into a quorum queue: events/s and CPU per event
 
 Flags:
 `
@@ -104,6 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.paced, "paced", 10*time.Second, "length of the paced phase after each drain, where publish→commit is measured (0: none)")
 	fs.Float64Var(&o.pacedFraction, "paced-fraction", 0.7, "paced rate as a fraction of the configuration's drain rate (0.7: the latency targets' pace)")
 	fs.Float64Var(&o.pacedMaxRate, "paced-max-rate", 2000, "cap of the paced rate, messages per second")
+	fs.IntVar(&o.relayRows, "relay-rows", 100000, "rows in the outbox before the relay configuration's relay starts")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 5*time.Minute, "give a configuration up after a drain this long")
 	fs.StringVar(&o.binDir, "bin", "bin", "directory of the built programs (make build, make bench)")
 	fs.StringVar(&o.amqpURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "broker; each configuration gets its own vhost")
@@ -158,6 +164,7 @@ func (o options) validate() error {
 		{o.pacedFraction > 0 && o.pacedFraction <= 1, "paced-fraction", "must be in (0, 1]"},
 		{o.pacedMaxRate > 0, "paced-max-rate", "must be positive"},
 		{o.drainTimeout > 0, "drain-timeout", "must be positive"},
+		{o.relayRows >= 1, "relay-rows", "must be at least 1"},
 	}
 	for _, c := range checks {
 		if !c.ok {

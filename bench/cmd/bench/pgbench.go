@@ -46,7 +46,7 @@ func (b *bench) runPgbench(ctx context.Context) (r result) {
 		r.err = fmt.Errorf("%s", pgbenchMissing)
 		return r
 	}
-	st, cleanup, err := b.newStage(ctx, "pgbench", false)
+	st, cleanup, err := b.newStage(ctx, "pgbench", nil)
 	if err != nil {
 		r.err = err
 		return r

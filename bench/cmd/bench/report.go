@@ -73,13 +73,16 @@ func newTable(o options, m machine, results []result, perf error) table {
 	}
 	messages := 0
 	for _, r := range results {
-		if r.name != "pgbench" && r.drained > 0 {
+		if r.name != "pgbench" && r.unit == "" && r.drained > 0 {
 			messages = r.drained
 		}
 		t.rows = append(t.rows, t.row(r, plain, plainCPU))
 		if r.note != "" {
 			t.notes = append(t.notes, r.label+": "+r.note)
 		}
+	}
+	if n := relayAgainstService(o, results); n != "" {
+		t.notes = append(t.notes, n)
 	}
 	t.header = fmt.Sprintf("bench: %d orders per configuration", o.messages)
 	if messages > 0 {
@@ -94,12 +97,34 @@ func newTable(o options, m machine, results []result, perf error) table {
 	t.notes = append(t.notes,
 		"CPU µs/msg, the headline: CPU time (user and system, from /proc) of the consumer's process over the drain, from its start until every order had its payment, per message drained; steadier than msg/s on a shared machine. machine µs/msg: every CPU's busy time over the same window (the bench's own watching included), per message, and its ratio to the plain consumer's. The split: the consumer; its helpers (the fake gateway; in the pipeline also shipping-service and the fake carrier); every PostgreSQL process; the broker's Erlang VM.",
 		instructionsNote(perf),
-		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second).",
+		"msg/s: messages settled per second, from the consumer's start until the queue is empty and every order has its payment (pgbench: transactions per second; relay: events marked sent per second, and its CPU columns are per event, the relay's process in the consumer's place).",
 		"ingest msg/s: messages taken off the work queue per second, from the consumer's start until none was ready: about msg/s for a consumer that acks after applying a message; the buffered inbox acks once a message is stored and applies it afterwards, so there msg/s is its processing rate.",
 		"paced msg/s (lag, machine busy): the paced phase's rate, the time from its last publish until every message was settled (a lag of more than a moment means that the consumer fell behind, with the bench's publisher on the same cores, and p50/p99 then include queueing), and the machine's busy share of its cores from the first publish until then (the bench's publisher included). paced CPU µs/msg: the consumer process's CPU per message over the same window: at a lower rate its batches are smaller, so it is above the drain's.",
 		"p50/p99: publish→commit in the paced phase; exact for the peers, ≈ interpolated linearly within the buckets of payment-service's consumer_end_to_end_seconds histogram.",
 		"peak RSS: VmHWM of the consumer process. DB conns: peak sessions of the configuration's database in pg_stat_activity, sampled every 100 ms (busy: not idle).")
 	return t
+}
+
+// relayAgainstService relates the relay alone's rate to the payment
+// service's commit rate of the same run (group commit, gateway at 0 ms):
+// payments committed per second over its drain, the duplicates left out.
+func relayAgainstService(o options, results []result) string {
+	var relay, svc *result
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+		case r.name == "relay":
+			relay = &results[i]
+		case r.name == "service-gc" && r.drained > 0:
+			svc = &results[i]
+		}
+	}
+	if relay == nil || svc == nil {
+		return ""
+	}
+	payments := svc.rate * float64(o.messages) / float64(svc.drained)
+	return fmt.Sprintf("relay alone against the payment service: %.0f events/s against %.0f payments committed per second "+
+		"by payment-service with group commit in this run (its drain, the duplicates left out): %.2f×.", relay.rate, payments, relay.rate/payments)
 }
 
 func instructionsNote(perf error) string {
@@ -118,7 +143,7 @@ func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 	if c := r.cpu; c.measured {
 		cpu, machine = fmt.Sprintf("%.0f", c.consumer), fmt.Sprintf("%.0f", c.machine)
 		split = fmt.Sprintf("%.0f / %.0f / %.0f / %.0f", c.consumer, c.helpers, c.postgres, c.rabbitmq)
-		if plainCPU.measured && plainCPU.machine > 0 {
+		if plainCPU.measured && plainCPU.machine > 0 && r.unit == "" {
 			machineRatio = fmt.Sprintf("%.2f×", c.machine/plainCPU.machine)
 		}
 	}
@@ -127,7 +152,7 @@ func (t *table) row(r result, plain float64, plainCPU cpuPerMessage) []string {
 		instr = fmt.Sprintf("%.0f k", r.instr/1000)
 	}
 	ratio := "–"
-	if plain > 0 {
+	if plain > 0 && r.unit == "" {
 		ratio = fmt.Sprintf("%.2f×", r.rate/plain)
 	}
 	rss := "–"

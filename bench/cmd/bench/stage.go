@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
-
-	"github.com/inbox-template/payment-service/bench/internal/broker"
 )
 
 // stage is one configuration's own piece of the servers: a database with the
@@ -23,7 +21,9 @@ type stage struct {
 }
 
 // newStage creates the stage and returns the function that removes it again.
-func (b *bench) newStage(ctx context.Context, name string, withBroker bool) (*stage, func(), error) {
+// declare, if not nil, declares the topology in a vhost of the stage's own;
+// nil gives the stage no vhost.
+func (b *bench) newStage(ctx context.Context, name string, declare func(amqpURL string) error) (*stage, func(), error) {
 	st := &stage{name: name, run: b.prefix + "-" + name, dbName: b.prefix + "_" + strings.ReplaceAll(name, "-", "_")}
 	var undo []func(context.Context) error
 	cleanup := func() {
@@ -52,7 +52,7 @@ func (b *bench) newStage(ctx context.Context, name string, withBroker bool) (*st
 	if err := b.migrate(ctx, st.dbURL); err != nil {
 		return fail(err)
 	}
-	if !withBroker {
+	if declare == nil {
 		return st, cleanup, nil
 	}
 	st.vhost = strings.ReplaceAll(st.dbName, "_", "-")
@@ -60,7 +60,7 @@ func (b *bench) newStage(ctx context.Context, name string, withBroker bool) (*st
 		return fail(err)
 	}
 	undo = append(undo, func(ctx context.Context) error { return b.ctl.DeleteVHost(ctx, st.vhost) })
-	if err := broker.Declare(st.amqpURL); err != nil {
+	if err := declare(st.amqpURL); err != nil {
 		return fail(err)
 	}
 	return st, cleanup, nil

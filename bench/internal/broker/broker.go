@@ -27,9 +27,12 @@ const (
 	DeadLetterQueue    = "payments.order-placed.dlq"
 	DeliveryLimit      = 20
 	// EventsExchange is where the payment service's outbox publishes;
-	// EventsSink takes and drops every event.
+	// EventsSink takes and drops every event; EventsQueue takes OrderPaid
+	// (OrderPaidKey) where a configuration measures the outbox's publishing.
 	EventsExchange = "payments"
 	EventsSink     = "bench.events"
+	EventsQueue    = "bench.order-paid"
+	OrderPaidKey   = "order.paid"
 )
 
 // QueueArgs are the work queue's arguments, as internal/kit/rabbit/topology.go of
@@ -48,10 +51,33 @@ func QueueArgs() amqp.Table {
 	}
 }
 
-// Declare creates what the pre-fill needs before any consumer runs: the
-// exchange, the work queue bound to it, and the dead-letter exchange and queue.
-// The service declares its retry queues itself at start.
+// Declare creates what the pre-fill needs before any consumer runs (the
+// work topology of DeclareWork), and a sink for the events the payment
+// service emits through its outbox: OrderPaid is mandatory, so it needs a
+// queue to be taken by; the sink keeps none.
 func Declare(amqpURL string) error {
+	return declare(amqpURL, append(workSteps(), sinkSteps()...))
+}
+
+// DeclareWork creates the exchange, the work queue bound to it, and the
+// dead-letter exchange and queue. The service declares its retry queues
+// itself at start.
+func DeclareWork(amqpURL string) error { return declare(amqpURL, workSteps()) }
+
+// DeclareEvents creates the exchange the payment service's outbox publishes
+// to and EventsQueue bound to it for OrderPaid: a quorum queue, as
+// shipping-service's is, so that every mandatory publish is routed and
+// confirmed once the queue's log has it. maxLength 0 keeps every message
+// (reject-publish overflow, as shipping-service's queue, never reached);
+// above 0 the queue keeps the newest maxLength and drops the oldest
+// (drop-head), so that the broker's memory stays bounded with no consumer.
+func DeclareEvents(amqpURL string, maxLength int) error {
+	return declare(amqpURL, eventsSteps(maxLength))
+}
+
+type step func(ch *amqp.Channel) error
+
+func declare(amqpURL string, steps []step) error {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return fmt.Errorf("connect to declare the topology: %w", err)
@@ -61,39 +87,71 @@ func Declare(amqpURL string) error {
 	if err != nil {
 		return fmt.Errorf("open a channel: %w", err)
 	}
-	steps := []func() error{
-		func() error { return ch.ExchangeDeclare(Exchange, amqp.ExchangeTopic, true, false, false, false, nil) },
-		func() error {
+	for _, s := range steps {
+		if err := s(ch); err != nil {
+			return fmt.Errorf("declare the topology: %w", err)
+		}
+	}
+	return nil
+}
+
+func workSteps() []step {
+	return []step{
+		func(ch *amqp.Channel) error {
+			return ch.ExchangeDeclare(Exchange, amqp.ExchangeTopic, true, false, false, false, nil)
+		},
+		func(ch *amqp.Channel) error {
 			return ch.ExchangeDeclare(DeadLetterExchange, amqp.ExchangeDirect, true, false, false, false, nil)
 		},
-		func() error { _, err := ch.QueueDeclare(Queue, true, false, false, false, QueueArgs()); return err },
-		func() error {
+		func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(Queue, true, false, false, false, QueueArgs())
+			return err
+		},
+		func(ch *amqp.Channel) error {
 			// As the kit declares it (rabbit.Topology): a quorum queue with
 			// a limit no look reaches; another type would be refused.
 			_, err := ch.QueueDeclare(DeadLetterQueue, true, false, false, false,
 				amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(rabbit.DeadLetterDeliveryLimit)})
 			return err
 		},
-		func() error { return ch.QueueBind(Queue, RoutingKey, Exchange, false, nil) },
-		func() error { return ch.QueueBind(DeadLetterQueue, Queue, DeadLetterExchange, false, nil) },
-		// The events the payment service emits through its outbox (OrderPaid
-		// is mandatory) need a queue to be taken by; this one keeps none.
-		func() error {
-			return ch.ExchangeDeclare(EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+		func(ch *amqp.Channel) error { return ch.QueueBind(Queue, RoutingKey, Exchange, false, nil) },
+		func(ch *amqp.Channel) error {
+			return ch.QueueBind(DeadLetterQueue, Queue, DeadLetterExchange, false, nil)
 		},
-		func() error {
+	}
+}
+
+func declareEventsExchange(ch *amqp.Channel) error {
+	return ch.ExchangeDeclare(EventsExchange, amqp.ExchangeTopic, true, false, false, false, nil)
+}
+
+func sinkSteps() []step {
+	return []step{
+		declareEventsExchange,
+		func(ch *amqp.Channel) error {
 			_, err := ch.QueueDeclare(EventsSink, true, false, false, false,
 				amqp.Table{"x-queue-type": "classic", "x-max-length": int64(0), "x-overflow": "drop-head"})
 			return err
 		},
-		func() error { return ch.QueueBind(EventsSink, "#", EventsExchange, false, nil) },
+		func(ch *amqp.Channel) error { return ch.QueueBind(EventsSink, "#", EventsExchange, false, nil) },
 	}
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return fmt.Errorf("declare the topology: %w", err)
-		}
+}
+
+func eventsSteps(maxLength int) []step {
+	args := amqp.Table{"x-queue-type": "quorum", "x-overflow": "reject-publish"}
+	if maxLength > 0 {
+		args["x-overflow"], args["x-max-length"] = "drop-head", int64(maxLength)
 	}
-	return nil
+	return []step{
+		declareEventsExchange,
+		func(ch *amqp.Channel) error {
+			_, err := ch.QueueDeclare(EventsQueue, true, false, false, false, args)
+			return err
+		},
+		func(ch *amqp.Channel) error {
+			return ch.QueueBind(EventsQueue, OrderPaidKey, EventsExchange, false, nil)
+		},
+	}
 }
 
 // Ready is the number of ready messages in queue: not delivered, or delivered

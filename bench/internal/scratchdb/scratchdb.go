@@ -1,6 +1,6 @@
 // Package scratchdb gives each bench configuration a fresh PostgreSQL database,
-// counts what the consumer committed there, and samples the connections the
-// consumer holds to it.
+// counts what the consumer committed there, samples the connections the
+// consumer holds to it, and reads the outbox's backlog.
 package scratchdb
 
 import (
@@ -170,4 +170,31 @@ func redact(s string) string {
 		return "the admin URL"
 	}
 	return u.Redacted()
+}
+
+// OutboxDrained reports whether no outbox row is pending. It looks for one
+// row only, so that polling a backlog of many does not load the database.
+func (o *Observer) OutboxDrained(ctx context.Context) (bool, error) {
+	var drained bool
+	err := o.conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM outbox WHERE status = 'pending')`).Scan(&drained)
+	if err != nil {
+		return false, fmt.Errorf("look for pending outbox rows: %w", err)
+	}
+	return drained, nil
+}
+
+// OutboxCounts are the outbox's rows by status.
+type OutboxCounts struct {
+	Pending, Sent, Parked int
+}
+
+// OutboxCounts counts the outbox's rows by status.
+func (o *Observer) OutboxCounts(ctx context.Context) (OutboxCounts, error) {
+	var c OutboxCounts
+	err := o.conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'sent'),
+			count(*) FILTER (WHERE status = 'parked') FROM outbox`).Scan(&c.Pending, &c.Sent, &c.Parked)
+	if err != nil {
+		return c, fmt.Errorf("count the outbox's rows: %w", err)
+	}
+	return c, nil
 }
