@@ -142,8 +142,14 @@ func (b *bench) measure(ctx context.Context, st *stage, c consumer, r *result) e
 	if err := w.settled(ctx); err != nil {
 		return fmt.Errorf("after the drain: %w", err)
 	}
+	base := r.rate
+	if s, ok := c.(settler); ok {
+		if base, err = s.settle(ctx, started, len(prefill), r.rate); err != nil {
+			return fmt.Errorf("after the drain: %w", err)
+		}
+	}
 
-	if r.paced, err = b.paced(ctx, st, w, c, p, r.rate); err != nil {
+	if r.paced, err = b.paced(ctx, st, w, c, p, base); err != nil {
 		return fmt.Errorf("paced phase: %w", err)
 	}
 	if r.rss, err = p.PeakRSS(); err != nil {
@@ -161,6 +167,21 @@ type publishRecorder interface {
 	published(msgs []load.Message)
 }
 
+// settler is a configuration whose work goes on after its consumer has
+// drained the queue (the pipeline: the relay and the shipping service).
+// settle waits until that work is done too, so that the paced phase
+// measures the paced load and not the drain's backlog, and returns the rate
+// the paced phase is a fraction of; started is the consumer's start,
+// drained the messages of the drain, drainRate the consumer's drain rate.
+type settler interface {
+	settle(ctx context.Context, started time.Time, drained int, drainRate float64) (float64, error)
+}
+
+// pacedEnder is told when every message of the paced phase is settled.
+type pacedEnder interface {
+	pacedEnds() error
+}
+
 // pacedPhase is what the paced phase did.
 type pacedPhase struct {
 	since time.Time     // when publishing began
@@ -170,8 +191,9 @@ type pacedPhase struct {
 	cpu   float64       // the consumer process's CPU per message over the same window, µs
 }
 
-// paced publishes for the paced phase at a fraction of the drain rate and waits
-// until it is consumed. The lag tells whether the consumer kept up: the drain
+// paced publishes for the paced phase at a fraction of the drain rate (or of
+// the rate the configuration's settle returned) and waits until it is
+// consumed. The lag tells whether the consumer kept up: the drain
 // rate was measured without a publisher on the same cores.
 func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p *proc.Process, drainRate float64) (pacedPhase, error) {
 	ph := pacedPhase{since: time.Now()}
@@ -200,6 +222,11 @@ func (b *bench) paced(ctx context.Context, st *stage, w *watcher, c consumer, p 
 	_, done, err := w.drained(ctx, p, b.o.messages+orders, b.o.drainTimeout)
 	if err != nil {
 		return ph, err
+	}
+	if e, ok := c.(pacedEnder); ok {
+		if err := e.pacedEnds(); err != nil {
+			return ph, err
+		}
 	}
 	ph.lag = done.Sub(published)
 	after, err := sampleCPU(p, c)

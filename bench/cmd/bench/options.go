@@ -33,6 +33,9 @@ type options struct {
 	paced         time.Duration // length of the paced phase
 	pacedFraction float64       // paced rate as a fraction of the drain rate
 	pacedMaxRate  float64
+	// pipelineBase is the drain rate the pipeline's paced phase is a
+	// fraction of: basePayment or basePipeline.
+	pipelineBase string
 
 	relayRows int // rows in the outbox before the relay configuration's relay starts
 
@@ -50,6 +53,12 @@ type options struct {
 // consumer before the others, which the table relates to it.
 var configNames = []string{"pgbench", "amqp091", "watermill", "kit", "service", "service-gc", "service-latency", "service-gc-latency",
 	"service-buffered", "service-buffered-latency", "pipeline", "relay"}
+
+// The bases of the pipeline's paced rate (-pipeline-paced-base).
+const (
+	basePayment  = "payment"  // the payment service's drain rate in the pipeline
+	basePipeline = "pipeline" // the pipeline's end-to-end drain rate: to the last shipment
+)
 
 const usage = `Usage: bench [flags]
 
@@ -109,6 +118,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.paced, "paced", 10*time.Second, "length of the paced phase after each drain, where publish→commit is measured (0: none)")
 	fs.Float64Var(&o.pacedFraction, "paced-fraction", 0.7, "paced rate as a fraction of the configuration's drain rate (0.7: the latency targets' pace)")
 	fs.Float64Var(&o.pacedMaxRate, "paced-max-rate", 2000, "cap of the paced rate, messages per second")
+	fs.StringVar(&o.pipelineBase, "pipeline-paced-base", basePayment, "the drain rate the pipeline's paced rate is a fraction of: "+
+		basePayment+" (the payment service's: messages settled per second) or "+basePipeline+" (the pipeline's end to end: messages of the drain per second until its last shipment)")
 	fs.IntVar(&o.relayRows, "relay-rows", 100000, "rows in the outbox before the relay configuration's relay starts")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 5*time.Minute, "give a configuration up after a drain this long")
 	fs.StringVar(&o.binDir, "bin", "bin", "directory of the built programs (make build, make bench)")
@@ -164,6 +175,7 @@ func (o options) validate() error {
 		{o.pacedFraction > 0 && o.pacedFraction <= 1, "paced-fraction", "must be in (0, 1]"},
 		{o.pacedMaxRate > 0, "paced-max-rate", "must be positive"},
 		{o.drainTimeout > 0, "drain-timeout", "must be positive"},
+		{o.pipelineBase == basePayment || o.pipelineBase == basePipeline, "pipeline-paced-base", "must be " + basePayment + " or " + basePipeline},
 		{o.relayRows >= 1, "relay-rows", "must be at least 1"},
 	}
 	for _, c := range checks {

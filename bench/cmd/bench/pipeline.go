@@ -13,14 +13,17 @@ import (
 
 	"github.com/inbox-template/payment-service/bench/internal/load"
 	"github.com/inbox-template/payment-service/bench/internal/proc"
+	"github.com/inbox-template/payment-service/bench/internal/scratchdb"
 )
 
 // pipeline is the payment service with group commit and the gateway at 0 ms,
 // emitting OrderPaid through its outbox to the shipping service, which books
 // a pickup with the fake carrier for each: the relay's rate, and the latency
 // from a payment to its event's mark and to its shipment, exact per order
-// from the databases, apart for the drain and the paced phase. The table's
-// p50/p99 stay the payment's publish→commit.
+// from the databases, apart for the drain and the paced phase. The paced
+// phase starts once the drain has settled end to end, and samples the
+// outbox's oldest pending age. The table's p50/p99 stay the payment's
+// publish→commit.
 type pipeline struct {
 	*service
 	shipDB, carrierDB   string // database names
@@ -28,14 +31,25 @@ type pipeline struct {
 	carrier, shipping   *proc.Process
 	payments            string // the payments database's URL
 	summary             string
-	// publishedAt is each paced order's first publish (order id → time).
+	// publishedAt is each paced order's first publish (order id → time),
+	// lastPublish the paced phase's last.
 	publishedAt map[string]time.Time
+	lastPublish time.Time
+	// settled says how the drain ended end to end and which rate the paced
+	// phase was paced at.
+	settled string
+	// stopAges ends the paced phase's samples of the outbox, ages.
+	stopAges func() ([]scratchdb.OutboxSample, error)
+	ages     []scratchdb.OutboxSample
 }
 
 // published records the paced orders' publish times.
 func (p *pipeline) published(msgs []load.Message) {
 	p.publishedAt = map[string]time.Time{}
 	for _, m := range msgs {
+		if m.PublishedAt.After(p.lastPublish) {
+			p.lastPublish = m.PublishedAt
+		}
 		var o struct {
 			OrderID string `json:"order_id"`
 		}
@@ -96,6 +110,110 @@ func (p *pipeline) prepare(ctx context.Context, st *stage) error {
 	return waitHTTP(ctx, p.shipping, "http://"+saddr+"/readyz")
 }
 
+// ageEvery is how often the paced phase samples the outbox's oldest pending age.
+const ageEvery = 250 * time.Millisecond
+
+// settle waits until every succeeded payment of the drain has its shipment
+// and no outbox row is pending: the paced phase then starts on a pipeline
+// with no backlog left anywhere. It measures the pipeline's end-to-end drain
+// rate (from the payment service's start until the drain's last shipment)
+// and returns the rate the paced phase is a fraction of (-pipeline-paced-base).
+func (p *pipeline) settle(ctx context.Context, started time.Time, drained int, drainRate float64) (float64, error) {
+	pay, err := scratchdb.Observe(ctx, p.payments)
+	if err != nil {
+		return 0, err
+	}
+	defer pay.Close(context.WithoutCancel(ctx))
+	ship, err := pgx.Connect(ctx, p.shipURL)
+	if err != nil {
+		return 0, err
+	}
+	defer ship.Close(context.WithoutCancel(ctx))
+	var paid, shipped int
+	var last time.Time
+	deadline := time.Now().Add(p.b.o.drainTimeout)
+	for {
+		idle, err := pay.OutboxDrained(ctx)
+		if err != nil {
+			return 0, err
+		}
+		if paid, err = pay.Succeeded(ctx); err != nil {
+			return 0, err
+		}
+		var at *time.Time
+		if err := ship.QueryRow(ctx, `SELECT count(*), max(created_at) FROM shipments`).Scan(&shipped, &at); err != nil {
+			return 0, fmt.Errorf("count shipments: %w", err)
+		}
+		if idle && shipped >= paid && at != nil {
+			last = *at
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%d shipments for %d succeeded payments, outbox drained: %v, %s after the drain", shipped, paid, idle, p.b.o.drainTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	elapsed := last.Sub(started).Seconds()
+	endToEnd := float64(drained) / elapsed
+	p.b.logf("settled: %d orders shipped %.1fs after the consumer's start: %.0f orders/s end to end", shipped, elapsed, float64(shipped)/elapsed)
+	p.settled = fmt.Sprintf("drain, end to end: %d orders shipped at %.0f orders/s (%.0f msg/s of the drain's messages), "+
+		"from payment-service's start until the drain's last shipment; ", shipped, float64(shipped)/elapsed, endToEnd)
+	p.settled += "the paced phase started once every succeeded payment had its shipment and no outbox row was pending, "
+	base, rate := "the payment service's drain rate", drainRate
+	if p.b.o.pipelineBase == basePipeline {
+		base, rate = "the pipeline's end-to-end drain rate", endToEnd
+	}
+	p.settled += fmt.Sprintf("paced at %.0f%% of %s (%.0f msg/s; -pipeline-paced-base %s)", 100*p.b.o.pacedFraction, base, rate, p.b.o.pipelineBase)
+	return rate, nil
+}
+
+// pacedStarts samples the outbox's oldest pending age until pacedEnds.
+func (p *pipeline) pacedStarts(ctx context.Context) error {
+	if err := p.service.pacedStarts(ctx); err != nil {
+		return err
+	}
+	p.stopAges = scratchdb.SampleOutbox(ctx, p.payments, ageEvery)
+	return nil
+}
+
+func (p *pipeline) pacedEnds() error {
+	if p.stopAges == nil {
+		return nil
+	}
+	var err error
+	p.ages, err = p.stopAges()
+	p.stopAges = nil
+	return err
+}
+
+// outboxAges renders the paced phase's samples of the outbox: the oldest
+// pending age's maximum, and its value at the last publish (the sample
+// nearest to it).
+func outboxAges(ages []scratchdb.OutboxSample, lastPublish time.Time) string {
+	if len(ages) == 0 {
+		return ""
+	}
+	var peak scratchdb.OutboxSample
+	end := ages[0]
+	for _, a := range ages {
+		if a.Oldest > peak.Oldest {
+			peak = a
+		}
+		if a.At.Sub(lastPublish).Abs() < end.At.Sub(lastPublish).Abs() {
+			end = a
+		}
+	}
+	return fmt.Sprintf("; paced: the outbox's oldest pending age (every %s, from the first publish until every paced payment was committed, %d samples): "+
+		"max %.0f ms (%d rows pending then), at the last publish %.0f ms (%d pending)",
+		ageEvery, len(ages), ms(peak.Oldest), peak.Pending, ms(end.Oldest), end.Pending)
+}
+
+func ms(d time.Duration) float64 { return d.Seconds() * 1000 }
+
 // finish waits for every succeeded payment's shipment, measures the second
 // hop, then stops the payment service as the other configurations do.
 func (p *pipeline) finish(ctx context.Context, since time.Time) (quantiles, error) {
@@ -122,7 +240,7 @@ func (p *pipeline) finish(ctx context.Context, since time.Time) (quantiles, erro
 	if err != nil {
 		return q, err
 	}
-	p.summary = summarize(paid, shipped, sent, since) + publishToShipment(p.publishedAt, shipped)
+	p.summary = p.settled + "; " + summarize(paid, shipped, sent, since) + publishToShipment(p.publishedAt, shipped) + outboxAges(p.ages, p.lastPublish)
 	return p.service.finish(ctx, since)
 }
 
@@ -245,6 +363,7 @@ func (p *pipeline) helpers() []*proc.Process {
 }
 
 func (p *pipeline) stop() {
+	_ = p.pacedEnds()
 	p.service.stop()
 	for _, pr := range []*proc.Process{p.shipping, p.carrier} {
 		if pr != nil {

@@ -109,6 +109,13 @@ func (o *Observer) Payments(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// Succeeded counts the payments that succeeded: those that emit OrderPaid.
+func (o *Observer) Succeeded(ctx context.Context) (int, error) {
+	var n int
+	err := o.conn.QueryRow(ctx, "SELECT count(*) FROM payments WHERE status = 'succeeded'").Scan(&n)
+	return n, err
+}
+
 // Connections is a peak of the consumer's sessions in its database.
 type Connections struct {
 	Open int // sessions connected
@@ -172,6 +179,31 @@ func redact(s string) string {
 	return u.Redacted()
 }
 
+// OutboxSample is the outbox at one moment.
+type OutboxSample struct {
+	At      time.Time
+	Pending int           // rows committed and not yet marked sent
+	Oldest  time.Duration // now() less the oldest pending row's created_at; 0 when none is pending
+}
+
+// outboxNow reads the pending rows and the age of the oldest, by the
+// database's clock: created_at is the start of the row's transaction, so
+// the age counts the transaction's commit too.
+const outboxNow = `SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+	FROM outbox WHERE status = 'pending'`
+
+// Outbox reads the outbox now. It counts the pending rows: cheap while
+// the relay keeps up, not for polling a backlog (OutboxDrained).
+func (o *Observer) Outbox(ctx context.Context) (OutboxSample, error) {
+	s := OutboxSample{At: time.Now()}
+	var age float64
+	if err := o.conn.QueryRow(ctx, outboxNow).Scan(&s.Pending, &age); err != nil {
+		return s, fmt.Errorf("read the outbox: %w", err)
+	}
+	s.Oldest = time.Duration(age * float64(time.Second))
+	return s, nil
+}
+
 // OutboxDrained reports whether no outbox row is pending. It looks for one
 // row only, so that polling a backlog of many does not load the database.
 func (o *Observer) OutboxDrained(ctx context.Context) (bool, error) {
@@ -197,4 +229,48 @@ func (o *Observer) OutboxCounts(ctx context.Context) (OutboxCounts, error) {
 		return c, fmt.Errorf("count the outbox's rows: %w", err)
 	}
 	return c, nil
+}
+
+// SampleOutbox reads the outbox (Observer.Outbox) every interval, on a
+// connection of its own, until the function it returns is called; that
+// waits for the sampler to stop and returns the samples, oldest first.
+func SampleOutbox(ctx context.Context, dbURL string, every time.Duration) func() ([]OutboxSample, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	var (
+		wg      sync.WaitGroup
+		samples []OutboxSample
+		err     error
+	)
+	wg.Go(func() { samples, err = sampleOutbox(ctx, dbURL, every) })
+	return func() ([]OutboxSample, error) {
+		cancel()
+		wg.Wait()
+		return samples, err
+	}
+}
+
+func sampleOutbox(ctx context.Context, dbURL string, every time.Duration) ([]OutboxSample, error) {
+	obs, err := Observe(ctx, dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer obs.Close(context.WithoutCancel(ctx))
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var samples []OutboxSample
+	for {
+		s, err := obs.Outbox(ctx)
+		if ctx.Err() != nil {
+			return samples, nil
+		}
+		if err != nil {
+			return samples, err
+		}
+		samples = append(samples, s)
+		select {
+		case <-ctx.Done():
+			return samples, nil
+		case <-tick.C:
+		}
+	}
 }
