@@ -33,6 +33,8 @@ func (b *bench) runConfig(ctx context.Context, name string) result {
 		c = b.newPipeline()
 	case "relay":
 		return b.runRelay(ctx)
+	case "sustained":
+		return b.runSustained(ctx)
 	default:
 		return result{name: name, err: fmt.Errorf("unknown configuration %q", name)}
 	}

@@ -336,6 +336,11 @@ func (w *watcher) settled(ctx context.Context) error {
 	case ready+unacked > 0:
 		return fmt.Errorf("%d messages ready and %d unacked are left in %s", ready, unacked, broker.Queue)
 	}
+	return w.noDeadLetters()
+}
+
+// noDeadLetters checks that nothing was dead-lettered.
+func (w *watcher) noDeadLetters() error {
 	dead, err := broker.Ready(w.ch, broker.DeadLetterQueue)
 	if err != nil {
 		return err

@@ -10,7 +10,8 @@
 // LOG_LEVEL=warn) are the system under test. The peers are bench-amqp091 and
 // bench-watermill of this module, and pgbench. Each consumer is its own
 // process, so that peak RSS compares. The relay configuration runs the
-// outbox relay alone (bench-relay) on a full outbox.
+// outbox relay alone (bench-relay) on a full outbox; the sustained one runs
+// payment-service at its full rate for minutes and watches its outbox.
 package main
 
 import (

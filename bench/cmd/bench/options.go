@@ -37,7 +37,9 @@ type options struct {
 	// fraction of: basePayment or basePipeline.
 	pipelineBase string
 
-	relayRows int // rows in the outbox before the relay configuration's relay starts
+	relayRows   int           // rows in the outbox before the relay configuration's relay starts
+	sustain     time.Duration // length of the sustained configuration's run
+	sustainRate float64       // messages per second its backlog is sized for; 0: from its probe
 
 	drainTimeout time.Duration
 	binDir       string
@@ -49,10 +51,13 @@ type options struct {
 	keep         bool
 }
 
-// configNames are the configurations, in the order they run: the plain
-// consumer before the others, which the table relates to it.
+// configNames are the configurations of all, in the order they run: the
+// plain consumer before the others, which the table relates to it.
 var configNames = []string{"pgbench", "amqp091", "watermill", "kit", "service", "service-gc", "service-latency", "service-gc-latency",
 	"service-buffered", "service-buffered-latency", "pipeline", "relay"}
+
+// longConfigs are not in all: each runs for minutes (-sustain).
+var longConfigs = []string{"sustained"}
 
 // The bases of the pipeline's paced rate (-pipeline-paced-base).
 const (
@@ -87,6 +92,11 @@ Configurations (-configs, comma-separated, or all):
                       committed before the clock starts, published with confirms
                       into a quorum queue: events/s and CPU per event
 
+Not in all (add them: -configs all,sustained):
+  sustained           payment-service with group commit and its relay, gateway at 0 ms,
+                      at its full rate (a pre-filled backlog) for -sustain: payments/s,
+                      events sent/s, and the outbox's oldest pending age every second
+
 Flags:
 `
 
@@ -102,7 +112,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.messages, "messages", 20000, "orders pre-filled per configuration, each its own message id; duplicates come on top")
 	fs.Float64Var(&o.duplicateRate, "duplicate-rate", 0.1, "probability (0..1) that an order is published twice with the same message id, back to back")
 	fs.Uint64Var(&o.seed, "seed", 0, "seed for amounts, customers and duplicates (default: random)")
-	fs.StringVar(&configs, "configs", "all", "configurations to run, comma-separated, or all")
+	fs.StringVar(&configs, "configs", "all", "configurations to run, comma-separated; all stands for every one but sustained")
 	fs.IntVar(&o.peerWorkers, "peer-workers", 8, "workers of the plain consumer, handlers of Watermill, pgbench clients; also their pool size")
 	fs.IntVar(&o.peerPrefetch, "peer-prefetch", 200, "prefetch of the plain consumer (Watermill keeps its default, 1 per subscription)")
 	fs.IntVar(&o.workers, "workers", 0, "WORKERS of payment-service with the gateway at 0 ms (0: the service's default)")
@@ -121,6 +131,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.pipelineBase, "pipeline-paced-base", basePayment, "the drain rate the pipeline's paced rate is a fraction of: "+
 		basePayment+" (the payment service's: messages settled per second) or "+basePipeline+" (the pipeline's end to end: messages of the drain per second until its last shipment)")
 	fs.IntVar(&o.relayRows, "relay-rows", 100000, "rows in the outbox before the relay configuration's relay starts")
+	fs.DurationVar(&o.sustain, "sustain", 5*time.Minute, "length of the sustained configuration's run at full rate")
+	fs.Float64Var(&o.sustainRate, "sustain-rate", 0, "messages per second the sustained configuration's backlog is sized for, with a margin of half as much again (0: the drain rate of its probe)")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 5*time.Minute, "give a configuration up after a drain this long")
 	fs.StringVar(&o.binDir, "bin", "bin", "directory of the built programs (make build, make bench)")
 	fs.StringVar(&o.amqpURL, "amqp-url", "amqp://guest:guest@127.0.0.1:5672/", "broker; each configuration gets its own vhost")
@@ -138,9 +150,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if !isSet(fs, "seed") {
 		o.seed = rand.Uint64()
 	}
-	o.configs = strings.Split(configs, ",")
-	if configs == "all" {
-		o.configs = configNames
+	for _, c := range strings.Split(configs, ",") {
+		if c == "all" {
+			o.configs = append(o.configs, configNames...)
+		} else {
+			o.configs = append(o.configs, c)
+		}
 	}
 	if serviceEnv != "" {
 		o.serviceEnv = strings.Split(serviceEnv, ",")
@@ -150,8 +165,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 func (o options) validate() error {
 	for _, c := range o.configs {
-		if !slices.Contains(configNames, c) {
-			return fmt.Errorf("invalid flag -configs: unknown configuration %q (want %s or all)", c, strings.Join(configNames, ", "))
+		if !slices.Contains(configNames, c) && !slices.Contains(longConfigs, c) {
+			return fmt.Errorf("invalid flag -configs: unknown configuration %q (want %s, %s or all)", c,
+				strings.Join(configNames, ", "), strings.Join(longConfigs, ", "))
 		}
 	}
 	for _, kv := range o.serviceEnv {
@@ -177,6 +193,8 @@ func (o options) validate() error {
 		{o.drainTimeout > 0, "drain-timeout", "must be positive"},
 		{o.pipelineBase == basePayment || o.pipelineBase == basePipeline, "pipeline-paced-base", "must be " + basePayment + " or " + basePipeline},
 		{o.relayRows >= 1, "relay-rows", "must be at least 1"},
+		{o.sustain >= time.Second, "sustain", "must be at least 1s"},
+		{o.sustainRate >= 0, "sustain-rate", "must not be negative"},
 	}
 	for _, c := range checks {
 		if !c.ok {
