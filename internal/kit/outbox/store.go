@@ -10,10 +10,15 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // Store is the relay's and the operators' access to one producer's outbox.
+// The relay's statements read a growing table by lists of ids and keys: they
+// run unprepared (database.CustomPlan), planned for their parameters each
+// time. A generic plan cached while the table was small read every pending
+// row for each mark.
 type Store struct {
 	db       *sql.DB
 	producer string
@@ -67,7 +72,7 @@ RETURNING o.id, o.exchange, o.routing_key, o.content_type, o.headers, o.body, o.
 // token, ordered rows of one key never more than one (the key's head).
 func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claimed, int64, error) {
 	token := rand.Int64()
-	rows, err := s.db.QueryContext(ctx, claim, s.producer, n, lease.Seconds(), token)
+	rows, err := s.db.QueryContext(ctx, claim, database.CustomPlan, s.producer, n, lease.Seconds(), token)
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim outbox rows of %s: %w", s.producer, err)
 	}
@@ -100,30 +105,35 @@ type keySeq struct {
 	seq int64
 }
 
-// leases are the ids and lease tokens of rows, as the arrays of a statement.
+// leases are the ids of rows and the tokens of their claims, as the arrays of
+// a statement. A row is settled only while it is leased to one of the
+// tokens: the tokens are random, one per claim, so a row whose lease passed
+// to another relay is not. (Pairs of id and token would say more, but an
+// unnest join is planned far worse than = ANY.)
 func leases(rows []Claimed) (ids []string, tokens []int64) {
-	ids, tokens = make([]string, len(rows)), make([]int64, len(rows))
+	ids = make([]string, len(rows))
 	for i, c := range rows {
-		ids[i], tokens[i] = c.ID, c.Token
+		ids[i] = c.ID
+		if !slices.Contains(tokens, c.Token) {
+			tokens = append(tokens, c.Token)
+		}
 	}
 	return ids, tokens
 }
 
 // markUnordered marks rows sent in one statement, one round trip: no key to
 // move on.
-const markUnordered = `UPDATE outbox o SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
-	FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
-	WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'`
+const markUnordered = `UPDATE outbox SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
+	WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'`
 
 // markOrdered marks rows sent and locks the keys of the ordered ones, in
 // byte order (as Enqueue locks them: COLLATE "C", since the column's
 // collation may sort otherwise), returning each ordered row's key and
 // number. Only rows still leased to the tokens are marked.
 const markOrdered = `WITH sent AS (
-	UPDATE outbox o SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
-	FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
-	WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'
-	RETURNING o.ordering_key, o.seq
+	UPDATE outbox SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
+	WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'
+	RETURNING ordering_key, seq
 ), locked AS (
 	SELECT k.ordering_key, s.seq FROM outbox_keys k JOIN sent s ON k.producer = $3 AND k.ordering_key = s.ordering_key
 	ORDER BY k.ordering_key COLLATE "C"
@@ -135,17 +145,19 @@ UNION ALL SELECT NULL, NULL, count(*) FROM sent`
 // advanceKeys moves each key past its sent head and makes the key's next row
 // due, in one statement. It runs after markOrdered, in a statement of its
 // own: the keys are locked by then, so every transaction that enqueued to
-// them has committed and its rows are in this statement's snapshot.
+// them has committed and its rows are in this statement's snapshot. The
+// successors are found from the arrays, not from the keys moved: joined to
+// those, the plan read every pending row for each key.
 const advanceKeys = `WITH moved AS (
 	UPDATE outbox_keys k SET next_seq = v.seq + 1
 	FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
 	WHERE k.producer = $1 AND k.ordering_key = v.key AND k.next_seq = v.seq
-	RETURNING k.ordering_key, k.next_seq, k.last_seq
+	RETURNING k.ordering_key
 )
 UPDATE outbox o SET available_at = now()
-FROM moved m
-WHERE m.next_seq <= m.last_seq AND o.producer = $1 AND o.ordering_key = m.ordering_key AND o.seq = m.next_seq
-	AND o.status = 'pending'`
+FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
+WHERE o.producer = $1 AND o.ordering_key = v.key AND o.seq = v.seq + 1 AND o.status = 'pending'
+	AND v.key IN (SELECT ordering_key FROM moved)`
 
 // MarkSent settles confirmed rows, of any claims of this producer: each is
 // sent, and each ordered one moves its key on and makes the key's next row
@@ -161,7 +173,7 @@ func (s *Store) MarkSent(ctx context.Context, sent []Claimed) (marked, due int, 
 	}
 	ids, tokens := leases(sent)
 	if !slices.ContainsFunc(sent, func(c Claimed) bool { return c.OrderingKey != "" }) {
-		res, err := s.db.ExecContext(ctx, markUnordered, ids, tokens)
+		res, err := s.db.ExecContext(ctx, markUnordered, database.CustomPlan, ids, tokens)
 		if err != nil {
 			return 0, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 		}
@@ -187,7 +199,7 @@ func (s *Store) MarkSent(ctx context.Context, sent []Claimed) (marked, due int, 
 }
 
 func (s *Store) markOrdered(ctx context.Context, tx *sql.Tx, ids []string, tokens []int64) ([]keySeq, int, error) {
-	rows, err := tx.QueryContext(ctx, markOrdered, ids, tokens, s.producer)
+	rows, err := tx.QueryContext(ctx, markOrdered, database.CustomPlan, ids, tokens, s.producer)
 	if err != nil {
 		return nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
@@ -223,7 +235,7 @@ func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) (int,
 	for i, ks := range ordered {
 		keys[i], seqs[i] = ks.key, ks.seq
 	}
-	res, err := tx.ExecContext(ctx, advanceKeys, s.producer, keys, seqs)
+	res, err := tx.ExecContext(ctx, advanceKeys, database.CustomPlan, s.producer, keys, seqs)
 	if err != nil {
 		return 0, fmt.Errorf("move %d outbox keys on: %w", len(keys), err)
 	}
@@ -259,9 +271,8 @@ func (s *Store) Release(ctx context.Context, rows []Claimed, delay time.Duration
 		return nil
 	}
 	ids, tokens := leases(rows)
-	_, err := s.db.ExecContext(ctx, `UPDATE outbox o SET available_at = now() + make_interval(secs => $3), lease_token = NULL
-		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, token)
-		WHERE o.id = v.id AND o.lease_token = v.token AND o.status = 'pending'`, ids, tokens, delay.Seconds())
+	_, err := s.db.ExecContext(ctx, `UPDATE outbox SET available_at = now() + make_interval(secs => $3), lease_token = NULL
+		WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'`, database.CustomPlan, ids, tokens, delay.Seconds())
 	if err != nil {
 		return fmt.Errorf("release %d outbox rows: %w", len(rows), err)
 	}
