@@ -20,6 +20,7 @@
 package faultkit
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -268,43 +269,40 @@ func (s *Stack) arm(r *replica) {
 			fmt.Sprintf("http://%s/faults/crash?at=%s&probability=%g", r.proc.Addr, url.QueryEscape(a.Point), a.P)})
 	}
 	for _, c := range calls {
-		ok := false
-		for try := 0; try < 3 && !ok && !r.proc.Exited(); try++ {
-			ok = faultsCall(r.proc, c[0], c[1])
+		var err error = errNotTried
+		for try := 0; try < 3 && err != nil && !r.proc.Exited(); try++ {
+			err = faultsCall(r.proc, c[0], c[1])
 		}
-		if r.proc.Exited() || !ok && r.proc.ExitsWithin(3*time.Second) {
+		if r.proc.Exited() || err != nil && r.proc.ExitsWithin(3*time.Second) {
 			return
 		}
-		if !ok {
-			s.t.Fatalf("%s %s failed three times on a live replica (last: %s)", c[0], c[1], lastAnswer)
+		if err != nil {
+			s.t.Fatalf("%s %s failed three times on a live replica (last: %v)", c[0], c[1], err)
 		}
 	}
 }
 
 var client = &http.Client{Timeout: 5 * time.Second}
 
-// lastAnswer is what the last failed fault call got, for the failure's
-// message (calls are made from the test's goroutine only).
-var lastAnswer string
+var errNotTried = errors.New("not tried: the replica had exited")
 
-func faultsCall(p *testenv.Process, method, u string) bool {
+// faultsCall makes one call to a replica's fault endpoints; the error says
+// what it got instead of a 2xx.
+func faultsCall(p *testenv.Process, method, u string) error {
 	req, err := p.FaultsRequest(method, u)
 	if err != nil {
-		lastAnswer = err.Error()
-		return false
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		lastAnswer = err.Error()
-		return false
+		return err
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		lastAnswer = resp.Status + ": " + strings.TrimSpace(string(body))
-		return false
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
-	return true
+	return nil
 }
 
 // CrashPhase arms point with probability p on every replica and supervises

@@ -24,7 +24,15 @@ type Scenario struct {
 	// OnCluster asks the trial for the local three-node cluster
 	// (testenv.NewCluster) in Config.Cluster, its URL as AMQPURL.
 	OnCluster bool
+	// WholeBroker says that the fault disturbs the whole broker (a stop, an
+	// alarm), every vhost's clients: such a scenario runs alone.
+	WholeBroker bool
 }
+
+// alone says whether the scenario must not run beside the others: it
+// disturbs the whole broker, or it takes the cluster (whose lock would
+// hold a parallel slot idle).
+func (sc Scenario) alone() bool { return sc.WholeBroker || sc.OnCluster }
 
 // Trial is one scenario's run against a service, built by the service's
 // test: its replicas (Start), its load and its invariants.
@@ -53,9 +61,15 @@ type Trial struct {
 // the fault happens under it, the load ends (all confirmed), the replicas
 // are kept up until everything drained, every replica must be consuming
 // again, and then the scenario's check and the service's invariants run.
+// Each trial has a vhost, databases and processes of its own, so the
+// scenarios run in parallel (go test -parallel), but those that disturb the
+// whole broker or take the cluster, which run one at a time.
 func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenario) *Trial) {
 	for _, sc := range scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
+			if !sc.alone() {
+				t.Parallel()
+			}
 			tr := trial(t, sc)
 			s := tr.Stack
 			loaded := make(chan error, 1)
@@ -312,8 +326,9 @@ func BrokerNodeLoss(queue string, kills int) Scenario {
 // topology again and consumes; deliveries of the dead channel are never
 // settled on the new one; the load republishes what was not confirmed.
 var BrokerRestart = Scenario{
-	Name:     "broker-restart",
-	Replicas: 1,
+	Name:        "broker-restart",
+	Replicas:    1,
+	WholeBroker: true,
 	Fault: func(s *Stack, busy func() bool) {
 		underLoad(s, busy, 2, func() time.Duration { return 3 * time.Second }, func() bool {
 			s.StopBroker(4 * time.Second)
@@ -335,8 +350,9 @@ var BrokerRestart = Scenario{
 // the broker's absence: it spends no attempt.
 func BrokerStopOutboxBacklog(backlog int) Scenario {
 	return Scenario{
-		Name:     "broker-stop-outbox-backlog",
-		Replicas: 1,
+		Name:        "broker-stop-outbox-backlog",
+		Replicas:    1,
+		WholeBroker: true,
 		Fault: func(s *Stack, busy func() bool) {
 			s.Hold(0)
 			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
