@@ -45,6 +45,11 @@ func TestABadRowIsParkedWhereverItSitsInTheBatch(t *testing.T) {
 		{"nested header name over 255 bytes", ReasonInvalid, func(t *testing.T, e *env) {
 			e.insertRaw(t, exchange, key, `{"outer": {"`+strings.Repeat("h", 256)+`": 1}}`)
 		}},
+		// The properties and headers travel in one frame (frame_max, 128 KiB):
+		// the broker closes the whole connection on a bigger one (501).
+		{"headers over one frame", ReasonInvalid, func(t *testing.T, e *env) {
+			e.insertRaw(t, exchange, key, `{"note": "`+strings.Repeat("x", 200<<10)+`"}`)
+		}},
 	}
 	for _, kind := range kinds {
 		for _, pos := range []struct {
@@ -145,6 +150,8 @@ func TestEnqueueRefusesWhatAMQPCannotCarry(t *testing.T) {
 			Headers: map[string]any{"a": []any{1, map[string]any{long: 1}}}}, "header name a.[1]."},
 		{"header name of NULs, three bytes each once stored", Message{Exchange: exchange, RoutingKey: key,
 			Headers: map[string]any{strings.Repeat("\x00", 100): 1}}, "300 bytes"},
+		{"headers over 64 KiB", Message{Exchange: exchange, RoutingKey: key,
+			Headers: map[string]any{"note": strings.Repeat("x", 64<<10)}}, "frame"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			c.msg.Body = []byte(`{}`)

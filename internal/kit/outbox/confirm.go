@@ -19,7 +19,7 @@ type epoch struct {
 	ch      *confirmChannel
 	flights chan *flight
 	// fault is closed when the channel can confirm no more: it closed, or a
-	// confirm did not come within publishTimeout (err says so).
+	// confirm did not come within the publish timeout (err says so).
 	fault     chan struct{}
 	faultOnce sync.Once
 	err       error
@@ -73,7 +73,8 @@ func (e *epoch) confirm() {
 	r := e.s.r
 	returned := map[string]amqp.Return{} // returns not yet matched with a confirm
 	for f := range e.flights {
-		ctx, cancel := context.WithDeadline(context.Background(), f.began.Add(publishTimeout))
+		timeout := r.cfg.PublishTimeout
+		ctx, cancel := context.WithDeadline(context.Background(), f.began.Add(timeout))
 		var st settlement
 		for _, row := range f.rows {
 			if row.dc == nil || e.broken() {
@@ -85,7 +86,7 @@ func (e *epoch) confirm() {
 			drainReturns(e.ch.returns, returned)
 			switch {
 			case err != nil:
-				e.failed(fmt.Errorf("no confirm of outbox row %s within %s: %w", row.c.ID, publishTimeout, err))
+				e.failed(fmt.Errorf("no confirm of outbox row %s within %s: %w", row.c.ID, timeout, err))
 				e.left = append(e.left, row)
 			case !acked && e.ch.ch.IsClosed():
 				// The library fails the confirms still awaited when the
@@ -135,34 +136,44 @@ func unroutable(row inFlight, ret amqp.Return) failed {
 // a time, each on an open channel and waiting for its confirm: the row the
 // broker closes the channel on is the one it refused, and spends an
 // attempt; the others are sent (or returned) as usual, a row published
-// before the close perhaps twice, with the same id. When the connection
-// fails meanwhile, the rows not yet sorted out go back without an attempt.
-func (s *session) isolate(rows []inFlight, first *amqp.Error) (settlement, error) {
-	var st settlement
+// before the close perhaps twice, with the same id. Each row is settled as
+// soon as its confirm says what became of it, and a row whose lease would
+// end before its confirm could come is given back unpublished: past its
+// lease another relay may publish it, and two relays must never publish one
+// row at once (a key's head published again after its successor). When the
+// connection fails meanwhile, the rows not yet sorted out go back without an
+// attempt.
+func (s *session) isolate(rows []inFlight, first *amqp.Error) error {
 	var ch *confirmChannel
 	defer func() {
 		if ch != nil {
 			_ = ch.ch.Close()
 		}
 	}()
+	timeout := s.r.cfg.PublishTimeout
 	for i, row := range rows {
+		if !s.r.leaseOutlasts(row.c, timeout) {
+			s.c.settle(settlement{unconfirmed: claimedOf([]inFlight{row})})
+			continue
+		}
 		if ch == nil {
 			var err error
 			if ch, err = s.l.openChannel(1); err != nil {
-				st.unconfirmed = append(st.unconfirmed, claimedOf(rows[i:])...)
-				return st, err
+				s.c.settle(settlement{unconfirmed: claimedOf(rows[i:])})
+				return err
 			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), publishTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		acked, err := publishOne(ctx, ch, row.c)
 		cancel()
 		returned := map[string]amqp.Return{}
 		drainReturns(ch.returns, returned)
+		var st settlement
 		switch closeErr := ch.closeError(); {
 		case err == nil && acked:
 			if ret, ok := returned[row.c.ID]; ok {
 				st.failed = append(st.failed, unroutable(row, ret))
-				continue
+				break
 			}
 			st.sent = append(st.sent, row.c)
 			row.span.End()
@@ -173,17 +184,18 @@ func (s *session) isolate(rows []inFlight, first *amqp.Error) (settlement, error
 				cause: fmt.Sprintf("the broker closed the channel on it: %d %s", closeErr.Code, closeErr.Reason)})
 			ch = nil
 		default:
-			st.unconfirmed = append(st.unconfirmed, claimedOf(rows[i:])...)
+			s.c.settle(settlement{unconfirmed: claimedOf(rows[i:])})
 			if err == nil {
 				err = errors.New("the channel closed before the confirm came")
 			}
 			if closeErr == nil {
 				closeErr = first
 			}
-			return st, fmt.Errorf("sending outbox row %s alone: %w (the channel closed first on %v)", row.c.ID, err, closeErr)
+			return fmt.Errorf("sending outbox row %s alone: %w (the channel closed first on %v)", row.c.ID, err, closeErr)
 		}
+		s.c.settle(st)
 	}
-	return st, nil
+	return nil
 }
 
 // publishOne publishes a row and waits for its confirm.

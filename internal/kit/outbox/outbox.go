@@ -231,7 +231,8 @@ func (o *Outbox) Wake() {
 
 // validate refuses a message the relay could never publish: AMQP carries
 // the exchange, the routing key, the content type and each header's name
-// (nested ones too) as short strings of 255 bytes at most.
+// (nested ones too) as short strings of 255 bytes at most, and the
+// properties and headers in one frame.
 func (m Message) validate() error {
 	switch {
 	case m.RoutingKey == "" && m.Exchange == "":
@@ -239,11 +240,27 @@ func (m Message) validate() error {
 	case len(m.OrderingKey) > maxKeyLen || !utf8.ValidString(m.OrderingKey) || strings.ContainsFunc(m.OrderingKey, unicode.IsControl):
 		return errors.New("ordering key longer than 255 bytes, not UTF-8, or with a control character")
 	}
-	if err := rabbit.CheckPublishing(m.Exchange, m.RoutingKey, amqp.Publishing{ContentType: m.ContentType}); err != nil {
+	if err := rabbit.CheckHeaderNames(m.Headers); err != nil {
 		return err
 	}
-	return rabbit.CheckHeaderNames(m.Headers)
+	// The headers as stored and published (HeadersJSON: a time, a byte
+	// array become strings).
+	var headers amqp.Table
+	if len(m.Headers) > 0 {
+		var err error
+		if headers, err = rabbit.HeadersFromJSON([]byte(rabbit.HeadersJSON(m.Headers))); err != nil {
+			return err
+		}
+	}
+	return rabbit.CheckPublishing(m.Exchange, m.RoutingKey, amqp.Publishing{ContentType: m.ContentType, Headers: headers}, maxHeaderFrame)
 }
+
+// maxHeaderFrame bounds the frame of a message's properties and headers at
+// Enqueue: half of RabbitMQ's default frame_max (128 KiB), room for what the
+// relay adds (its id, the publish time, a trace context). The relay checks
+// each row against the frame size its connection negotiated, and parks one
+// that does not fit (a broker with a smaller frame_max).
+const maxHeaderFrame = 64 << 10
 
 // values builds the VALUES list of a multi-row statement.
 type values struct {

@@ -47,6 +47,9 @@ type RelayConfig struct {
 	// OnPublished, if set, runs after a batch is confirmed by the broker and
 	// before it is marked sent: the crash point after-outbox-publish.
 	OnPublished func()
+	// PublishTimeout bounds the wait for a row's confirm (15s by default);
+	// the lease must exceed it. Tests scale it down.
+	PublishTimeout time.Duration
 }
 
 func (c *RelayConfig) setDefaults() {
@@ -71,11 +74,14 @@ func (c *RelayConfig) setDefaults() {
 	if c.ReconnectMaxWait == 0 {
 		c.ReconnectMaxWait = 30 * time.Second
 	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = defaultPublishTimeout
+	}
 }
 
-// publishTimeout bounds one batch's publishes and their confirms; the lease
-// must outlast it.
-const publishTimeout = 15 * time.Second
+// defaultPublishTimeout bounds the wait for a row's confirm; the lease must
+// outlast it.
+const defaultPublishTimeout = 15 * time.Second
 
 // Park reasons.
 const (
@@ -116,8 +122,8 @@ func NewRelay(cfg RelayConfig, store *Store, ob *Outbox, m *Metrics, log *slog.L
 	switch {
 	case cfg.AMQPURL == "":
 		return nil, errors.New("outbox relay: AMQP URL is empty")
-	case cfg.Lease <= publishTimeout:
-		return nil, fmt.Errorf("outbox relay: lease %s must exceed the publish timeout %s", cfg.Lease, publishTimeout)
+	case cfg.Lease <= cfg.PublishTimeout:
+		return nil, fmt.Errorf("outbox relay: lease %s must exceed the publish timeout %s", cfg.Lease, cfg.PublishTimeout)
 	case cfg.Batch < 1 || cfg.MaxAttempts < 1:
 		return nil, fmt.Errorf("outbox relay: batch %d and max attempts %d must be at least 1", cfg.Batch, cfg.MaxAttempts)
 	}
@@ -190,6 +196,15 @@ func (r *Relay) Run(ctx context.Context) error {
 			return nil
 		}
 	}
+}
+
+// leaseOutlasts says whether c's lease lasts for d more: a row is
+// published only while its confirm can come within the lease, for past it
+// another relay may take the row and publish it too (and a key's head could
+// arrive after its successor). The lease is counted from before the claim,
+// by this process's clock.
+func (r *Relay) leaseOutlasts(c Claimed, d time.Duration) bool {
+	return time.Until(c.leasedUntil) > d
 }
 
 // signal sends on a wake-up channel of room one, never blocking.

@@ -173,17 +173,22 @@ func (s *session) publish(claimed []Claimed) error {
 	f := &flight{began: time.Now(), rows: make([]inFlight, 0, len(claimed))}
 	var invalid []failed
 	var err error
+	var late []Claimed
 	for _, c := range claimed {
-		msg := publishing(c)
-		if bad := rabbit.CheckPublishing(c.Exchange, c.RoutingKey, msg); bad != nil {
-			invalid = append(invalid, failed{c: c, reason: ReasonInvalid, park: true,
-				cause: "AMQP cannot carry it, so it is never published: " + bad.Error()})
+		if !r.leaseOutlasts(c, r.cfg.PublishTimeout) {
+			late = append(late, c) // the claim took most of the lease: not ours to publish
 			continue
 		}
+		msg := publishing(c)
 		row := inFlight{c: c}
 		if r.outbox.tracer != nil {
 			// A child of the transaction that wrote the row, whose context its headers carry.
 			_, row.span = r.outbox.tracer.Publish(r.outbox.tracer.Extract(context.Background(), c.Headers), c.Exchange, c.RoutingKey, &msg)
+		}
+		if bad := rabbit.CheckPublishing(c.Exchange, c.RoutingKey, msg, s.l.conn.Config.FrameSize); bad != nil {
+			invalid = append(invalid, failed{c: c, reason: ReasonInvalid, park: true, span: row.span,
+				cause: "AMQP cannot carry it, so it is never published: " + bad.Error()})
+			continue
 		}
 		if err == nil {
 			row.dc, err = s.cur.ch.ch.PublishWithDeferredConfirm(c.Exchange, c.RoutingKey, c.Mandatory, false, msg)
@@ -197,6 +202,9 @@ func (s *session) publish(claimed []Claimed) error {
 			}
 		}
 		f.rows = append(f.rows, row)
+	}
+	if len(late) > 0 {
+		s.c.settle(settlement{unconfirmed: late})
 	}
 	if len(invalid) > 0 {
 		s.c.settle(settlement{failed: invalid})
@@ -242,11 +250,10 @@ func (s *session) recover() error {
 	}
 	s.r.log.Warn("the broker closed the outbox relay's channel on a publish; sending the rows without a confirm one at a time to find it",
 		"rows", len(left), "err", closeErr)
-	st, err := s.isolate(left, closeErr)
-	s.c.settle(st)
-	if err != nil {
+	if err := s.isolate(left, closeErr); err != nil {
 		return err
 	}
+	var err error
 	s.cur, err = s.newEpoch()
 	return err
 }

@@ -46,6 +46,9 @@ type Claimed struct {
 	// Token is the claim's lease: every settlement of the row names it, so
 	// that a row whose lease passed to another relay is left to that one.
 	Token int64
+	// leasedUntil is when the lease ends at the earliest, by this process's
+	// clock: the claim's start plus the lease.
+	leasedUntil time.Time
 }
 
 // claim leases up to $2 due rows, oldest due first, for $3 seconds under
@@ -72,6 +75,7 @@ RETURNING o.id, o.exchange, o.routing_key, o.content_type, o.headers, o.body, o.
 // token, ordered rows of one key never more than one (the key's head).
 func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claimed, int64, error) {
 	token := rand.Int64()
+	leasedUntil := time.Now().Add(lease)
 	rows, err := s.db.QueryContext(ctx, claim, database.CustomPlan, s.producer, n, lease.Seconds(), token)
 	if err != nil {
 		return nil, 0, fmt.Errorf("claim outbox rows of %s: %w", s.producer, err)
@@ -88,7 +92,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 		if c.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {
 			return nil, 0, fmt.Errorf("outbox row %s: %w", c.ID, err)
 		}
-		c.Token = token
+		c.Token, c.leasedUntil = token, leasedUntil
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
