@@ -82,6 +82,10 @@ const (
 	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
 	ReasonInvalidReason      = "invalid_reason"          // the handler gave Permanent a reason not of the form of one
 	ReasonNoOutcome          = "writes_without_outcome"  // the writes returned no outcome and no error
+	// ReasonHeadersTooLarge: the message's properties and headers leave no
+	// room in one frame for the runtime's: its dead letter leaves the
+	// producer's headers out (HeaderHeadersDropped says how many bytes).
+	ReasonHeadersTooLarge = "headers_too_large"
 )
 
 // RefusedBeforeRun reports a dead-letter reason the runtime assigns before the
@@ -90,7 +94,7 @@ const (
 func RefusedBeforeRun(reason string) bool {
 	switch Reason(reason) {
 	case ReasonMissingID, ReasonInvalidID, ReasonBodyTooLarge, ReasonUnsupportedContent,
-		ReasonInvalidOrderingKey, ReasonIngestFailed:
+		ReasonInvalidOrderingKey, ReasonIngestFailed, ReasonHeadersTooLarge:
 		return true
 	}
 	return false

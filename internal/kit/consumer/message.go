@@ -14,6 +14,8 @@ import (
 	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
 // Headers of ours. The attempt count travels in our own header because x-death
@@ -38,6 +40,9 @@ const (
 	// redelivered flag nor, once replayed, our attempt count, and without the
 	// mark the key-expiry guard would take it for a first attempt.
 	HeaderMayHaveRun = "x-may-have-run"
+	// HeaderHeadersDropped, on a dead letter headers_too_large, is the size
+	// of the producer's properties and headers, left out of the copy.
+	HeaderHeadersDropped = "x-headers-dropped"
 )
 
 const maxIDLen = 255
@@ -114,12 +119,25 @@ func publishedAt(d amqp.Delivery) time.Time {
 // body without a message_id property is the reason itself, in either mode)
 // and resolves the dedupe key. A non-empty reason dead-letters the delivery,
 // under msg.ID wherever one could be read.
+// copyHeadroom is room kept in a frame for the headers the runtime adds to a
+// copy: its counters and stamps, the errors (1 KiB each at most), the
+// original exchange and key, a trace context.
+const copyHeadroom = 8 << 10
+
 func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
 		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
 	}
 	if !r.acceptsContentType(d.ContentType) {
 		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+	}
+	if n, limit := rabbit.HeaderFrameSize(rabbit.Copy(d)), int(r.frameMax.Load())-copyHeadroom; limit > 0 && n > limit {
+		// A retry, a hold or a dead letter adds the runtime's headers to the
+		// message's: no copy would fit one frame, and the broker would close
+		// the connection on each. Its dead letter leaves the producer's
+		// headers out.
+		return ReasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
+			" bytes leave no room in one frame for the runtime's (" + strconv.Itoa(limit) + " at most)")
 	}
 	if r.cfg.Decoder != nil {
 		ev, err := r.decode(d.Body, d.MessageId)

@@ -223,6 +223,9 @@ type Runtime struct {
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
+	// frameMax is the publishing connection's frame size, for admit's check
+	// that a copy of a delivery fits one frame (0: not checked).
+	frameMax atomic.Int64
 }
 
 // New builds a runtime. The handler is wrapped with Recover, Observe and, if

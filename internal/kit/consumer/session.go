@@ -136,6 +136,7 @@ func (r *Runtime) openSession() (*session, error) {
 	}
 	s := &session{conn: conn, pubConn: pubConn, node: node, pubNode: pubNode,
 		pause: make(chan struct{}), end: make(chan struct{}), stop: make(chan struct{})}
+	r.frameMax.Store(int64(pubConn.Config.FrameSize))
 	if err := r.openChannels(s); err != nil {
 		s.close()
 		return nil, err

@@ -104,6 +104,17 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // could not add those headers.
 func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	pub := republish(d, msg)
+	if reason == ReasonHeadersTooLarge {
+		// The producer's headers are what does not fit: the copy keeps the
+		// publish time and the trace, and says how much it left out.
+		kept := amqp.Table{HeaderHeadersDropped: int64(rabbit.HeaderFrameSize(rabbit.Copy(d)))}
+		for _, k := range []string{HeaderTimestampMillis, "traceparent", "tracestate", HeaderOriginalExchange, HeaderOriginalKey} {
+			if v, ok := pub.Headers[k]; ok {
+				kept[k] = v
+			}
+		}
+		pub.Headers = kept
+	}
 	pub.Headers[HeaderDeadLetterReason] = string(reason)
 	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
 	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
@@ -127,6 +138,10 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 		tracing.FromContext(ctx).Moved("abandoned", err)
 		return false
 	}
+	if err := rabbit.CheckPublishing(exchange, key, pub, s.pubConn.Config.FrameSize); err != nil {
+		r.rejectUncopyable(s, d, err, log)
+		return false
+	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
 	if err := s.publish.Publish(pctx, exchange, key, pub); err != nil {
@@ -147,6 +162,22 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 		return false
 	}
 	return true
+}
+
+// rejectUncopyable gives a delivery no copy of which can be sent (its
+// properties and headers, with the runtime's own, do not fit in one frame:
+// the broker would close the publishing connection on it, at every try, and
+// every message in flight with it) to the broker's own dead-lettering: a
+// reject without requeue takes it to the dead-letter queue, its x-death
+// saying why, without the runtime's headers.
+func (r *Runtime) rejectUncopyable(s *session, d amqp.Delivery, err error, log *messageLog) {
+	log.get().Error("no copy of the message can be sent; rejected to the work queue's dead-letter exchange (x-death, no reason headers)",
+		"reason", ReasonHeadersTooLarge, "err", err)
+	if d.Reject(false) == nil {
+		s.acks.settled(d.DeliveryTag)
+		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
+		r.metrics.deadLetters.WithLabelValues(r.cfg.Name, ReasonHeadersTooLarge).Inc()
+	}
 }
 
 // republish copies a delivery for a retry or dead-letter publish, keeping its
