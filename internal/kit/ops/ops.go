@@ -1,6 +1,6 @@
 // Package ops holds the operations commands that every service built on the
 // kit carries in its own binary: env, migrate, dlq list|replay|purge, inbox
-// prune|status|parked|retry|skip|export and outbox status|parked|retry. They
+// prune|status|parked|retry|skip|export and outbox status|parked|retry|skip. They
 // read the service's own configuration (the same variables and defaults as
 // the running service), so they find its database, queues and retention:
 //
@@ -78,6 +78,9 @@ const Usage = `commands:
   outbox retry (--id ID | --all)
                                make parked rows pending again with a fresh
                                budget (bind the missing queue first)
+  outbox skip --id ID          give up a parked row (one that can never be
+                               published: invalid): it is printed as JSON and
+                               deleted; its key goes on
 
 Every command reads the service's configuration: dlq its broker and queues
 (AMQP_URL, QUEUE, DEAD_LETTER_QUEUE, …) and the replay age limit

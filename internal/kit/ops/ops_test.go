@@ -65,7 +65,7 @@ func TestUsageErrorsPointToHelp(t *testing.T) {
 	for _, args := range [][]string{
 		{"bogus"}, {"env", "x"}, {"migrate", "x"}, {"dlq"}, {"dlq", "peek"}, {"dlq", "list", "--bogus"},
 		{"dlq", "list", "extra"}, {"dlq", "replay"}, {"inbox"}, {"inbox", "vacuum"}, {"inbox", "retry"},
-		{"inbox", "skip"}, {"inbox", "export"}, {"outbox"}, {"outbox", "flush"}, {"outbox", "retry"},
+		{"inbox", "skip"}, {"inbox", "export"}, {"outbox"}, {"outbox", "flush"}, {"outbox", "retry"}, {"outbox", "skip"},
 	} {
 		err := ops.Run(context.Background(), opts, args, nil, io.Discard)
 		if err == nil {

@@ -15,11 +15,11 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/service"
 )
 
-// The outbox's commands: status, parked, retry.
+// The outbox's commands: status, parked, retry, skip.
 
 func outboxCommand(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return usageErrorf("outbox: missing subcommand (status, parked or retry)")
+		return usageErrorf("outbox: missing subcommand (status, parked, retry or skip)")
 	}
 	switch args[0] {
 	case "status":
@@ -28,8 +28,10 @@ func outboxCommand(ctx context.Context, opts service.Options, args []string, std
 		return outboxParked(ctx, opts, args[1:], stdout)
 	case "retry":
 		return outboxRetry(ctx, opts, args[1:], stdout)
+	case "skip":
+		return outboxSkip(ctx, opts, args[1:], stdout)
 	}
-	return usageErrorf("outbox: unknown subcommand %q (want status, parked or retry)", args[0])
+	return usageErrorf("outbox: unknown subcommand %q (want status, parked, retry or skip)", args[0])
 }
 
 // withOutbox opens the service's database and runs f on its outbox.
@@ -123,6 +125,34 @@ func outboxRetry(ctx context.Context, opts service.Options, args []string, stdou
 		if *id != "" && n == 0 {
 			return fmt.Errorf("outbox retry: no parked row with id %q", *id)
 		}
+		return nil
+	})
+}
+
+func outboxSkip(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("outbox skip", flag.ContinueOnError)
+	id := fs.String("id", "", "give up the parked row with this id")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *id == "" {
+		return usageErrorf("outbox skip: give --id")
+	}
+	return withOutbox(ctx, opts, func(cfg service.Config, s *outbox.Store) error {
+		k, err := s.Skip(ctx, *id)
+		if err != nil {
+			return fmt.Errorf("outbox skip: %w", err)
+		}
+		// The row is gone from the table: this line is its only copy.
+		enc := json.NewEncoder(stdout)
+		if err := enc.Encode(k); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s outbox: parked row %s given up and deleted (above, as it was)", cfg.Consumer, k.ID)
+		if k.OrderingKey != "" {
+			fmt.Fprintf(stdout, "; its key %q goes on", k.OrderingKey)
+		}
+		fmt.Fprintln(stdout)
 		return nil
 	})
 }

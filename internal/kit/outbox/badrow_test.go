@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"context"
+	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -168,5 +170,48 @@ func TestEnqueueRefusesWhatAMQPCannotCarry(t *testing.T) {
 	}
 	if n := e.count("true"); n != 1 {
 		t.Fatalf("%d rows in the outbox, want the one of names at the limit", n)
+	}
+}
+
+// A parked row that can never be published (invalid: retry only parks it
+// again) has a way out: Skip deletes it, hands it back as it was, and moves
+// its key on, so that the key's later rows are published. From an outside
+// review: before, an invalid head blocked its key for good.
+func TestSkippingAParkedHeadLetsItsKeyGoOn(t *testing.T) {
+	e := newEnv(t)
+	ids, err := e.emit(nil, event(0, "k"), event(1, "k"), event(2, "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The head as an earlier version could have written it: too long a key.
+	if err := e.db.Exec(`UPDATE outbox SET routing_key = repeat('r', 300) WHERE id = ?`, ids[0]).Error; err != nil {
+		t.Fatal(err)
+	}
+	e.relay(e.amqp, nil)
+	eventually(t, "the head parked invalid", 30*time.Second, func() bool {
+		return e.count("id = ? AND status = 'parked' AND park_reason = ?", ids[0], ReasonInvalid) == 1
+	})
+	if n, err := e.store.Retry(context.Background(), ids[0]); err != nil || n != 1 {
+		t.Fatalf("retry: %d, %v", n, err)
+	}
+	eventually(t, "parked again after retry", 30*time.Second, func() bool {
+		return e.count("id = ? AND status = 'parked'", ids[0]) == 1
+	})
+	if _, err := e.store.Skip(context.Background(), ids[1]); !errors.Is(err, ErrNotParked) {
+		t.Fatalf("skip of a row that is not parked: %v, want ErrNotParked", err)
+	}
+	k, err := e.store.Skip(context.Background(), ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.ID != ids[0] || k.OrderingKey != "k" || k.Seq != 1 || k.Reason != ReasonInvalid || len(k.Body) == 0 {
+		t.Errorf("skipped %+v, want the head as it was", k)
+	}
+	got := e.received(2)
+	if len(got) != 2 || got[0].MessageId != ids[1] || got[1].MessageId != ids[2] {
+		t.Fatalf("after the skip, received %d rows, want the key's two others in order", len(got))
+	}
+	if n := e.count("true"); n != 2 {
+		t.Errorf("%d rows left, want the two sent", n)
 	}
 }

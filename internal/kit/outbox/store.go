@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -350,6 +351,68 @@ func (s *Store) Retry(ctx context.Context, id string) (int, error) {
 	n, err := res.RowsAffected()
 	return int(n), err
 }
+
+// Skipped is a parked row an operator gave up on, as it was.
+type Skipped struct {
+	Parked
+	ContentType string         `json:"content_type"`
+	Headers     map[string]any `json:"headers"`
+	Body        []byte         `json:"body"`
+	Seq         int64          `json:"seq,omitempty"`
+}
+
+// Skip gives up the parked row with id: it is deleted, and if it held its
+// ordering key (the key's head), the key goes on to its next row, in the
+// same transaction, its lock taken first as the mark takes it. It returns
+// the row as it was, for the operator to keep; ErrNotParked if no parked
+// row of the producer has that id. A row that can never be published (an
+// invalid one) or whose event is no longer wanted has no other way out:
+// retry parks it again.
+func (s *Store) Skip(ctx context.Context, id string) (Skipped, error) {
+	var k Skipped
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return k, fmt.Errorf("skip outbox row %s: %w", id, err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var headers []byte
+	var key sql.NullString
+	err = tx.QueryRowContext(ctx, `SELECT id, exchange, routing_key, ordering_key, coalesce(seq, 0), attempts, coalesce(park_reason, ''),
+			coalesce(last_error, ''), created_at, parked_at, content_type, headers, body
+		FROM outbox WHERE producer = $1 AND id::text = $2 AND status = 'parked' FOR UPDATE`, s.producer, id).Scan(
+		&k.ID, &k.Exchange, &k.RoutingKey, &key, &k.Seq, &k.Attempts, &k.Reason, &k.LastError, &k.CreatedAt, &k.ParkedAt,
+		&k.ContentType, &headers, &k.Body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, fmt.Errorf("skip outbox row %s: %w", id, ErrNotParked)
+	}
+	if err != nil {
+		return k, fmt.Errorf("skip outbox row %s: %w", id, err)
+	}
+	k.OrderingKey = key.String
+	if k.Headers, err = rabbit.HeadersFromJSON(headers); err != nil {
+		return k, err
+	}
+	if key.Valid {
+		if _, err := tx.ExecContext(ctx, `SELECT 1 FROM outbox_keys WHERE producer = $1 AND ordering_key = $2 FOR UPDATE`, s.producer, key.String); err != nil {
+			return k, fmt.Errorf("skip outbox row %s: lock its key: %w", id, err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM outbox WHERE id = $1`, k.ID); err != nil {
+		return k, fmt.Errorf("skip outbox row %s: %w", id, err)
+	}
+	if key.Valid {
+		if _, err := s.advance(ctx, tx, []keySeq{{key.String, k.Seq}}); err != nil {
+			return k, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return k, fmt.Errorf("skip outbox row %s: commit: %w", id, err)
+	}
+	return k, nil
+}
+
+// ErrNotParked: no parked row has the id.
+var ErrNotParked = errors.New("no parked row with that id")
 
 // PruneSent deletes up to limit rows sent longer than window ago and
 // reports how many; unsent rows are never pruned.
