@@ -89,26 +89,18 @@ func (s *session) run(ctx context.Context) error {
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
 	for {
-		if ch := s.l.blockedUntil(); ch != nil {
+		blocked := s.l.blockedUntil()
+		if blocked != nil {
 			r.setState("the broker blocks publishing (resource alarm)")
-			select {
-			case <-ch:
-				r.setState("")
-			case e := <-s.l.connClosed:
-				return fmt.Errorf("connection closed: %v", e)
-			case <-s.cur.fault:
-				if err := s.recover(); err != nil {
-					return err
-				}
-			case <-ctx.Done():
-				return nil
-			}
-			continue
 		}
-		if !s.win.fits(r.cfg.Batch) || !more {
-			// Full, or nothing known to be due: wait for room, a wake-up, a
-			// mark that made successors due, or the poll.
+		if blocked != nil || !s.win.fits(r.cfg.Batch) || !more {
+			// Blocked by an alarm, full, or nothing known to be due: wait
+			// for the unblock, room, a wake-up, a mark that made successors
+			// due, or the poll (a wake-up while blocked only says that rows
+			// will be due after it).
 			select {
+			case <-blocked: // nil, never ready, unless blocked
+				r.setState("")
 			case <-s.win.freed:
 			case <-r.outbox.wake: // this process committed rows: tell the others
 				signal(r.notify)
