@@ -22,7 +22,11 @@ func TestBufferedGatewayOutage(t *testing.T) {
 	s.publish(t, "-count", "200", "-duplicate-rate", "0.1")
 	stored := `consumer_messages_total{consumer="payment-service",outcome="stored"}`
 	testenv.Eventually(t, time.Minute, "200 orders stored", func() (bool, error) { return metric(t, s.serviceAddr, stored) == 200, nil })
-	time.Sleep(3 * time.Second) // the outage goes on
+	// The outage goes on until the processing paused: PAUSE_AFTER_FAILURES
+	// charges failed in a row.
+	testenv.Eventually(t, time.Minute, "the processing paused", func() (bool, error) {
+		return metric(t, s.serviceAddr, `consumer_pauses_total{cause="handler_failing",consumer="payment-service"}`) >= 1, nil
+	})
 	for _, q := range []string{"payments.order-placed", "payments.order-placed.retry.100ms", "payments.order-placed.retry.500ms"} {
 		if ready, unacked := brokerHolds(t, s.amqpURL, q); ready+unacked != 0 {
 			t.Errorf("during the outage %s holds %d ready and %d unacked messages, want none", q, ready, unacked)

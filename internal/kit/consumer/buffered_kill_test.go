@@ -140,7 +140,12 @@ func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
 	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
 		return e.appliedTotal() >= len(keys)*perKey, nil
 	})
-	time.Sleep(2 * time.Second) // a late duplicate would show now
+	// A late duplicate would come from the broker: wait until it holds
+	// nothing ready or unacknowledged.
+	testenv.Eventually(t, time.Minute, "the queue empty, nothing unacked", func() (bool, error) {
+		ready, unacked := e.brokerHolds()
+		return ready == 0 && unacked == 0, nil
+	})
 	e.assertInOrder(keys, perKey)
 	if n := e.statusCount("parked"); n != 0 {
 		t.Errorf("%d parked", n)

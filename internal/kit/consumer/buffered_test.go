@@ -278,7 +278,9 @@ func TestBufferedDependencyOutageLeavesNothingOnTheBroker(t *testing.T) {
 	keys := keyNames(30)
 	e.publishEvents(keys, 10)
 	waitFor(t, "all 300 stored", func() bool { return rt.count(OutcomeStored) == 300 })
-	time.Sleep(3 * time.Second)
+	testenv.Eventually(t, time.Minute, "every head run and the processing paused", func() (bool, error) {
+		return rt.count(OutcomeRetried)+rt.count(OutcomeRequeued) >= 30 && rt.pauses() >= 1, nil
+	})
 	ready, unacked := e.brokerHolds()
 	if ready != 0 || unacked != 0 {
 		t.Errorf("during the outage the broker holds %d ready and %d unacked messages, want none", ready, unacked)
@@ -386,7 +388,9 @@ func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 	tune := withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
 	ingesting := e.start(slow, func(c *Config) { tune(c); c.Workers = 1 })
 	other := e.start(slow, func(c *Config) { tune(c); c.Workers = 8 })
-	time.Sleep(500 * time.Millisecond) // both asleep for the poll's minute
+	testenv.Eventually(t, 30*time.Second, "both asleep for the poll's minute, after a first claim", func() (bool, error) {
+		return claims(t, ingesting) >= 1 && claims(t, other) >= 1, nil
+	})
 	e.publishEvents(keyNames(40), 1)
 	testenv.Eventually(t, 20*time.Second, "all applied long before a poll", func() (bool, error) { return e.appliedTotal() == 40, nil })
 	if ingesting.count(OutcomeStored) != 40 || other.count(OutcomeStored) != 0 {
@@ -433,7 +437,7 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 	})
 	e.publishEvents([]string{"key-00"}, 2)
 	testenv.Eventually(t, 30*time.Second, "both events applied", func() (bool, error) { return e.appliedTotal() >= 2, nil })
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // a window for the stale run's commit, which must not come
 	if got := fmt.Sprint(e.appliedOf("key-00")); got != "[0 1]" {
 		t.Errorf("key-00 applied %s, want [0 1]", got)
 	}
@@ -457,16 +461,9 @@ func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
 	}
 	defer lock.Rollback()
 	rt := e.start(orderedHandler(nil), withBuffered(e.db, e.dbURL, nil))
-	claims := func() int {
-		var m dto.Metric
-		if err := rt.metrics.claimSeconds.WithLabelValues("test").(prometheus.Histogram).Write(&m); err != nil {
-			t.Fatal(err)
-		}
-		return int(m.GetHistogram().GetSampleCount())
-	}
-	before := claims()
-	time.Sleep(3 * time.Second)
-	n := claims() - before
+	before := claims(t, rt)
+	time.Sleep(3 * time.Second) // a window to count claims in
+	n := claims(t, rt) - before
 	t.Logf("%d claims in 3 s while the due key was locked", n)
 	if n > 40 {
 		t.Errorf("%d claims in 3 s while the only due key was locked: the claimer spins", n)
@@ -475,4 +472,14 @@ func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, "applied once the lock is gone", func() (bool, error) { return e.appliedTotal() == 1, nil })
+}
+
+// claims is how many claims rt's buffered processing has made.
+func claims(t *testing.T, rt *runtime) int {
+	t.Helper()
+	var m dto.Metric
+	if err := rt.metrics.claimSeconds.WithLabelValues("test").(prometheus.Histogram).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return int(m.GetHistogram().GetSampleCount())
 }

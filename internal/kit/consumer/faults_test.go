@@ -203,9 +203,18 @@ func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 		const perKey = 20
 		e.publishEvents(keys, perKey)
 		handler := orderedHandler(func(Message, event) error { time.Sleep(3 * time.Millisecond); return nil })
+		var refused atomic.Int32
 		rt := e.startWith(handler, e.url, db, func(c *Config) {
 			m.config(db, dbURL, func(b *BufferedConfig) { b.MaxAttempts = 2 })(c)
 			c.MaxAttempts = 2
+			check := c.DatabaseCheck
+			c.DatabaseCheck = func(ctx context.Context) error {
+				err := check(ctx)
+				if err != nil {
+					refused.Add(1)
+				}
+				return err
+			}
 			if m.buffered() {
 				c.GroupCommitMax, c.GroupCommitWait = 1, 0
 			}
@@ -213,7 +222,8 @@ func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 		waitFor(t, "progress", func() bool { return e.appliedTotal() >= 50 })
 		proxy.Stop()
 		waitFor(t, "not ready during the outage", func() bool { return rt.Ready() != nil })
-		time.Sleep(20 * time.Second)
+		// The outage outlasts five checks of the database (MaxAttempts is 2).
+		testenv.Eventually(t, 2*time.Minute, "five checks refused", func() (bool, error) { return refused.Load() >= 5, nil })
 		if rt.Ready() == nil {
 			t.Error("ready while the database is unreachable")
 		}
@@ -331,11 +341,17 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 	}
 	const n = 200
 	e.publishMany(n, "ro")
-	var resets atomic.Int32
+	var resets, refused atomic.Int32
 	rt := e.startWith(slowHandler(2*time.Millisecond), e.url, db, func(c *Config) {
 		c.MaxAttempts = 2
 		c.ReconnectMaxWait = 500 * time.Millisecond
-		c.DatabaseCheck = checker.Check
+		c.DatabaseCheck = func(ctx context.Context) error {
+			err := checker.Check(ctx)
+			if err != nil {
+				refused.Add(1)
+			}
+			return err
+		}
 		c.ResetDatabase = func() { resets.Add(1); database.Recycle(db) }
 	})
 	waitFor(t, "progress", func() bool { _, d := e.applied(); return d >= 30 })
@@ -344,7 +360,7 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 		err := rt.Ready()
 		return err != nil && rt.pauses() >= 1
 	})
-	time.Sleep(3 * time.Second) // several pause cycles while read-only
+	testenv.Eventually(t, time.Minute, "three checks refused while read-only", func() (bool, error) { return refused.Load() >= 3, nil })
 	setReadOnly("off")
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 	if rt.count(OutcomeDeadLettered) != 0 || rt.count(OutcomeRetried) != 0 {

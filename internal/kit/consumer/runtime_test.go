@@ -712,7 +712,12 @@ func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
 		out := testenv.Ctl(t, "list_queues", "-q", "-p", e.vhost, "name", "messages_ready", "messages_unacknowledged")
 		return slices.Contains(strings.Split(out, "\n"), e.topo.Queue+"\t0\t2")
 	})
-	go func() { time.Sleep(200 * time.Millisecond); close(release) }()
+	go func() { // the blocker ends once the stop has begun
+		for rt.Ready() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(release)
+	}()
 	rt.shutdown(t)
 	if !strings.Contains(rt.logs.String(), "returned unstarted deliveries") {
 		t.Fatal("the redelivery was not returned by the stop")

@@ -82,8 +82,8 @@ func TestStopDuringAPauseKeepsOneBudget(t *testing.T) {
 	waitFor(t, "all prefetched", func() bool { return e.queueDepth(e.topo.Queue) == 0 })
 	testenv.Ctl(t, "set_policy", "-p", e.vhost, "--apply-to", "queues", "maxlen", "^work$", `{"max-length":1}`)
 	close(gate) // the pause: the session ends, and its drain waits for "stuck"
+	// Not ready: the session has ended, and its drain waits for "stuck".
 	waitFor(t, "the pause", func() bool { return rt.Ready() != nil })
-	time.Sleep(500 * time.Millisecond)
 	if took := stopTakes(t, rt, budget); took > budget+time.Second {
 		t.Errorf("the stop took %s, more than its budget of %s (plus 1s)", took.Round(10*time.Millisecond), budget)
 	}

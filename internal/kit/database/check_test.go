@@ -31,7 +31,10 @@ func TestCheckerDoesNotWaitForABusyPool(t *testing.T) {
 		busy.Go(func() { pool.Exec(`SELECT pg_sleep(3)`) })
 	}
 	t.Cleanup(busy.Wait)
-	time.Sleep(300 * time.Millisecond) // both pooled connections are taken
+	testenv.Eventually(t, 30*time.Second, "both pooled connections taken", func() (bool, error) {
+		sqlDB, err := pool.DB()
+		return err == nil && sqlDB.Stats().InUse == 2, err
+	})
 	pingCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	if err := database.Ping(pingCtx, pool); err == nil {

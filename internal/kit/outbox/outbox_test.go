@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
@@ -87,6 +88,18 @@ func (e *env) relay(amqpURL string, tune func(*RelayConfig)) (*Relay, *Metrics, 
 	}
 	e.t.Cleanup(stop)
 	return r, m, stop
+}
+
+// depth is how many messages wait ready in the downstream queue.
+func (e *env) depth() int {
+	e.t.Helper()
+	var n int
+	testenv.WithChannel(e.t, e.amqp, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	return n
 }
 
 // emit commits msgs in one transaction (or rolls it back with fail) and
@@ -334,8 +347,9 @@ func TestUnroutableIsParkedOthersFlow(t *testing.T) {
 	_ = m
 }
 
-// The broker is unreachable for 20 s while a backlog waits: nothing is lost,
-// nothing is parked, and the relay resumes by itself.
+// The broker is unreachable while a backlog waits, for ten failed
+// reconnections (MaxAttempts is 3): nothing is lost, nothing is parked, and
+// the relay resumes by itself.
 func TestBrokerAwayWithABacklogLosesNothing(t *testing.T) {
 	e := newEnv(t)
 	u, err := url.Parse(e.amqp)
@@ -345,7 +359,7 @@ func TestBrokerAwayWithABacklogLosesNothing(t *testing.T) {
 	proxy := testenv.Proxy(t, "amqp", u.Host)
 	proxied := *u
 	proxied.Host = proxy.Listen
-	r, _, _ := e.relay(proxied.String(), nil)
+	r, m, _ := e.relay(proxied.String(), nil)
 	testenv.Eventually(t, 10*time.Second, "connected", func() (bool, error) { return r.Ready() == nil, nil })
 	proxy.Stop()
 	const n = 500
@@ -359,7 +373,9 @@ func TestBrokerAwayWithABacklogLosesNothing(t *testing.T) {
 		}
 	}
 	testenv.Eventually(t, 10*time.Second, "not ready while the broker is away", func() (bool, error) { return r.Ready() != nil, nil })
-	time.Sleep(20 * time.Second)
+	reconnects := func() float64 { return testutil.ToFloat64(m.reconnects.WithLabelValues(e.store.Producer())) }
+	from := reconnects()
+	testenv.Eventually(t, time.Minute, "ten failed reconnections", func() (bool, error) { return reconnects()-from >= 10, nil })
 	if err := proxy.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +412,9 @@ func TestLinkCutWhileWaitingForConfirmsReconnects(t *testing.T) {
 	if _, err := e.emit(nil, event(1, ""), event(2, "k")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the batch is published, its confirms never come
+	testenv.Eventually(t, 30*time.Second, "the batch published, its confirms held back", func() (bool, error) {
+		return e.depth() == 2, nil
+	})
 	testenv.RemoveToxic(t, proxy, "silent")
 	proxy.Stop() // cut the connection that saw the silence
 	if err := proxy.Start(); err != nil {

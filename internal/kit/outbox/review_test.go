@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inbox-template/payment-service/internal/kit/testenv"
 )
 
 // From an outside review: each of these failed before its fix.
@@ -66,7 +68,7 @@ func TestIdleRelayStaysIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.received(1)
-	time.Sleep(time.Second)
+	testenv.Eventually(t, 30*time.Second, "marked sent", func() (bool, error) { return e.count("status = 'sent'") == 1, nil })
 	sqlDB, err := e.db.DB()
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +135,7 @@ func TestMarkSentSurvivesADeadlockWithEnqueue(t *testing.T) {
 	var wg sync.WaitGroup
 	var markErr error
 	wg.Go(func() { _, _, markErr = r.markSent(ctx, claimed) })
-	time.Sleep(300 * time.Millisecond) // the mark holds "a" and waits for "b"
+	e.waitLockWaiters(1) // the mark holds "a" and waits for "b"
 	_, enqErr := e.outbox.Enqueue(ctx, tx, event(6, "a"))
 	if enqErr == nil {
 		enqErr = tx.Commit().Error
@@ -189,7 +191,7 @@ func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
 	var wg sync.WaitGroup
 	var markErr, enqErr error
 	wg.Go(func() { _, _, markErr = e.store.MarkSent(ctx, claimed) })
-	time.Sleep(300 * time.Millisecond)
+	e.waitLockWaiters(1)
 	tx := e.db.Begin()
 	defer tx.Rollback()
 	wg.Go(func() {
@@ -197,7 +199,7 @@ func markAgainstOneEnqueueCall(t *testing.T, collate string) error {
 			enqErr = tx.Commit().Error
 		}
 	})
-	time.Sleep(300 * time.Millisecond)
+	e.waitLockWaiters(2)
 	_ = x.Commit()
 	wg.Wait()
 	t.Logf("collate %q: mark: %v; enqueue: %v", collate, markErr, enqErr)
@@ -266,4 +268,14 @@ func TestEnqueueNumbersEachKeyInTheCallsOrder(t *testing.T) {
 	if err := e.db.Raw(`SELECT last_seq FROM outbox_keys WHERE ordering_key = 'a'`).Scan(&last).Error; err != nil || last != 4 {
 		t.Errorf("key a: last_seq %d (%v), want 4", last, err)
 	}
+}
+
+// waitLockWaiters waits until n of the database's sessions wait for a lock.
+func (e *env) waitLockWaiters(n int) {
+	e.t.Helper()
+	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d sessions waiting for a lock", n), func() (bool, error) {
+		var got int
+		err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Row().Scan(&got)
+		return got >= n, err
+	})
 }
