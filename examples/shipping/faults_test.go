@@ -63,25 +63,36 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 				"RECONNECT_MAX_WAIT=2s", "SHUTDOWN_TIMEOUT=5s"}, env...),
 		})
 		shipments := func() int { return testenv.Count(t, dbURL, "SELECT count(*) FROM shipments") }
+		orders := faultOrders // with the batches of LoadMore
 		return &faultkit.Trial{
 			Stack: s,
 			Load: func() error {
 				return faultkit.Publish(amqpURL, "payments", "order.paid", faultLoad(), 35, 3*time.Minute)
 			},
+			// While the fault's rounds remain: 2 s more of orders, each once.
+			LoadMore: func() error {
+				var msgs []amqp.Publishing
+				for range 70 {
+					order := fmt.Sprintf("o-%d", orders)
+					msgs = append(msgs, paid("m-"+order, order))
+					orders++
+				}
+				return faultkit.Publish(amqpURL, "payments", "order.paid", msgs, 35, 3*time.Minute)
+			},
 			Progress: shipments,
 			Verify: func(t *testing.T) {
-				if n := shipments(); n != faultOrders {
-					t.Errorf("%d shipments for %d orders", n, faultOrders)
+				if n := shipments(); n != orders {
+					t.Errorf("%d shipments for %d orders", n, orders)
 				}
 				booked, replays := c.counts()
-				if booked != faultOrders {
-					t.Errorf("%d pickups booked for %d orders", booked, faultOrders)
+				if booked != orders {
+					t.Errorf("%d pickups booked for %d orders", booked, orders)
 				}
 				if sc.Name == "crash-after-carrier-book" && replays == 0 {
 					t.Errorf("no booking was asked again after a crash between the booking and the commit")
 				}
-				if n := testenv.Count(t, dbURL, "SELECT count(DISTINCT order_id) FROM shipments"); n != faultOrders {
-					t.Errorf("%d distinct orders shipped, want %d", n, faultOrders)
+				if n := testenv.Count(t, dbURL, "SELECT count(DISTINCT order_id) FROM shipments"); n != orders {
+					t.Errorf("%d distinct orders shipped, want %d", n, orders)
 				}
 				assertPoisonAloneGivenUp(t, amqpURL, dbURL)
 			},

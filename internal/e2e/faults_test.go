@@ -44,8 +44,9 @@ func TestPaymentUnderFaults(t *testing.T) {
 // with the same Idempotency-Key and gets the stored result (the trial's
 // Verify counts the replays).
 var gatewayLosesResponses = faultkit.Scenario{
-	Name:     "gateway-lost-responses",
-	Replicas: 1,
+	Name:      "gateway-lost-responses",
+	Replicas:  1,
+	FixedLoad: true, // the fault lasts as long as the load
 	Fault: func(s *faultkit.Stack, busy func() bool) {
 		gw := s.Getenv("GATEWAY_URL")
 		gatewayFaults(s.T(), gw, `{"lost_response_rate":0.3}`)
@@ -137,9 +138,13 @@ var bufferedFaultEnv = []string{
 // the outbox relays are routed there (nobody reads them in these tests).
 const faultSink = "faults.order-paid"
 
-// clusterLoadMore is a batch of the load's extension while node-loss rounds
-// remain (faultkit.Trial.LoadMore): 10 s at the cluster load's rate.
-var clusterLoadMore = []string{"-count", "750", "-duplicate-rate", "0.1", "-rate", "75", "-timeout", "5m"}
+// loadMore and clusterLoadMore are a batch of the load's extension while
+// the fault's rounds remain (faultkit.Trial.LoadMore): 2 s at the load's
+// rate, 10 s at the cluster load's.
+var (
+	loadMore        = []string{"-count", "70", "-duplicate-rate", "0.1", "-rate", "35", "-timeout", "5m"}
+	clusterLoadMore = []string{"-count", "750", "-duplicate-rate", "0.1", "-rate", "75", "-timeout", "5m"}
+)
 
 // paymentTrial is a fresh run of the payment service with env for sc: its
 // publisher runs load (one run each, in turn), or by default the
@@ -196,15 +201,16 @@ func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit
 			}
 			return nil
 		}
-		var loadMore func() error
+		// The fault's rounds (a node-loss round takes 19 s here, 45 s on a
+		// loaded machine) find the load running: it goes on, a batch at a
+		// time, until the last round is done.
+		more := loadMore
 		if sc.OnCluster {
-			// The node-loss rounds (the CLI finds the leader, a kill, the
-			// node's start) take 19 s here, 45 s on a loaded machine: the
-			// load goes on, a batch at a time, until the last round is done.
-			loadMore = func() error {
-				summaries = append(summaries, filepath.Join(t.TempDir(), fmt.Sprintf("summary-%d.json", len(summaries))))
-				return publish(len(summaries)-1, clusterLoadMore)
-			}
+			more = clusterLoadMore
+		}
+		publishMore := func() error {
+			summaries = append(summaries, filepath.Join(t.TempDir(), fmt.Sprintf("summary-%d.json", len(summaries))))
+			return publish(len(summaries)-1, more)
 		}
 		return &faultkit.Trial{
 			Stack: s,
@@ -216,7 +222,7 @@ func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit
 				}
 				return nil
 			},
-			LoadMore: loadMore,
+			LoadMore: publishMore,
 			Progress: func() int { return scalar(t, paymentsDB, "SELECT count(*) FROM payments") },
 			Verify: func(t *testing.T) {
 				args := []string{"verify"}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -112,27 +113,32 @@ func (r *replica) kill() {
 func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
 	e := newBufferedEnv(t, singleActive)
 	keys := keyNames(16)
-	const perKey = 40
 	replicas := []*replica{e.startReplica(t), e.startReplica(t)}
 	ch := e.channel()
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
+	// The load goes on until the last kill: every kill finds it running.
 	var publishing sync.WaitGroup
 	var publishErr error
+	var killing atomic.Bool
+	killing.Store(true)
+	perKey := 0
 	publishing.Go(func() {
-		for n := 0; n < perKey && publishErr == nil; n += 5 { // in bursts, so that kills find work in every stage
-			publishErr = e.publishEventRange(ch, keys, n, n+5)
+		for (perKey < 10 || killing.Load()) && publishErr == nil { // in bursts, so that kills find work in every stage
+			publishErr = e.publishEventRange(ch, keys, perKey, perKey+5)
+			perKey += 5
 			time.Sleep(300 * time.Millisecond)
 		}
 	})
-	kills := 0
-	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); kills++ {
+	const kills = 8
+	for range kills {
 		time.Sleep(time.Duration(600+rand.IntN(800)) * time.Millisecond)
 		i := rand.IntN(len(replicas))
 		replicas[i].kill()
 		replicas[i] = e.startReplica(t)
 	}
+	killing.Store(false)
 	publishing.Wait()
 	if publishErr != nil {
 		t.Fatal(publishErr)
@@ -142,9 +148,11 @@ func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
 	})
 	// A late duplicate would come from the broker: wait until it holds
 	// nothing ready or unacknowledged.
-	testenv.Eventually(t, time.Minute, "the queue empty, nothing unacked", func() (bool, error) {
+	testenv.Eventually(t, time.Minute, "the queue empty, nothing unacked, no stored message waiting", func() (bool, error) {
 		ready, unacked := e.brokerHolds()
-		return ready == 0 && unacked == 0, nil
+		var waiting int
+		err := e.db.Raw(`SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')`).Row().Scan(&waiting)
+		return ready == 0 && unacked == 0 && waiting == 0, err
 	})
 	e.assertInOrder(keys, perKey)
 	if n := e.statusCount("parked"); n != 0 {
