@@ -388,8 +388,11 @@ func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 	tune := withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
 	ingesting := e.start(slow, func(c *Config) { tune(c); c.Workers = 1 })
 	other := e.start(slow, func(c *Config) { tune(c); c.Workers = 8 })
-	testenv.Eventually(t, 30*time.Second, "both asleep for the poll's minute, after a first claim", func() (bool, error) {
-		return claims(t, ingesting) >= 1 && claims(t, other) >= 1, nil
+	testenv.Eventually(t, 30*time.Second, "both asleep for the poll's minute, after a first claim, listening", func() (bool, error) {
+		var listening int
+		err := e.db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'test listen' AND query ILIKE 'listen%'`).Row().Scan(&listening)
+		return claims(t, ingesting) >= 1 && claims(t, other) >= 1 && listening == 2, err
 	})
 	e.publishEvents(keyNames(40), 1)
 	testenv.Eventually(t, 20*time.Second, "all applied long before a poll", func() (bool, error) { return e.appliedTotal() == 40, nil })
@@ -431,13 +434,15 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 			return OutcomeProcessed, tx.Exec(`INSERT INTO ordered (key, n, message_id) VALUES (?, ?, ?)`, ev.Key, ev.N, msg.ID).Error
 		}, nil
 	})
-	e.start(h, func(c *Config) {
+	rt := e.start(h, func(c *Config) {
 		withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.Lease = time.Second })(c)
 		c.Workers, c.Committers, c.GroupCommitMax, c.GroupCommitWait = 4, 1, 8, 300*time.Millisecond
 	})
 	e.publishEvents([]string{"key-00"}, 2)
 	testenv.Eventually(t, 30*time.Second, "both events applied", func() (bool, error) { return e.appliedTotal() >= 2, nil })
-	time.Sleep(2 * time.Second) // a window for the stale run's commit, which must not come
+	testenv.Eventually(t, 30*time.Second, "the stale run's commit refused (or applied: the defect)", func() (bool, error) {
+		return strings.Contains(rt.logs.String(), "the lease passed to another worker before the commit") || e.appliedTotal() > 2, nil
+	})
 	if got := fmt.Sprint(e.appliedOf("key-00")); got != "[0 1]" {
 		t.Errorf("key-00 applied %s, want [0 1]", got)
 	}

@@ -713,8 +713,10 @@ func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
 		return slices.Contains(strings.Split(out, "\n"), e.topo.Queue+"\t0\t2")
 	})
 	go func() { // the blocker ends once the stop has begun
-		for rt.Ready() == nil {
-			time.Sleep(10 * time.Millisecond)
+		select {
+		case <-rt.stopping:
+		case <-time.After(time.Minute):
+			t.Error("the stop did not begin within a minute")
 		}
 		close(release)
 	}()

@@ -87,7 +87,11 @@ func TestIdleRelayStaysIdle(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	n := commits() - before
 	t.Logf("idle relay (poll 10s): %d transactions in 5 s", n)
-	if n > 20 {
+	// About a dozen here (the gauges, the test's own reads), plus up to a
+	// second's worth of the test's polls above whose statistics PostgreSQL
+	// had not flushed yet (about 20); a relay that wakes itself runs a
+	// claim and a NOTIFY every 50 ms, a hundred of each in 5 s.
+	if n > 50 {
 		t.Errorf("%d transactions in 5 s of an idle relay: it wakes itself", n)
 	}
 }
