@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build programs:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
+	code := testenv.RunMain(m) // the vhosts in batches
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -47,10 +47,17 @@ var (
 	buildDirs []string
 )
 
-// RunMain runs the tests and then removes the programs they built. Call it
-// from TestMain: os.Exit(testenv.RunMain(m)).
+// RunMain runs the tests, their vhosts made in batches (see vhosts.go),
+// and then removes the vhosts and the programs they built. Call it from
+// TestMain: os.Exit(testenv.RunMain(m)).
 func RunMain(m *testing.M) int {
+	vhostPool.Lock()
+	vhostPool.on = true
+	vhostPool.Unlock()
 	code := m.Run()
+	if err := drainVHostPool(); err != nil {
+		fmt.Fprintln(os.Stderr, "testenv: delete the tests' vhosts:", err)
+	}
 	buildMu.Lock()
 	defer buildMu.Unlock()
 	for _, d := range buildDirs {

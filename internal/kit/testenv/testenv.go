@@ -81,8 +81,10 @@ func Postgres(t testing.TB) string {
 	return u.String()
 }
 
-// VHost creates a RabbitMQ vhost for this test, grants the URL's user all
-// permissions on it, and returns an AMQP URL into it.
+// VHost gives this test a RabbitMQ vhost of its own, on which the URL's
+// user has all permissions, and returns an AMQP URL into it; the vhost is
+// deleted after the test (in a binary run by RunMain, with the next batch:
+// see vhosts.go).
 func VHost(t testing.TB) string {
 	t.Helper()
 	base := getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/")
@@ -91,10 +93,15 @@ func VHost(t testing.TB) string {
 		t.Fatal(err)
 	}
 	user := u.User.Username()
-	vhost := Name("t")
-	Ctl(t, "add_vhost", vhost)
-	t.Cleanup(func() { Ctl(t, "delete_vhost", vhost) })
-	Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	vhost := pooledVHost(t, user)
+	if vhost != "" {
+		t.Cleanup(func() { releaseVHost(vhost) })
+	} else {
+		vhost = Name("t")
+		Ctl(t, "add_vhost", vhost)
+		t.Cleanup(func() { Ctl(t, "delete_vhost", vhost) })
+		Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")
+	}
 	u.Path = "/" + vhost
 	return u.String()
 }

@@ -1,0 +1,107 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A rabbitmqctl call starts an Erlang VM: about 1.5 s of CPU and 2 to 4 s
+// of a test's time on 2 cores, and a vhost took three (add, permissions,
+// delete), most of a short test's time. In a test binary whose TestMain
+// calls RunMain, VHost takes its vhosts from a pool made in batches: one
+// rabbitmqctl eval deletes the vhosts the tests have released since the
+// last batch and adds the next vhostBatch, each with the user's
+// permissions; RunMain deletes what is left when the tests end. Without
+// RunMain (or where eval fails: another broker version, a user name that
+// needs quoting) every vhost is added and deleted on its own, as before.
+const vhostBatch = 8
+
+// The pool is the test binary's (state of a test helper, like the programs
+// RunMain removes): RunMain turns it on.
+var vhostPool struct {
+	sync.Mutex
+	on       bool
+	user     string
+	free     []string
+	released []string
+}
+
+// plainName is what the pool writes into Erlang binaries unquoted.
+var plainName = regexp.MustCompile(`^[A-Za-z0-9_.@-]+$`)
+
+// pooledVHost returns a vhost of the pool for user, or "" where the pool is
+// off (the caller adds one on its own).
+func pooledVHost(t testing.TB, user string) string {
+	t.Helper()
+	vhostPool.Lock()
+	defer vhostPool.Unlock()
+	if !vhostPool.on || !plainName.MatchString(user) || (vhostPool.user != "" && vhostPool.user != user) {
+		return ""
+	}
+	if len(vhostPool.free) == 0 {
+		batch := make([]string, vhostBatch)
+		for i := range batch {
+			batch[i] = Name("t")
+		}
+		if err := vhostEval(vhostPool.released, batch, user); err != nil {
+			t.Logf("vhosts in batches (rabbitmqctl eval) failed, adding them one by one: %v", err)
+			vhostPool.on = false
+			return ""
+		}
+		vhostPool.user, vhostPool.free, vhostPool.released = user, batch, nil
+	}
+	v := vhostPool.free[len(vhostPool.free)-1]
+	vhostPool.free = vhostPool.free[:len(vhostPool.free)-1]
+	return v
+}
+
+// releaseVHost gives a pooled vhost back, to be deleted with the next batch
+// or at the end.
+func releaseVHost(v string) {
+	vhostPool.Lock()
+	defer vhostPool.Unlock()
+	vhostPool.released = append(vhostPool.released, v)
+}
+
+// drainVHostPool deletes every vhost the pool still holds (RunMain, once
+// the tests have ended).
+func drainVHostPool() error {
+	vhostPool.Lock()
+	defer vhostPool.Unlock()
+	gone := append(vhostPool.released, vhostPool.free...)
+	vhostPool.on, vhostPool.free, vhostPool.released = false, nil, nil
+	if len(gone) == 0 {
+		return nil
+	}
+	return vhostEval(gone, nil, "")
+}
+
+// vhostEval deletes the vhosts gone and adds those of add, each with all
+// permissions for user, in one rabbitmqctl eval.
+func vhostEval(gone, add []string, user string) error {
+	bins := func(names []string) string {
+		q := make([]string, len(names))
+		for i, n := range names {
+			q[i] = `<<"` + n + `">>`
+		}
+		return "[" + strings.Join(q, ",") + "]"
+	}
+	expr := fmt.Sprintf(`[rabbit_vhost:delete(V, <<"testenv">>) || V <- %s], `+
+		`[begin ok = rabbit_vhost:add(V, <<"testenv">>), `+
+		`ok = rabbit_auth_backend_internal:set_permissions(<<"%s">>, V, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>) end || V <- %s], ok.`,
+		bins(gone), user, bins(add))
+	cmd := strings.Fields(getenv(CtlEnv, "rabbitmqctl"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, cmd[0], append(cmd[1:], "-q", "eval", expr)...).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "ok" {
+		return fmt.Errorf("rabbitmqctl eval: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}

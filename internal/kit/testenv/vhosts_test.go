@@ -1,0 +1,56 @@
+package testenv
+
+import (
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func TestMain(m *testing.M) { os.Exit(RunMain(m)) }
+
+// A pooled vhost is the test's own and usable at once; once its test has
+// ended it is deleted with the next batch, not left behind.
+func TestPooledVHostsAreUsableThenDeletedWithTheNextBatch(t *testing.T) {
+	vhosts := func() []string { return strings.Fields(Ctl(t, "-q", "list_vhosts", "name")) }
+	var first string
+	t.Run("first", func(t *testing.T) {
+		u := VHost(t)
+		parsed, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = strings.TrimPrefix(parsed.Path, "/")
+		conn, err := amqp.Dial(u)
+		if err != nil {
+			t.Fatalf("dial the pooled vhost: %v", err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ch.QueueDeclare("q", true, false, false, false, nil); err != nil {
+			t.Fatalf("declare on the pooled vhost: %v", err)
+		}
+	})
+	if !slices.Contains(vhosts(), first) {
+		t.Fatalf("%s is gone before the next batch: was it pooled?", first)
+	}
+	taken := map[string]bool{first: true}
+	for range vhostBatch { // the rest of the batch, then one of the next
+		t.Run("next", func(t *testing.T) {
+			u := VHost(t)
+			if taken[u] {
+				t.Fatalf("%s handed out twice", u)
+			}
+			taken[u] = true
+		})
+	}
+	if slices.Contains(vhosts(), first) {
+		t.Errorf("%s outlived the next batch", first)
+	}
+}
