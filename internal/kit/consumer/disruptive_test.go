@@ -134,7 +134,7 @@ func TestDisruptiveStopEndsWithinOneShutdownTimeout(t *testing.T) {
 		}
 		return recordWrites(msg), nil
 	})
-	const timeout = 3 * time.Second
+	const timeout = 4 * time.Second
 	rt := e.start(h, func(c *Config) { c.Workers, c.Prefetch, c.ShutdownTimeout = 1, 4, timeout })
 	<-started
 	waitFor(t, "both delivered", func() bool { return e.queueDepth(e.topo.Queue) == 0 })
@@ -145,8 +145,11 @@ func TestDisruptiveStopEndsWithinOneShutdownTimeout(t *testing.T) {
 	rt.shutdown(t)
 	took := time.Since(began)
 	t.Logf("stopped in %s with a shutdown timeout of %s", took.Round(time.Millisecond), timeout)
-	if took > timeout+2*time.Second {
-		t.Errorf("the stop took %s, more than its one budget of %s (plus 2s)", took.Round(time.Millisecond), timeout)
+	// One budget for both phases, then the close of the blocked connections
+	// (closeTimeout), ends at 6 s; one budget per phase at 10 s: a stop past
+	// 8 s had more than one, and a busy machine has 2 s.
+	if took > timeout*3/2+closeTimeout {
+		t.Errorf("the stop took %s, more than its one budget of %s (plus half) and the close's %s", took.Round(time.Millisecond), timeout, closeTimeout)
 	}
 	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
 	rt = e.start(h, nil)

@@ -46,8 +46,10 @@ func TestBufferedStopSettlesWithinTheBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.Rollback()
-	if took := stopTakes(t, rt, budget); took > budget+time.Second {
-		t.Errorf("the stop took %s, more than its budget of %s (plus 1s)", took.Round(10*time.Millisecond), budget)
+	// Waiting for the lock would hold the stop without end: twice the
+	// budget tells it from a stop that is only slow on a busy machine.
+	if took := stopTakes(t, rt, budget); took > 2*budget {
+		t.Errorf("the stop took %s, more than twice its budget of %s", took.Round(10*time.Millisecond), budget)
 	}
 }
 
@@ -71,7 +73,7 @@ func TestStopDuringAPauseKeepsOneBudget(t *testing.T) {
 		}
 		return recordWrites(msg), nil
 	})
-	const budget = 3 * time.Second
+	const budget = 4 * time.Second
 	rt := e.start(h, func(c *Config) { c.Workers, c.Prefetch, c.ShutdownTimeout = 2, 20, budget })
 	e.publish("stuck", `{}`)
 	<-inStuck
@@ -84,8 +86,10 @@ func TestStopDuringAPauseKeepsOneBudget(t *testing.T) {
 	close(gate) // the pause: the session ends, and its drain waits for "stuck"
 	// Not ready: the session has ended, and its drain waits for "stuck".
 	waitFor(t, "the pause", func() bool { return rt.Ready() != nil })
-	if took := stopTakes(t, rt, budget); took > budget+time.Second {
-		t.Errorf("the stop took %s, more than its budget of %s (plus 1s)", took.Round(10*time.Millisecond), budget)
+	// One budget for the drain and the return ends at 4 s, one per phase
+	// at 8 s: a stop past 6 s had more than one, and a busy machine has 2 s.
+	if took := stopTakes(t, rt, budget); took > budget*3/2 {
+		t.Errorf("the stop took %s, more than its one budget of %s (plus half)", took.Round(10*time.Millisecond), budget)
 	}
 }
 

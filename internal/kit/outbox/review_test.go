@@ -111,7 +111,8 @@ func TestHotKeyBacklogDrainsWithoutWakeUps(t *testing.T) {
 	e.relay(e.amqp, func(c *RelayConfig) { c.PollInterval = 10 * time.Second; c.ListenURL = "" })
 	got := e.received(n)
 	t.Logf("%d rows of one key in %s", len(got), time.Since(began).Round(time.Millisecond))
-	if time.Since(began) > 8*time.Second {
+	// A row per poll interval would take 90 s; a busy machine, seconds.
+	if time.Since(began) > 30*time.Second {
 		t.Errorf("the key's rows waited for the poll interval")
 	}
 }
