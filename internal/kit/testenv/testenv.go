@@ -1,6 +1,7 @@
 // Package testenv gives integration tests their own piece of the real services:
 // a fresh PostgreSQL database and a fresh RabbitMQ vhost per test, removed again
-// by t.Cleanup. Tests fail, never skip, when a service is missing.
+// by t.Cleanup (a vhost of the batches RunMain makes, with the next batch: see
+// vhosts.go). Tests fail, never skip, when a service is missing.
 package testenv
 
 import (
@@ -95,7 +96,7 @@ func VHost(t testing.TB) string {
 	user := u.User.Username()
 	vhost := pooledVHost(t, user)
 	if vhost != "" {
-		t.Cleanup(func() { releaseVHost(vhost) })
+		t.Cleanup(func() { releaseVHost(t, vhost) })
 	} else {
 		vhost = Name("t")
 		Ctl(t, "add_vhost", vhost)
