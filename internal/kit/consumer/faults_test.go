@@ -334,7 +334,7 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 			// them, so that the new ones are read-only, as after a failover.
 			// Turning it off again ends none: the runtime must renew the
 			// read-only sessions by itself.
-			if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim'`); err != nil {
+			if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim' AND datname = $1`, dbName); err != nil {
 				t.Fatal(err)
 			}
 		}
