@@ -517,6 +517,22 @@ fault_loop() {
   done
 }
 
+# fault_rounds N MIN MAX CMD...: runs CMD N times, MIN-MAX seconds apart,
+# supervising in between: a count, not a duration, so that a loaded machine
+# (slow kills and restarts) still gets every round.
+fault_rounds() {
+  local n=$1 min=$2 max=$3 i next
+  shift 3
+  for ((i = 0; i < n; i++)); do
+    next=$((SECONDS + min + RANDOM % (max - min + 1)))
+    while ((SECONDS < next)); do
+      supervise
+      sleep 0.5
+    done
+    "$@"
+  done
+}
+
 # random_replica prints a replica number.
 random_replica() { echo $((1 + RANDOM % REPLICAS)); }
 

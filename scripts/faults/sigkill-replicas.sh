@@ -8,7 +8,7 @@
 source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
 kit_init sigkill-replicas "$@"
 
-# shellcheck disable=SC2317 # called through fault_loop
+# shellcheck disable=SC2317 # called through fault_rounds
 kill_random_replica() {
   local i
   i=$(random_replica)
@@ -18,7 +18,7 @@ kill_random_replica() {
 
 stack_up 2
 publish_bg orders -count 600 -duplicate-rate 0.1 -rate 40
-fault_loop 15 1 3 kill_random_replica
+fault_rounds 5 1 3 kill_random_replica
 supervise
 note "$KILLS SIGKILLs at random moments to one of two replicas under load, each restarted ($RESTARTS restarts)"
 wait_publishers
