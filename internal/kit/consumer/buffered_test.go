@@ -327,7 +327,10 @@ func TestBufferedParkedRetryGetsAFreshBudget(t *testing.T) {
 		return nil
 	}), withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.MaxAttempts = 3 }))
 	e.publishEvents([]string{"k"}, 2)
-	waitFor(t, "the head parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
+	// The row is parked at the commit, the metric counted just after it.
+	waitFor(t, "the head parked, and counted", func() bool {
+		return e.statusCount(buffered.StatusParked) == 1 && counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))) >= 1
+	})
 	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 || rt.count(OutcomeRetried) != 2 {
 		t.Errorf("parked %d (retries_exhausted), retried %d: want 1 and 2", got, rt.count(OutcomeRetried))
 	}
