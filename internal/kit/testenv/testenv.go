@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	mrand "math/rand/v2"
 	"net"
 	"net/url"
@@ -110,14 +111,23 @@ func VHost(t testing.TB) string {
 // Ctl runs a rabbitmqctl command and fails the test if it fails.
 func Ctl(t testing.TB, args ...string) string {
 	t.Helper()
+	out, err := ctl(time.Minute, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	return out
+}
+
+// ctl runs rabbitmqctl (TEST_RABBITMQCTL) with args for at most timeout.
+func ctl(timeout time.Duration, args ...string) (string, error) {
 	cmd := strings.Fields(getenv(CtlEnv, "rabbitmqctl"))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, cmd[0], append(cmd[1:], args...)...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", strings.Join(cmd, " "), strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s %s: %w", strings.Join(cmd, " "), strings.Join(args, " "), err)
 	}
-	return string(out)
+	return string(out), nil
 }
 
 // Eventually polls cond until it holds or the timeout passes. Use it to wait for

@@ -1,10 +1,8 @@
 package testenv
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"regexp"
 	"strings"
 	"sync"
@@ -107,12 +105,9 @@ func vhostEval(gone, add []string, user string) error {
 		`[begin ok = rabbit_vhost:add(V, <<"testenv">>), `+
 		`ok = rabbit_auth_backend_internal:set_permissions(<<"%s">>, V, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>) end || V <- %s], ok.`,
 		bins(gone), user, bins(add))
-	cmd := strings.Fields(getenv(CtlEnv, "rabbitmqctl"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, cmd[0], append(cmd[1:], "-q", "eval", expr)...).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "ok" {
-		return fmt.Errorf("rabbitmqctl eval: %v: %s", err, strings.TrimSpace(string(out)))
+	out, err := ctl(2*time.Minute, "-q", "eval", expr)
+	if err != nil || strings.TrimSpace(out) != "ok" {
+		return fmt.Errorf("rabbitmqctl eval: %v: %s", err, strings.TrimSpace(out))
 	}
 	return nil
 }
