@@ -236,6 +236,19 @@ func TestDLQListAndReplay(t *testing.T) {
 	}
 	e.waitDepth(e.topo.Queue, 1)
 	e.waitDepth(e.topo.DeadLetterQueue, 1)
+
+	// An id that is not there is an error a script sees, not a line of zeros;
+	// the message that is there stays.
+	out, err = inboxctl(t, "", "dlq", "replay", "--id", "m-1")
+	if err == nil || !strings.Contains(err.Error(), `no message with id "m-1"`) || !strings.Contains(out, "1 not selected") {
+		t.Fatalf("replay --id of a message not there: err %v, output %q", err, out)
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 1)
+	// A reason that selects nothing is not an error: there is nothing to do.
+	out, err = inboxctl(t, "", "dlq", "replay", "--reason", "no_such_reason")
+	if err != nil || !strings.Contains(out, "0 replayed") {
+		t.Fatalf("replay --reason selecting nothing: err %v, output %q", err, out)
+	}
 }
 
 func TestInboxPrune(t *testing.T) {

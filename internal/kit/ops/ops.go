@@ -49,7 +49,8 @@ const Usage = `commands:
                                services it calls may have forgotten its keys
                                and repeat its side effects. --force replays
                                those too: only when you know the side effect
-                               did not happen
+                               did not happen. An --id not in the queue is an
+                               error (exit 1)
   dlq purge [--yes]            delete every dead letter; asks to type the
                                queue name unless --yes
   inbox prune [--older-than D] [--batch N] [--dry-run]
