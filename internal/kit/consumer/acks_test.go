@@ -71,6 +71,7 @@ func plan(rng *rand.Rand, n int) (fates []fate, steps []settleStep) {
 // so it must never reach a delivery that was left unsettled or that is still
 // to be acked by another batch.
 func TestAckerSettlesEachDeliveryOnceAndNeverPastAnUnsettledOne(t *testing.T) {
+	t.Parallel()
 	for seed := range uint64(20) {
 		t.Run(strconv.FormatUint(seed, 10), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
@@ -187,6 +188,7 @@ func (r *sentAcks) String() string {
 // unsettled delivery waits for it for the hold, joins its multiple ack if it
 // comes, and is sent alone if it does not.
 func TestAckerHoldsAnAckForTheLowerOnesThenSendsItAlone(t *testing.T) {
+	t.Parallel()
 	var r sentAcks
 	a := newAcker(r.send, time.Hour, func(err error, _ int) { t.Error(err) })
 	if err := a.ack(3, 2); err != nil {
@@ -233,6 +235,7 @@ func TestAckerHoldsAnAckForTheLowerOnesThenSendsItAlone(t *testing.T) {
 // TestAckerFallsBackToSingleAcksPastItsLimit: a delivery left unsettled early
 // in a long session must not make the acker keep every later tag.
 func TestAckerFallsBackToSingleAcksPastItsLimit(t *testing.T) {
+	t.Parallel()
 	var singles, multiples int
 	a := newAcker(func(_ uint64, multiple bool) error {
 		if multiple {
@@ -266,6 +269,7 @@ func TestAckerFallsBackToSingleAcksPastItsLimit(t *testing.T) {
 // broker must close nothing (an ack of an unknown tag closes the channel)
 // and, once the channel is closed, must hold exactly the unsettled ones.
 func TestCoalescedAcksSettleExactlyWhatWasAckedOnTheBroker(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const n = 400
 	for i := 1; i <= n; i++ {

@@ -11,6 +11,7 @@ import (
 )
 
 func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
+	t.Parallel()
 	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
 	r.cfg.KeyFromBody = func(b []byte) string {
 		if s, ok := strings.CutPrefix(string(b), "id:"); ok {
@@ -54,6 +55,7 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 }
 
 func TestAttemptComesFromOurHeader(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		headers amqp.Table
 		want    int
@@ -75,6 +77,7 @@ func TestAttemptComesFromOurHeader(t *testing.T) {
 // our delay queues carries a hold count the runtime wrote, and a copy the
 // runtime makes carries the count it trusts, not the producer's.
 func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
+	t.Parallel()
 	r := &Runtime{cfg: Config{Topology: rabbit.Topology{Queue: "work"}}}
 	fromRetry := amqp.Table{HeaderPauseHolds: int32(4), "x-death": []any{amqp.Table{"queue": "work.retry.50ms"}}}
 	if got := r.received(amqp.Delivery{Headers: fromRetry}).holds; got != 4 {
@@ -95,6 +98,7 @@ func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
 // refusal is the reason at once; with one, the property is the id and the
 // refusal is left for the mode (dead-lettered inline, parked buffered).
 func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
+	t.Parallel()
 	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
 	var decodes atomic.Int64
 	r.cfg.Decoder = countingEvents(&decodes)

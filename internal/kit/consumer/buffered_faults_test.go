@@ -18,6 +18,7 @@ import (
 // ends, before this replica claims again: the message succeeds on its next
 // run with one attempt spent (and two runs: it may have called out).
 func TestUnreachableDatabaseGivesTheAttemptBackAfterThePause(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
 	dbURL := proxiedURL(t, e.dbURL, proxy.Listen)

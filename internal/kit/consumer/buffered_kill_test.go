@@ -34,6 +34,7 @@ const (
 // process that TestBufferedOrderAcrossKilledReplicas starts (the test binary
 // again) and kills. Run alone, it skips.
 func TestBufferedReplicaProcess(t *testing.T) {
+	t.Parallel()
 	amqpURL := os.Getenv(replicaAMQPEnv)
 	if amqpURL == "" {
 		t.Skip("the replica process of TestBufferedOrderAcrossKilledReplicas")
@@ -111,6 +112,7 @@ func (r *replica) kill() {
 // mid-handler (its lease expires and another replica takes the key over),
 // between the final commit and its status.
 func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, singleActive)
 	keys := keyNames(16)
 	replicas := []*replica{e.startReplica(t), e.startReplica(t)}

@@ -20,6 +20,7 @@ import (
 // order: it finishes its batch and closes its channel, so the broker takes
 // back what it had not stored before the next replica gets any message.
 func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, singleActive)
 	keys := keyNames(20)
 	const perKey = 40
@@ -54,6 +55,7 @@ func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
 // reconnect (which would cost each prefetched delivery a count against the
 // queue's delivery limit).
 func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	db := openPool(t, e.dbURL, 300*time.Millisecond)
 	if err := e.db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq) VALUES ('test', 'key-00', 0)`).Error; err != nil {
@@ -93,6 +95,7 @@ func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
 // and every other message is stored and applied in order, its own key going
 // on without it.
 func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	rt := e.startRefusing(`NEW.message_id = 'key-01-3'`, "22023")
 	keys := keyNames(3)
@@ -118,6 +121,7 @@ func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 // back in order; once the fault is gone every key is stored and applied in
 // the order published.
 func TestBufferedIngestFaultNotOfTheDataReconnects(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	rt := e.startRefusing(`NEW.message_id = 'key-01-3' AND nextval('refusals') <= 7`, "XX000")
 	keys := keyNames(3)
@@ -141,6 +145,7 @@ func TestBufferedIngestFaultNotOfTheDataReconnects(t *testing.T) {
 // batch, which the channel's close gave back), and the next session stores
 // the key in order.
 func TestBufferedGracefulStopDuringRetryKeepsOrder(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	for _, stmt := range []string{
 		`CREATE TABLE refusing (on_ boolean NOT NULL)`,
@@ -197,6 +202,7 @@ func TestBufferedGracefulStopDuringRetryKeepsOrder(t *testing.T) {
 // against a backlog cost nothing against the queue's delivery limit (2 here),
 // and one replica at a time keeps every key in order.
 func TestBufferedGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, func(topo *rabbit.Topology) { topo.DeliveryLimit = 2 })
 	keys := keyNames(10)
 	const perKey = 40

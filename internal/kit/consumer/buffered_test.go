@@ -179,6 +179,7 @@ func (e *env) statusCount(s buffered.Status) int {
 // table: duplicates are suppressed at ingest, every message is applied once,
 // and each ends processed.
 func TestBufferedStoresThenProcessesOnce(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	rt := e.start(orderedHandler(nil), withBuffered(e.db, e.dbURL, nil))
 	keys := keyNames(10)
@@ -207,6 +208,7 @@ func TestBufferedStoresThenProcessesOnce(t *testing.T) {
 // handlers fail at random; a permanent failure parks its key's head, which
 // blocks that key and no other until an operator skips it.
 func TestBufferedOrderPerKeyAcrossTwoReplicas(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, singleActive)
 	keys := keyNames(12)
 	const perKey = 25
@@ -262,6 +264,7 @@ func TestBufferedOrderPerKeyAcrossTwoReplicas(t *testing.T) {
 // PauseAfterFailures messages in a row, spending no attempts; and all are
 // applied once when the dependency is back, none parked.
 func TestBufferedDependencyOutageLeavesNothingOnTheBroker(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	var down atomic.Bool
 	down.Store(true)
@@ -318,6 +321,7 @@ func (e *env) brokerHolds() (ready, unacked int) {
 // TestRetryBudgetEndsGivenUp shows in both modes) gets a fresh budget from a
 // retry (inboxctl inbox retry), and its key goes on in order.
 func TestBufferedParkedRetryGetsAFreshBudget(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	var fixed atomic.Bool
 	rt := e.start(orderedHandler(func(Message, event) error {
@@ -344,6 +348,7 @@ func TestBufferedParkedRetryGetsAFreshBudget(t *testing.T) {
 
 // The buffer's gauges follow the table.
 func TestBufferedGauges(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	rt := e.start(orderedHandler(func(msg Message, ev event) error {
 		if ev.N == 0 {
@@ -386,6 +391,7 @@ func gaugeValue(g interface{ Write(*dto.Metric) error }) float64 {
 // does) learns of new messages through NOTIFY: with a poll interval of a
 // minute, it still takes its share at once.
 func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, singleActive)
 	slow := orderedHandler(func(Message, event) error { time.Sleep(100 * time.Millisecond); return nil })
 	tune := withBuffered(e.db, e.dbURL, func(b *BufferedConfig) { b.PollInterval = time.Minute })
@@ -412,6 +418,7 @@ func TestBufferedNotifyWakesTheOtherReplicas(t *testing.T) {
 // another worker ran the first message again) and the finisher puts both in
 // one group commit: each event is applied once, in order.
 func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	var runs0 atomic.Int32
 	nextStarted := make(chan struct{})
@@ -456,6 +463,7 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 // the claimer backs off instead of claiming in a loop every 10 ms, and takes
 // the message once the lock is gone.
 func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
+	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	store := buffered.New(e.db, "test")
 	if _, err := store.Ingest(context.Background(), []buffered.Incoming{{

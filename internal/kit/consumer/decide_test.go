@@ -13,6 +13,7 @@ import (
 )
 
 func TestDecide(t *testing.T) {
+	t.Parallel()
 	lockWait := &pgconn.PgError{Code: "55P03"}
 	handlerPause := failedAt(stepHandler, Pause("gateway_misconfigured", errors.New("401")))
 	cases := []struct {

@@ -61,6 +61,7 @@ func eventHandler() Handler {
 // parked buffered, with the Decoder's reason, or invalid_event for an error
 // that gives none.
 func TestDecoderDecodesEachBodyOnce(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		var decodes atomic.Int64
@@ -122,6 +123,7 @@ func TestDecoderDecodesEachBodyOnce(t *testing.T) {
 // outcome: the message is refused (writes_without_outcome) and nothing of it
 // commits, as for writes that return no outcome. NoWrites names one.
 func TestNilWritesAreRefused(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		e.publish("nil-writes", `{"key": "a", "n": 1}`)
@@ -156,6 +158,7 @@ func TestNilWritesAreRefused(t *testing.T) {
 // Decoder refuses is dead-lettered with the Decoder's reason, not as
 // missing its id.
 func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		var decodes atomic.Int64
@@ -221,6 +224,7 @@ func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
 // line, so that dlq list shows it and dlq replay --id reaches it. An id that
 // is no id (a NUL in it) is left off, and the reason stays the Decoder's.
 func TestRefusedBodyKeepsItsReadableID(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		var decodes atomic.Int64

@@ -167,6 +167,7 @@ func proxiedURL(t *testing.T, rawURL, listen string) string {
 // The AMQP link goes silent (a blackhole, not a reset): heartbeats detect it,
 // the runtime reconnects once the link is back, and nothing is lost or doubled.
 func TestBlackholedBrokerLinkIsDetectedByHeartbeat(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	proxy := testenv.Proxy(t, "amqp", "127.0.0.1:5672")
 	const n = 300
@@ -194,6 +195,7 @@ func TestBlackholedBrokerLinkIsDetectedByHeartbeat(t *testing.T) {
 // and resumes by itself; nothing is dead-lettered, parked or applied twice,
 // and in the buffered mode every key is applied in the order published.
 func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
@@ -245,6 +247,7 @@ func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 // back whole (or its lease expires), so no inbox row exists without its
 // effect, nothing is lost and nothing applied twice.
 func TestBackendsTerminatedMidTransaction(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		const n = 800
@@ -277,6 +280,7 @@ func TestBackendsTerminatedMidTransaction(t *testing.T) {
 // TCP gives up; the transaction deadline and the ping find the outage, the
 // runtime pauses, and everything is applied once after the link is back.
 func TestBlackholedDatabaseDoesNotWedgeWorkers(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	proxy := testenv.Proxy(t, "postgres", "127.0.0.1:5432")
 	db := openPool(t, proxiedURL(t, e.dbURL, proxy.Listen), 2*time.Second)
@@ -302,6 +306,7 @@ func TestBlackholedDatabaseDoesNotWedgeWorkers(t *testing.T) {
 // failover): messages are put back without spending attempts, the runtime
 // pauses until the database takes writes again, and nothing is dead-lettered.
 func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
 	db, err := database.Open(ctx, database.Options{URL: e.dbURL, MaxConns: 10, StatementTimeout: 2 * time.Second, AppName: "victim"}, testenv.Logger(t))
@@ -379,6 +384,7 @@ func TestReadOnlyDatabasePausesAndLosesNothing(t *testing.T) {
 // the runtime returns them as new messages instead. 30 restarts against a
 // backlog with a limit of 2: nothing dead-lettered.
 func TestGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
+	t.Parallel()
 	e := newEnvWith(t, func(topo *rabbit.Topology) { topo.DeliveryLimit = 2 })
 	const n = 600
 	e.publishMany(n, "r")
@@ -397,6 +403,7 @@ func TestGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
 // either mode. The message is put back without spending its only attempt,
 // the runtime pauses, and it is applied once the database is back.
 func TestDatabaseOutageSeenFirstByTheHandlerSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"inline", "buffered"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newBufferedEnv(t, nil)
@@ -446,6 +453,7 @@ func TestDatabaseOutageSeenFirstByTheHandlerSpendsNoAttempt(t *testing.T) {
 // pause, instead of tripping the pause on its last attempt, being put back,
 // and calling out again every cycle.
 func TestOneMessageFailingAloneSpendsItsBudgetWithoutPausing(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []string{"inline", "buffered"} {
 		t.Run(mode, func(t *testing.T) {
 			e := newBufferedEnv(t, nil)

@@ -21,6 +21,7 @@ import (
 // a message is refused before it runs, dead-lettered headers_too_large with
 // the producer's headers left out, and the connection stays.
 func TestMessageWhoseCopyCannotFitAFrameIsDeadLetteredWithoutItsHeaders(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(func(msg Message) error { return nil }), nil)
 	e.publish("bad-1", `{}`, func(p *amqp.Publishing) {

@@ -14,6 +14,7 @@ import (
 // that failed (their savepoint or transaction rolled back), and nothing
 // registers outside the runtime's writes.
 func TestOnCommitRunsOnlyAfterTheCommit(t *testing.T) {
+	t.Parallel()
 	if OnCommit(context.Background(), func() {}) {
 		t.Fatal("OnCommit registered outside the runtime's writes")
 	}

@@ -16,6 +16,7 @@ import (
 // error's text would be a label per failure. Permanent and Pause keep those
 // of the form of a word and replace the others, keeping the text given.
 func TestReasonsAndCausesAreWords(t *testing.T) {
+	t.Parallel()
 	if err := Pause("gateway_down", nil); err.Error() != "gateway_down" {
 		t.Errorf("Pause with no error: %q", err)
 	}
@@ -65,6 +66,7 @@ func TestReasonsAndCausesAreWords(t *testing.T) {
 // processed, silently; now nothing of them commits and the message is
 // dead-lettered (inline) or parked (buffered) with writes_without_outcome.
 func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
+	t.Parallel()
 	noOutcome := HandlerFunc(func(_ context.Context, msg Message) (Writes, error) {
 		return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
 			return "", tx.Exec(`INSERT INTO effects (message_id, body) VALUES (?, ?)`, msg.ID, string(msg.Body)).Error
@@ -104,6 +106,7 @@ func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
 // consumption with cause database, put the message back, resume (the check
 // passed) and fail again, forever; now the message spends its attempts.
 func TestHandlersDatabaseErrorIsConfirmedByTheCheck(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		reader := database.NewReader(e.db)

@@ -30,6 +30,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestDuplicateDeliveryIsAppliedOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), nil)
 	e.publish("m-1", `{"n":1}`)
@@ -47,6 +48,7 @@ func TestDuplicateDeliveryIsAppliedOnce(t *testing.T) {
 
 // Without a message_id property the key comes from the body, and dedupes the same way.
 func TestKeyFromBody(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), nil)
 	for range 3 {
@@ -62,6 +64,7 @@ func TestKeyFromBody(t *testing.T) {
 
 // Two service replicas receive the same message at the same moment.
 func TestTwoConsumersApplyOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	slow := recordHandler(func(Message) error { time.Sleep(2 * time.Millisecond); return nil })
 	a := e.start(slow, nil)
@@ -85,6 +88,7 @@ func TestTwoConsumersApplyOnce(t *testing.T) {
 }
 
 func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(func(m Message) error {
 		if strings.Contains(string(m.Body), "bad") {
@@ -131,6 +135,7 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 }
 
 func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var calls atomic.Int32
 	var attempts []int
@@ -157,6 +162,7 @@ func TestTransientFailuresAreRetriedWithBackoff(t *testing.T) {
 // last error, the runs it had, and its id and body intact; every failed run
 // but the last counts as retried.
 func TestRetryBudgetEndsGivenUp(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		rt := e.start(recordHandler(func(Message) error { return errTransient }), m.budget(e, 4, nil))
@@ -185,6 +191,7 @@ func TestRetryBudgetEndsGivenUp(t *testing.T) {
 }
 
 func TestPanicIsRecoveredAndRetried(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(func(m Message) error {
 		if m.Attempt == 1 {
@@ -202,6 +209,7 @@ func TestPanicIsRecoveredAndRetried(t *testing.T) {
 // A handler that reports the effect already present (same order, new id)
 // commits its inbox row and is counted as a duplicate.
 func TestHandlerDuplicateOutcome(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(HandlerFunc(func(context.Context, Message) (Writes, error) {
 		return func(context.Context, *gorm.DB) (Outcome, error) { return OutcomeDuplicate, nil }, nil
@@ -218,6 +226,7 @@ func TestHandlerDuplicateOutcome(t *testing.T) {
 // A producer bug: the same message id with another body. The second is not
 // silently dropped as a duplicate: it is dead-lettered as payload_mismatch.
 func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), nil)
 	e.publish("reused", `{"amount":100}`)
@@ -240,6 +249,7 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 
 // A PermanentError built without a cause still dead-letters with its reason.
 func TestBarePermanentError(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start(HandlerFunc(func(context.Context, Message) (Writes, error) {
 		return nil, &PermanentError{Reason: "bad_sku"}
@@ -255,6 +265,7 @@ func TestBarePermanentError(t *testing.T) {
 // an attempt and pauses; a violation the writes cause is the message's, and is
 // retried.
 func TestDatabaseErrorsClassifiedBySQLState(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var first atomic.Bool
 	first.Store(true)
@@ -284,6 +295,7 @@ func TestDatabaseErrorsClassifiedBySQLState(t *testing.T) {
 }
 
 func TestPauseCause(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		err  error
@@ -325,6 +337,7 @@ func TestPauseCause(t *testing.T) {
 // dependency is back every message is applied, none retried, dead-lettered
 // or parked.
 func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		var broken atomic.Bool
@@ -377,6 +390,7 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 // the message's own fault: dead-lettered (buffered: parked) held_too_often,
 // after exactly MaxHolds pauses, and every other message is applied.
 func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		const maxHolds = 3
@@ -420,6 +434,7 @@ func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
 // original, and ends its session: the next one declares the queue again, and
 // the message is dead-lettered there.
 func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 16 })
 	// The runtime declared its topology at start; delete the queue after that.
@@ -449,6 +464,7 @@ func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
 // A panicking LogAttrs costs the log attributes only: the message is settled
 // once (a second settlement would close the channel: unknown delivery tag).
 func TestLogAttrsPanicCostsOnlyTheAttributes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), func(c *Config) {
 		c.LogAttrs = func([]byte) []slog.Attr { panic("bad attrs") }
@@ -468,6 +484,7 @@ func TestLogAttrsPanicCostsOnlyTheAttributes(t *testing.T) {
 // The key-expiry guard comes after the inbox look-up: an old redelivery of a
 // message applied already is a duplicate, not a dead letter.
 func TestOldRedeliveryOfAnAppliedMessageIsADuplicate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(nil), func(c *Config) { c.KeyTTL = time.Hour })
 	old := time.Now().Add(-2 * time.Hour)
@@ -515,6 +532,7 @@ func TestReadinessFailsWhileWorkersAreStuck(t *testing.T) {
 // whose writes fail rolls back alone and takes its own path (dead letter,
 // retry) while the rest of its batch commits.
 func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var flaky atomic.Int32
 	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
@@ -574,6 +592,7 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 // the first instead of calling the handler beside it, then is suppressed by
 // the look-up. The handler runs once.
 func TestConcurrentDuplicateWaitsForTheFirst(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	var calls atomic.Int32
 	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
@@ -596,6 +615,7 @@ func TestConcurrentDuplicateWaitsForTheFirst(t *testing.T) {
 // brought back from one of our delay queues carries an attempt count of ours.
 // Otherwise a message published with x-attempt 5 would get a single try.
 func TestProducerAttemptHeaderIsIgnored(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rt := e.start(recordHandler(func(m Message) error {
 		if m.Attempt < 3 {
@@ -615,6 +635,7 @@ func TestProducerAttemptHeaderIsIgnored(t *testing.T) {
 // cap), so the dead letter carries every byte. The Compose stack caps it at
 // the broker; the disruptive suite shows that cap refusing the publish.
 func TestOversizeBodyArrivesWhole(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.start(recordHandler(nil), func(c *Config) { c.MaxBodyBytes = 64 << 10 })
 	big := strings.Repeat("x", 2<<20)
@@ -632,6 +653,7 @@ func TestOversizeBodyArrivesWhole(t *testing.T) {
 // (dead-lettered inline, parked buffered) instead of calling again with a key
 // the called service may have forgotten.
 func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
+	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := m.newEnv(t)
 		var runs sync.Map
@@ -684,6 +706,7 @@ func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
 // would take an old one for a first attempt and call out with a key the
 // called service may have forgotten.
 func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	old := time.Now().Add(-2 * time.Hour)
 	e.publish("redelivered", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })

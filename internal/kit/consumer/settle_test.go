@@ -6,6 +6,7 @@ import (
 )
 
 func TestRetryDelayGrowsThenRepeatsTheLast(t *testing.T) {
+	t.Parallel()
 	delays := []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
 	tests := []struct {
 		attempt int
