@@ -143,7 +143,7 @@ const faultSink = "faults.order-paid"
 // rate, 10 s at the cluster load's.
 var (
 	loadMore        = []string{"-count", "70", "-duplicate-rate", "0.1", "-rate", "35", "-timeout", "5m"}
-	clusterLoadMore = []string{"-count", "750", "-duplicate-rate", "0.1", "-rate", "75", "-timeout", "5m"}
+	clusterLoadMore = []string{"-count", "500", "-duplicate-rate", "0.1", "-rate", "50", "-timeout", "5m"}
 )
 
 // paymentTrial is a fresh run of the payment service with env for sc: its
