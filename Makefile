@@ -47,9 +47,9 @@ build:
 # databases and processes of its own) and the shipping example's own crash
 # point in each mode (the kit's scenarios are proven on the payment
 # service); the generator's tests (a copy of the repository, built and
-# tested); then the tests that disturb the whole broker (a restart, a memory
-# alarm, a message size cap), one package at a time (-p 1) so that they
-# disturb no other.
+# tested); and, first, the tests that disturb the whole broker (a restart, a
+# memory alarm, a message size cap), one package at a time (-p 1) so that
+# they disturb no other.
 SLOW_TESTS  = UnderFaults|NewProjectScript
 # The second pass: the packages whose tests take TEST_GROUP_COMMIT_MAX
 # (testenv.GroupCommit), the tests of the commit path among them, but those
@@ -68,13 +68,21 @@ test: check lint test-rules
 	@echo "== $$(date -u +%T) the commit path again with a transaction per message (GROUP_COMMIT_MAX=1)"
 	TEST_GROUP_COMMIT_MAX=1 $(GOTEST) --jsonfile $(TEST_REPORT)/2-tx-per-message.json -- -race -count=1 -timeout 20m -run '$(COMMIT_PATH)' -skip '$(SLOW_TESTS)|Trace|$(NOT_COMMIT_PATH)' $(COMMIT_PACKAGES)
 
-test-faults:
+# Its two halves, which CI runs apart (the broker's tests first, alone on
+# the machine; the rest beside other steps): test-disruptive, test-scenarios.
+test-faults: test-disruptive test-scenarios
+
+.PHONY: test-disruptive test-scenarios
+test-disruptive:
+	@mkdir -p $(TEST_REPORT)
+	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
+	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
+
+test-scenarios:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the fault kit's scenarios, both inbox modes, and the generator's tests"
 	$(GOTEST) --jsonfile $(TEST_REPORT)/3-faults.json -- -race -count=1 -timeout 30m -parallel $(FAULTS_PARALLEL) -run '^TestPaymentUnderFaults(Buffered)?$$|^TestNewProjectScript' ./internal/e2e
 	$(GOTEST) --jsonfile $(TEST_REPORT)/4-shipping-faults.json -- -race -count=1 -timeout 15m -parallel $(FAULTS_PARALLEL) -run '^TestShippingUnderFaults(Buffered)?$$/^crash-after-carrier-book$$' ./examples/shipping
-	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
 
 # Where the time went, from the JSON of each go test run of make test (and
 # of test-cluster): the longest packages and tests (.ci/testtimes).
