@@ -149,7 +149,7 @@ if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git -C "$src" ls-files -z --cached --others --exclude-standard |
     tar -C "$src" --null -T - -cf - | tar -C "$dst" -xf -
 else
-  tar -C "$src" --exclude=./bin --exclude=./.git -cf - . | tar -C "$dst" -xf -
+  tar -C "$src" --exclude=./bin --exclude=./.git --exclude=./.test-report -cf - . | tar -C "$dst" -xf -
 fi
 
 # Rename in every text file; binary files are left alone. An image name is the
