@@ -382,8 +382,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"$module/internal/kit/consumer"
 	"$module/internal/kit/testenv"
+	"$module/internal/kit/wire"
 )
 
 // service is cmd/$svc, built once and run as a process by each test, against
@@ -432,8 +432,8 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	}
 	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get("$svc.$event.dlq", true)
-		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[consumer.HeaderDeadLetterReason])
+		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
 		}
 		return err
 	})

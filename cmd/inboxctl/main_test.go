@@ -11,10 +11,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // inboxctl runs the command as main does, with stdin as its input.
@@ -144,8 +144,8 @@ func (e *dlqEnv) deadLetterPublished(id, reason string, at time.Time) {
 		MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent,
 		Body: fmt.Appendf(nil, `{"order_id":"order-of-%s"}`, id),
 		Headers: amqp.Table{
-			consumer.HeaderDeadLetterReason: reason, consumer.HeaderAttempt: int32(5),
-			consumer.HeaderTimestampMillis: at.UnixMilli(),
+			wire.HeaderDeadLetterReason: reason, wire.HeaderAttempt: int32(5),
+			wire.HeaderTimestampMillis: at.UnixMilli(),
 		},
 	})
 }
@@ -305,8 +305,8 @@ func TestDLQReplayRefusesDeadLettersOlderThanTheKeys(t *testing.T) {
 	e.put(amqp.Publishing{ // a producer that sets no publish time: only the runtime's dead-lettering time tells
 		MessageId: "undated", ContentType: "application/json", Body: []byte(`{"order_id":"order-of-undated"}`),
 		Headers: amqp.Table{
-			consumer.HeaderDeadLetterReason: "retries_exhausted",
-			consumer.HeaderDeadLetteredAt:   time.Now().Add(-30 * time.Hour).UTC().Format(time.RFC3339Nano),
+			wire.HeaderDeadLetterReason: "retries_exhausted",
+			wire.HeaderDeadLetteredAt:   time.Now().Add(-30 * time.Hour).UTC().Format(time.RFC3339Nano),
 		},
 	})
 	e.waitDepth(e.topo.DeadLetterQueue, 3)

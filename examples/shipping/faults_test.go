@@ -8,9 +8,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // The fault kit's scenarios against the shipping service: the kit's crash
@@ -118,8 +118,8 @@ func assertPoisonAloneGivenUp(t *testing.T, amqpURL, dbURL string) {
 	}
 	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get(dlq, false)
-		if err == nil && ok && (d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want the poison with malformed_json", d.MessageId, d.Headers[consumer.HeaderDeadLetterReason])
+		if err == nil && ok && (d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want the poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
 		}
 		return err
 	})

@@ -13,9 +13,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/faults"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // service is the example's main, built once and run as a process by each test.
@@ -120,8 +120,8 @@ func TestShipsEachOrderOnce(t *testing.T) {
 	}
 	testenv.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get("shipping-service.order-paid.dlq", true)
-		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[consumer.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[consumer.HeaderDeadLetterReason])
+		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
 		}
 		return err
 	})

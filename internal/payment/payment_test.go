@@ -26,6 +26,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
@@ -294,8 +295,8 @@ func TestPoisonMessages(t *testing.T) {
 		// No message_id and no event_id: the id was to come from the event,
 		// so the Decoder's refusal names the reason.
 		{"no-id", "application/json", `{"order_id":"o"}`, orders.ReasonMissingField, true},
-		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, string(consumer.ReasonBodyTooLarge), false},
-		{"content-type", "text/plain", valid, string(consumer.ReasonUnsupportedContent), false},
+		{"oversize", "application/json", `{"pad":"` + strings.Repeat("x", 70000) + `"}`, string(wire.ReasonBodyTooLarge), false},
+		{"content-type", "text/plain", valid, string(wire.ReasonUnsupportedContent), false},
 		// Valid JSON and UTF-8, but PostgreSQL text refuses NUL: invalid at once, not retried.
 		{"nul-in-order-id", "application/json", strings.Replace(valid, `"o"`, `"o\u0000x"`, 1), orders.ReasonInvalidField, false},
 	}
@@ -391,7 +392,7 @@ func (s *stack) drainDLQ(n int) map[string]string {
 	testenv.Eventually(s.t, 30*time.Second, "dead letters", func() (bool, error) {
 		d, ok, err := s.pub.Get(s.first.Config.DeadLetterQueue, true)
 		if ok {
-			reasons[d.MessageId] = fmt.Sprint(d.Headers[consumer.HeaderDeadLetterReason])
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason])
 		}
 		return len(reasons) == n, err
 	})
@@ -415,9 +416,9 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 		d, ok, err = s.pub.Get(s.first.Config.DeadLetterQueue, true)
 		return ok, err
 	})
-	if d.Headers[consumer.HeaderDeadLetterReason] != consumer.ReasonRetriesExhausted ||
-		fmt.Sprint(d.Headers[consumer.HeaderAttempt]) != "6" ||
-		!strings.Contains(fmt.Sprint(d.Headers[consumer.HeaderDeadLetterError]), "503") {
+	if d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonRetriesExhausted ||
+		fmt.Sprint(d.Headers[wire.HeaderAttempt]) != "6" ||
+		!strings.Contains(fmt.Sprint(d.Headers[wire.HeaderDeadLetterError]), "503") {
 		t.Fatalf("headers %v: want retries_exhausted after 6 attempts with the 503 error", d.Headers)
 	}
 	if outcomes(m, "retried") != 5 {
@@ -548,7 +549,7 @@ func TestRetriesMustOutlastTheGatewaysInFlightWindow(t *testing.T) {
 			payments := count(t, s.db, "payments", "order_id = ?", o.OrderID)
 			switch tt.want {
 			case "dead_lettered":
-				if reasons := s.drainDLQ(1); reasons["msg-stuck"] != string(consumer.ReasonRetriesExhausted) || payments != 0 || inFlight != 1 {
+				if reasons := s.drainDLQ(1); reasons["msg-stuck"] != string(wire.ReasonRetriesExhausted) || payments != 0 || inFlight != 1 {
 					t.Fatalf("dead letters %v, %d payments, charge in flight %d: want msg-stuck retries_exhausted while its charge was in flight, and no payment",
 						reasons, payments, inFlight)
 				}

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
@@ -29,13 +30,13 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	}{
 		{"message_id property wins", amqp.Delivery{MessageId: "m1", Body: []byte("id:b1")}, "m1", ""},
 		{"body id when no property", amqp.Delivery{Body: []byte("id:b1")}, "b1", ""},
-		{"no id anywhere", amqp.Delivery{Body: []byte("{}")}, "", ReasonMissingID},
+		{"no id anywhere", amqp.Delivery{Body: []byte("{}")}, "", wire.ReasonMissingID},
 		{"body id too long", amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 60))}, "", ""},
 		{"json with charset", amqp.Delivery{MessageId: "m2", ContentType: "application/json; charset=utf-8"}, "m2", ""},
 		{"empty content type is JSON", amqp.Delivery{MessageId: "m3"}, "m3", ""},
-		{"text/plain", amqp.Delivery{MessageId: "m4", ContentType: "text/plain"}, "m4", ReasonUnsupportedContent},
-		{"garbled content type", amqp.Delivery{MessageId: "m5", ContentType: "application/"}, "m5", ReasonUnsupportedContent},
-		{"too large", amqp.Delivery{MessageId: "m6", Body: make([]byte, 65)}, "m6", ReasonBodyTooLarge},
+		{"text/plain", amqp.Delivery{MessageId: "m4", ContentType: "text/plain"}, "m4", wire.ReasonUnsupportedContent},
+		{"garbled content type", amqp.Delivery{MessageId: "m5", ContentType: "application/"}, "m5", wire.ReasonUnsupportedContent},
+		{"too large", amqp.Delivery{MessageId: "m6", Body: make([]byte, 65)}, "m6", wire.ReasonBodyTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -49,8 +50,8 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	long := amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 300))}
 	r.cfg.MaxBodyBytes = 1024
 	msg := message(long)
-	if reason, _ := r.admit(long, &msg); reason != ReasonInvalidID || msg.ID != "" {
-		t.Fatalf("a 300-byte body id: reason %q, id %q; want %s and no id on the copy", reason, msg.ID, ReasonInvalidID)
+	if reason, _ := r.admit(long, &msg); reason != wire.ReasonInvalidID || msg.ID != "" {
+		t.Fatalf("a 300-byte body id: reason %q, id %q; want %s and no id on the copy", reason, msg.ID, wire.ReasonInvalidID)
 	}
 }
 
@@ -61,9 +62,9 @@ func TestAttemptComesFromOurHeader(t *testing.T) {
 		want    int
 	}{
 		{nil, 1},
-		{amqp.Table{HeaderAttempt: int32(3)}, 3},
-		{amqp.Table{HeaderAttempt: int64(4)}, 4},
-		{amqp.Table{HeaderAttempt: "5"}, 1}, // not ours: ignored
+		{amqp.Table{wire.HeaderAttempt: int32(3)}, 3},
+		{amqp.Table{wire.HeaderAttempt: int64(4)}, 4},
+		{amqp.Table{wire.HeaderAttempt: "5"}, 1}, // not ours: ignored
 		{amqp.Table{"x-death": []any{amqp.Table{"count": int64(9)}}}, 1},
 	}
 	for _, tt := range tests {
@@ -79,16 +80,16 @@ func TestAttemptComesFromOurHeader(t *testing.T) {
 func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
 	t.Parallel()
 	r := &Runtime{cfg: Config{Topology: rabbit.Topology{Queue: "work"}}}
-	fromRetry := amqp.Table{HeaderPauseHolds: int32(4), "x-death": []any{amqp.Table{"queue": "work.retry.50ms"}}}
+	fromRetry := amqp.Table{wire.HeaderPauseHolds: int32(4), "x-death": []any{amqp.Table{"queue": "work.retry.50ms"}}}
 	if got := r.received(amqp.Delivery{Headers: fromRetry}).holds; got != 4 {
 		t.Errorf("back from a delay queue: %d holds, want 4", got)
 	}
-	fresh := amqp.Delivery{Headers: amqp.Table{HeaderPauseHolds: int32(1000)}}
+	fresh := amqp.Delivery{Headers: amqp.Table{wire.HeaderPauseHolds: int32(1000)}}
 	msg := r.received(fresh)
 	if msg.holds != 0 {
 		t.Errorf("a producer's header: %d holds, want 0", msg.holds)
 	}
-	if _, ok := republish(fresh, msg).Headers[HeaderPauseHolds]; ok {
+	if _, ok := republish(fresh, msg).Headers[wire.HeaderPauseHolds]; ok {
 		t.Error("the producer's hold count survived on the runtime's copy")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // The ingest of the buffered mode. One loop per session takes the deliveries
@@ -164,19 +165,19 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 		key = b.cfg.OrderingKey(d.Body)
 	}
 	if !validKey(key) {
-		r.deadLetterAside(ctx, s, d, msg, ReasonInvalidOrderingKey,
+		r.deadLetterAside(ctx, s, d, msg, wire.ReasonInvalidOrderingKey,
 			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
 		return it, false
 	}
 	headers := d.Headers
-	if msg.MayHaveRun() && !MarkedAsRun(headers) {
+	if msg.MayHaveRun() && !wire.MarkedAsRun(headers) {
 		// Stored, the message loses the redelivered flag and the attempt
 		// count: the mark keeps what they said for the key-expiry guard.
 		headers = maps.Clone(headers)
 		if headers == nil {
 			headers = amqp.Table{}
 		}
-		headers[HeaderMayHaveRun] = true
+		headers[wire.HeaderMayHaveRun] = true
 	}
 	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
 		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: headers, Body: d.Body,
@@ -231,7 +232,7 @@ func (b *bufferedMode) storeTry(ctx context.Context, s *session, items []ingeste
 	tags := make([]uint64, 0, len(items))
 	for i, it := range items {
 		if errors.Is(results[i].Err, buffered.ErrPayloadMismatch) {
-			r.deadLetterAside(ctx, s, it.d, it.msg, ReasonPayloadMismatch, results[i].Err, it.log)
+			r.deadLetterAside(ctx, s, it.d, it.msg, wire.ReasonPayloadMismatch, results[i].Err, it.log)
 			continue
 		}
 		r.stage(StageCommit)
@@ -304,7 +305,7 @@ func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []inge
 		return
 	}
 	it := items[0]
-	r.deadLetterAside(ctx, s, it.d, it.msg, ReasonIngestFailed, err, it.log)
+	r.deadLetterAside(ctx, s, it.d, it.msg, wire.ReasonIngestFailed, err, it.log)
 }
 
 // abandon leaves a batch unstored and unacked because the session is

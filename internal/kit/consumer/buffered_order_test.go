@@ -8,6 +8,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // The buffered ingest keeps the broker's order through whatever ends its
@@ -101,8 +102,8 @@ func TestBufferedIngestRefusedMessageIsDeadLettered(t *testing.T) {
 	keys := keyNames(3)
 	e.publishEvents(keys, 6)
 	dl := e.deadLetters(1)
-	if r := dl[0].Headers[HeaderDeadLetterReason]; dl[0].MessageId != "key-01-3" || r != ReasonIngestFailed {
-		t.Fatalf("dead letter %s with reason %v, want key-01-3 with %s", dl[0].MessageId, r, ReasonIngestFailed)
+	if r := dl[0].Headers[wire.HeaderDeadLetterReason]; dl[0].MessageId != "key-01-3" || r != wire.ReasonIngestFailed {
+		t.Fatalf("dead letter %s with reason %v, want key-01-3 with %s", dl[0].MessageId, r, wire.ReasonIngestFailed)
 	}
 	testenv.Eventually(t, time.Minute, "every other event applied", func() (bool, error) { return e.appliedTotal() >= 17, nil })
 	e.assertInOrder([]string{"key-00", "key-02"}, 6)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // processor runs the handler on the stored messages of the buffered mode. A
@@ -288,11 +289,11 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
 		// or outlived its lease every time (a crash loop).
-		park(ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
+		park(wire.ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
 		return
 	}
 	if age, expired := p.keyExpired(c); expired {
-		park(ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
+		park(wire.ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
 		return
 	}
 	if r.cfg.Decoder != nil {
@@ -349,14 +350,14 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 }
 
 // keyExpired applies the guard (keyExpired) to a stored message: it may have
-// called out if it ran before in this table, or was marked HeaderMayHaveRun
+// called out if it ran before in this table, or was marked wire.HeaderMayHaveRun
 // when stored; its age counts from its publish time, else from its ingest.
 func (p *processor) keyExpired(c buffered.Claimed) (time.Duration, bool) {
 	since := c.PublishedAt
 	if since.IsZero() {
 		since = c.ReceivedAt
 	}
-	return keyExpired(p.rt.cfg.KeyTTL, since, c.Runs > 1 || MarkedAsRun(c.Headers))
+	return keyExpired(p.rt.cfg.KeyTTL, since, c.Runs > 1 || wire.MarkedAsRun(c.Headers))
 }
 
 // signalNext wakes the claimer: the key just settled may have more messages.

@@ -20,6 +20,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // newBufferedEnv is newEnvWith plus the buffered inbox's tables and a table
@@ -333,9 +334,9 @@ func TestBufferedParkedRetryGetsAFreshBudget(t *testing.T) {
 	e.publishEvents([]string{"k"}, 2)
 	// The row is parked at the commit, the metric counted just after it.
 	waitFor(t, "the head parked, and counted", func() bool {
-		return e.statusCount(buffered.StatusParked) == 1 && counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))) >= 1
+		return e.statusCount(buffered.StatusParked) == 1 && counterValue(rt.metrics.parked.WithLabelValues("test", string(wire.ReasonRetriesExhausted))) >= 1
 	})
-	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 || rt.count(OutcomeRetried) != 2 {
+	if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(wire.ReasonRetriesExhausted))); got != 1 || rt.count(OutcomeRetried) != 2 {
 		t.Errorf("parked %d (retries_exhausted), retried %d: want 1 and 2", got, rt.count(OutcomeRetried))
 	}
 	fixed.Store(true)

@@ -21,7 +21,7 @@ var ErrPaused = errors.New("dependency unavailable for every message")
 // attempt, stops consuming (readiness fails with Cause), and resumes by itself
 // after a backoff. After Config.MaxHolds such holds of one message, its next
 // pause is taken for the message's own fault: it is dead-lettered (buffered:
-// parked) with ReasonHeldTooOften.
+// parked) with wire.ReasonHeldTooOften.
 type PauseError struct {
 	Cause Cause
 	Err   error

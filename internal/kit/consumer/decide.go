@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // The failure decision, in one place for both modes: decide turns a failed
@@ -94,7 +95,7 @@ type failure struct {
 // it; a dependency down or the database's trouble is nobody's fault of the
 // message's and pauses, unless the service's code has asked to pause for
 // this message maxHolds times already: then the message is taken to be at
-// fault itself (ReasonHeldTooOften); a wait on a lock puts it back; then its
+// fault itself (wire.ReasonHeldTooOften); a wait on a lock puts it back; then its
 // own budget is decided, before the run of failures of distinct messages,
 // which pauses when a dependency fails every message alike; else it is
 // retried.
@@ -109,7 +110,7 @@ func decide(f failure) verdict {
 	case f.stopping:
 		return verdict{act: actAbandon}
 	case errors.Is(f.err, inbox.ErrPayloadMismatch):
-		return verdict{act: actDeadLetter, reason: ReasonPayloadMismatch}
+		return verdict{act: actDeadLetter, reason: wire.ReasonPayloadMismatch}
 	case errors.Is(f.err, ErrPermanent):
 		return verdict{act: actDeadLetter, reason: permanentReason(f.err)}
 	}
@@ -118,7 +119,7 @@ func decide(f failure) verdict {
 		case !askedToPause(f.err):
 			return verdict{act: actPause, cause: cause}
 		case f.holds >= f.maxHolds:
-			return verdict{act: actDeadLetter, reason: ReasonHeldTooOften}
+			return verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}
 		}
 		return verdict{act: actPause, cause: cause, counts: true}
 	}
@@ -128,7 +129,7 @@ func decide(f failure) verdict {
 	inARow := f.inARow()
 	switch {
 	case f.attempt >= f.maxAttempts:
-		return verdict{act: actDeadLetter, reason: ReasonRetriesExhausted}
+		return verdict{act: actDeadLetter, reason: wire.ReasonRetriesExhausted}
 	case inARow:
 		return verdict{act: actPause, cause: CauseFailing}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inbox-template/payment-service/internal/kit/inbox"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 func TestDecide(t *testing.T) {
@@ -30,15 +31,15 @@ func TestDecide(t *testing.T) {
 		{name: "permanent with a reason", f: failure{err: Permanent("invalid_amount", nil), attempt: 1, maxAttempts: 5},
 			want: verdict{act: actDeadLetter, reason: "invalid_amount"}, noCauses: true},
 		{name: "permanent without one", f: failure{err: &PermanentError{}, attempt: 1, maxAttempts: 5},
-			want: verdict{act: actDeadLetter, reason: ReasonPermanent}, noCauses: true},
+			want: verdict{act: actDeadLetter, reason: wire.ReasonPermanent}, noCauses: true},
 		{name: "payload mismatch", f: failure{err: fmt.Errorf("x: %w", inbox.ErrPayloadMismatch), attempt: 1, maxAttempts: 5},
-			want: verdict{act: actDeadLetter, reason: ReasonPayloadMismatch}, noCauses: true},
+			want: verdict{act: actDeadLetter, reason: wire.ReasonPayloadMismatch}, noCauses: true},
 		{name: "database down on the last attempt", f: failure{err: errors.New("eof"), attempt: 5, maxAttempts: 5}, cause: CauseDatabase,
 			want: verdict{act: actPause, cause: CauseDatabase}},
 		{name: "lock wait on the last attempt", f: failure{err: lockWait, attempt: 5, maxAttempts: 5},
 			want: verdict{act: actPutBack}},
 		{name: "budget before the run of failures", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true,
-			want: verdict{act: actDeadLetter, reason: ReasonRetriesExhausted}, asked: true},
+			want: verdict{act: actDeadLetter, reason: wire.ReasonRetriesExhausted}, asked: true},
 		{name: "run of failures", f: failure{err: errTransient, attempt: 2, maxAttempts: 5}, inARow: true,
 			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
 		{name: "retry", f: failure{err: errTransient, attempt: 1, maxAttempts: 5},
@@ -49,9 +50,9 @@ func TestDecide(t *testing.T) {
 		{name: "the handler's pause within the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 2, maxHolds: 3},
 			cause: "gateway_misconfigured", want: verdict{act: actPause, cause: "gateway_misconfigured", counts: true}},
 		{name: "the handler's pause past the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
-			cause: "gateway_misconfigured", want: verdict{act: actDeadLetter, reason: ReasonHeldTooOften}},
+			cause: "gateway_misconfigured", want: verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}},
 		{name: "the writes' pause past the bound", f: failure{err: failedAt(stepCommit, Pause("ledger_locked", nil)), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
-			cause: "ledger_locked", want: verdict{act: actDeadLetter, reason: ReasonHeldTooOften}},
+			cause: "ledger_locked", want: verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}},
 		{name: "database down past the bound", f: failure{err: failedAt(stepCommit, io.ErrUnexpectedEOF), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
 			cause: CauseDatabase, want: verdict{act: actPause, cause: CauseDatabase}},
 		{name: "lock wait past the bound", f: failure{err: lockWait, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // decodedEvent is the event of the Decoder tests: what the ordering tests
@@ -135,8 +137,8 @@ func TestNilWritesAreRefused(t *testing.T) {
 			return nil, nil
 		}), m.config(e.db, e.dbURL, nil))
 		got := m.givenUp(e, 1)
-		if len(got) != 1 || got[0].id != "nil-writes" || got[0].reason != ReasonNoOutcome {
-			t.Fatalf("given up on %+v, want nil-writes with %s", got, ReasonNoOutcome)
+		if len(got) != 1 || got[0].id != "nil-writes" || got[0].reason != wire.ReasonNoOutcome {
+			t.Fatalf("given up on %+v, want nil-writes with %s", got, wire.ReasonNoOutcome)
 		}
 		waitFor(t, "the NoWrites message counted a duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
 		var inbox int64
@@ -193,7 +195,7 @@ func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
 		}
 		reasons := map[string]string{}
 		for _, d := range e.deadLetters(wantDead) {
-			reasons[d.MessageId] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason])
 		}
 		if wantParked > 0 {
 			for _, g := range m.givenUp(e, wantParked) {
@@ -237,7 +239,7 @@ func TestRefusedBodyKeepsItsReadableID(t *testing.T) {
 		e.publish("", `{"id": "ev-valid", "key": "a", "n": 1}`)
 		reasons := map[string]string{}
 		for _, d := range e.deadLetters(2) {
-			reasons[d.MessageId] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
+			reasons[d.MessageId] = fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason])
 		}
 		if want := map[string]string{"ev-negative": "negative_n", "": "negative_n"}; fmt.Sprint(reasons) != fmt.Sprint(want) {
 			t.Errorf("dead letters %v, want %v", reasons, want)

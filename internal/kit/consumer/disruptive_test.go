@@ -14,6 +14,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // This file holds tests that disturb the whole broker, not just their vhost.
@@ -79,8 +80,8 @@ func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
 	}
 	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
 	for _, d := range e.deadLetters(3) {
-		if r := d.Headers[HeaderDeadLetterReason]; r != ReasonMissingID {
-			t.Errorf("dead letter with reason %v, want %s", r, ReasonMissingID)
+		if r := d.Headers[wire.HeaderDeadLetterReason]; r != wire.ReasonMissingID {
+			t.Errorf("dead letter with reason %v, want %s", r, wire.ReasonMissingID)
 		}
 	}
 	e.assertInOrder(keys, 10)

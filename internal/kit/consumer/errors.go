@@ -3,6 +3,8 @@ package consumer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // ErrPermanent is matched by every error that must not be retried.
@@ -53,51 +55,16 @@ func (e *PermanentError) Is(target error) bool { return target == ErrPermanent }
 
 // Permanent marks err as not worth retrying; the message is dead-lettered with
 // reason. A reason not of the form of one (Reason.Valid) becomes
-// ReasonInvalidReason, with the reason given kept in the error's text.
+// wire.ReasonInvalidReason, with the reason given kept in the error's text.
 func Permanent(reason Reason, err error) error {
 	if err == nil {
 		err = errors.New(string(reason))
 	}
 	if !reason.Valid() {
 		err = fmt.Errorf("the handler's reason %q is not a snake_case word: %w", string(reason), err)
-		reason = ReasonInvalidReason
+		reason = wire.ReasonInvalidReason
 	}
 	return &PermanentError{Reason: reason, Err: err}
-}
-
-// Dead-letter reasons the runtime itself assigns. They are untyped, as a
-// service's own should be: a Reason where one is expected, a string where
-// they meet a header's value (d.Headers[HeaderDeadLetterReason] == ReasonX).
-const (
-	ReasonMissingID          = "missing_message_id"
-	ReasonInvalidID          = "invalid_message_id"
-	ReasonBodyTooLarge       = "body_too_large"
-	ReasonUnsupportedContent = "unsupported_content_type"
-	ReasonPayloadMismatch    = "payload_mismatch"
-	ReasonRetriesExhausted   = "retries_exhausted"
-	ReasonHeldTooOften       = "held_too_often"          // put back MaxHolds times by the handler's Pause: the message's fault, not the dependency's
-	ReasonKeyExpired         = "idempotency_key_expired" // may have called out before, longer ago than the key lifetime
-	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
-	ReasonInvalidOrderingKey = "invalid_ordering_key"    // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character
-	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
-	ReasonInvalidReason      = "invalid_reason"          // the handler gave Permanent a reason not of the form of one
-	ReasonNoOutcome          = "writes_without_outcome"  // the writes returned no outcome and no error
-	// ReasonHeadersTooLarge: the message's properties and headers leave no
-	// room in one frame for the runtime's: its dead letter leaves the
-	// producer's headers out (HeaderHeadersDropped says how many bytes).
-	ReasonHeadersTooLarge = "headers_too_large"
-)
-
-// RefusedBeforeRun reports a dead-letter reason the runtime assigns before the
-// handler runs (the delivery was refused at the door): only such a dead
-// letter can be known not to have called out.
-func RefusedBeforeRun(reason string) bool {
-	switch Reason(reason) {
-	case ReasonMissingID, ReasonInvalidID, ReasonBodyTooLarge, ReasonUnsupportedContent,
-		ReasonInvalidOrderingKey, ReasonIngestFailed, ReasonHeadersTooLarge:
-		return true
-	}
-	return false
 }
 
 // errPanic marks a recovered handler panic; it is retried like any transient failure.

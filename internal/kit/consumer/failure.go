@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // failure describes a failed run to decide, asking the database and
@@ -82,7 +84,7 @@ func (r *Runtime) failingInARow(id string, err error) bool {
 }
 
 // keyExpired refuses a message that may have called out before (a retry, a
-// redelivery, one put back, or a copy marked HeaderMayHaveRun) and is older
+// redelivery, one put back, or a copy marked wire.HeaderMayHaveRun) and is older
 // than the key lifetime. It runs after the inbox look-up, so a message
 // applied already is a duplicate, not refused.
 func (r *Runtime) keyExpired(msg Message) error {
@@ -108,7 +110,7 @@ func keyExpired(ttl time.Duration, since time.Time, mayHaveRun bool) (age time.D
 // keyExpiredError is the permanent error of a message the guard refused;
 // what says what its age counts from.
 func keyExpiredError(what string, age, ttl time.Duration) error {
-	return Permanent(ReasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
+	return Permanent(wire.ReasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
 		"its idempotency key may be forgotten (the key lifetime is %s)", what, age.Round(time.Second), ttl))
 }
 
@@ -119,9 +121,9 @@ func permanentReason(err error) Reason {
 	var pe *PermanentError
 	switch {
 	case !errors.As(err, &pe) || pe.Reason == "":
-		return ReasonPermanent
+		return wire.ReasonPermanent
 	case !pe.Reason.Valid():
-		return ReasonInvalidReason
+		return wire.ReasonInvalidReason
 	}
 	return pe.Reason
 }

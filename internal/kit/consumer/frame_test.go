@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // From an outside review: a message whose properties and headers nearly
@@ -39,12 +40,12 @@ func TestMessageWhoseCopyCannotFitAFrameIsDeadLetteredWithoutItsHeaders(t *testi
 		if err != nil || !ok {
 			t.Fatalf("get the dead letter: %v %v", ok, err)
 		}
-		if d.MessageId != "bad-1" || d.Headers[HeaderDeadLetterReason] != ReasonHeadersTooLarge || d.Headers["note"] != nil {
+		if d.MessageId != "bad-1" || d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonHeadersTooLarge || d.Headers["note"] != nil {
 			t.Errorf("dead letter %q with reason %v (note kept: %v), want bad-1, %s, without the producer's headers",
-				d.MessageId, d.Headers[HeaderDeadLetterReason], d.Headers["note"] != nil, ReasonHeadersTooLarge)
+				d.MessageId, d.Headers[wire.HeaderDeadLetterReason], d.Headers["note"] != nil, wire.ReasonHeadersTooLarge)
 		}
-		if n, _ := d.Headers[HeaderHeadersDropped].(int64); n < 130_850 {
-			t.Errorf("%s = %v, want the size left out", HeaderHeadersDropped, d.Headers[HeaderHeadersDropped])
+		if n, _ := d.Headers[wire.HeaderHeadersDropped].(int64); n < 130_850 {
+			t.Errorf("%s = %v, want the size left out", wire.HeaderHeadersDropped, d.Headers[wire.HeaderHeadersDropped])
 		}
 		return nil
 	})

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // FuzzAdmit: what the runtime trusts in a delivery's properties and headers
@@ -39,9 +40,9 @@ func FuzzAdmit(f *testing.F) {
 	}}
 	f.Fuzz(func(t *testing.T, id, contentType, deathQueue string, attempt, publishedMs int64, body []byte) {
 		d := amqp.Delivery{MessageId: id, ContentType: contentType, Body: body, Headers: amqp.Table{
-			HeaderAttempt:         attempt,
-			HeaderTimestampMillis: publishedMs,
-			"x-death":             []any{amqp.Table{"queue": deathQueue, "count": attempt}},
+			wire.HeaderAttempt:         attempt,
+			wire.HeaderTimestampMillis: publishedMs,
+			"x-death":                  []any{amqp.Table{"queue": deathQueue, "count": attempt}},
 		}}
 		msg := r.received(d) // as both modes take a delivery
 		if msg.Attempt < 1 {

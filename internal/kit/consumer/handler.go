@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // Message is what a handler sees of a delivery.
@@ -36,7 +38,7 @@ type Message struct {
 	// without a Decoder.
 	Event any
 	// ran is set once the handler was called on this delivery: every copy
-	// the runtime makes of it from then on carries HeaderMayHaveRun.
+	// the runtime makes of it from then on carries wire.HeaderMayHaveRun.
 	ran bool
 	// seenAt is when the runtime received the delivery: a copy of a message
 	// without a publish time carries it as one, so that the key-expiry guard
@@ -47,7 +49,7 @@ type Message struct {
 	orderingKey string
 	undecoded   error
 	// holds counts the pauses the service's code asked for that put this
-	// message back (HeaderPauseHolds; the buffered mode's holds column).
+	// message back (wire.HeaderPauseHolds; the buffered mode's holds column).
 	holds int
 }
 
@@ -55,21 +57,14 @@ type Message struct {
 // may have called out already: a retry, a redelivery by the broker, a copy put
 // back without spending an attempt, or any copy the kit made of a message
 // that had run (a replayed dead letter, an exported parked message, a
-// delivery returned at a stop), which carries HeaderMayHaveRun. Idempotency
+// delivery returned at a stop), which carries wire.HeaderMayHaveRun. Idempotency
 // keys make a second call safe only while the called service remembers them.
 func (m Message) MayHaveRun() bool {
 	if m.ran || m.Attempt > 1 || m.Redelivered {
 		return true
 	}
-	_, held := m.Headers[HeaderHeld]
-	return held || MarkedAsRun(m.Headers)
-}
-
-// MarkedAsRun reports whether headers carry HeaderMayHaveRun. A producer that
-// sets it only makes the key-expiry guard stricter, so it is trusted.
-func MarkedAsRun(headers map[string]any) bool {
-	v, ok := headers[HeaderMayHaveRun]
-	return ok && v != false
+	_, held := m.Headers[wire.HeaderHeld]
+	return held || wire.MarkedAsRun(m.Headers)
 }
 
 // Outcome is the result of a message that did not fail, counted in metrics.
@@ -121,7 +116,7 @@ type Handler interface {
 // counts as a duplicate). A handler that knows before any transaction,
 // or has nothing to write, returns NoWrites(outcome). Writes that return no
 // outcome and no error, and a Handle that returns nil writes and no error,
-// are refused: the message is dead-lettered (parked) with ReasonNoOutcome
+// are refused: the message is dead-lettered (parked) with wire.ReasonNoOutcome
 // and nothing of it commits.
 //
 // Writes may run more than once: when a message committed with them fails,

@@ -16,33 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-)
-
-// Headers of ours. The attempt count travels in our own header because x-death
-// counting changed in RabbitMQ 3.13 and the quorum delivery limit in 4.3.
-const (
-	HeaderAttempt          = "x-attempt"
-	HeaderDeadLetterReason = "x-dead-letter-reason"
-	HeaderDeadLetterError  = "x-dead-letter-error"
-	HeaderDeadLetteredAt   = "x-dead-lettered-at"
-	HeaderDeadLetterBy     = "x-dead-letter-consumer"
-	HeaderFirstError       = "x-first-error"
-	HeaderLastError        = "x-last-error"
-	HeaderOriginalExchange = "x-original-exchange"
-	HeaderOriginalKey      = "x-original-routing-key"
-	HeaderHeld             = "x-held" // times put back without spending an attempt
-	// HeaderPauseHolds counts the holds a pause the service's code asked for
-	// (Pause) cost the message: MaxHolds bounds them. Like x-attempt, it is
-	// read only from a delivery that came back from one of our delay queues.
-	HeaderPauseHolds = "x-pause-holds"
-	// HeaderMayHaveRun marks every copy the kit makes of a message that may
-	// have run (see Message.MayHaveRun): a copy has neither the broker's
-	// redelivered flag nor, once replayed, our attempt count, and without the
-	// mark the key-expiry guard would take it for a first attempt.
-	HeaderMayHaveRun = "x-may-have-run"
-	// HeaderHeadersDropped, on a dead letter headers_too_large, is the size
-	// of the producer's properties and headers, left out of the copy.
-	HeaderHeadersDropped = "x-headers-dropped"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 const maxIDLen = 255
@@ -84,10 +58,10 @@ func (r *Runtime) received(d amqp.Delivery) Message {
 // message builds the handler's view of a delivery.
 func message(d amqp.Delivery) Message {
 	attempt := 1
-	if n, ok := intHeader(d.Headers, HeaderAttempt); ok && n > 1 {
+	if n, ok := intHeader(d.Headers, wire.HeaderAttempt); ok && n > 1 {
 		attempt = n
 	}
-	holds, _ := intHeader(d.Headers, HeaderPauseHolds)
+	holds, _ := intHeader(d.Headers, wire.HeaderPauseHolds)
 	return Message{
 		ID:          d.MessageId,
 		Body:        d.Body,
@@ -101,13 +75,8 @@ func message(d amqp.Delivery) Message {
 	}
 }
 
-// HeaderTimestampMillis is the publish time in milliseconds since the epoch,
-// the header RabbitMQ's message timestamp plugin sets; the AMQP timestamp
-// property has whole seconds only.
-const HeaderTimestampMillis = "timestamp_in_ms"
-
 func publishedAt(d amqp.Delivery) time.Time {
-	if ms, ok := int64Header(d.Headers, HeaderTimestampMillis); ok && ms > 0 {
+	if ms, ok := int64Header(d.Headers, wire.HeaderTimestampMillis); ok && ms > 0 {
 		return time.UnixMilli(ms)
 	}
 	return d.Timestamp
@@ -126,17 +95,17 @@ const copyHeadroom = 8 << 10
 
 func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
-		return ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
+		return wire.ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
 	}
 	if !r.acceptsContentType(d.ContentType) {
-		return ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+		return wire.ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
 	}
 	if n, limit := rabbit.HeaderFrameSize(rabbit.Copy(d)), int(r.frameMax.Load())-copyHeadroom; limit > 0 && n > limit {
 		// A retry, a hold or a dead letter adds the runtime's headers to the
 		// message's: no copy would fit one frame, and the broker would close
 		// the connection on each. Its dead letter leaves the producer's
 		// headers out.
-		return ReasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
+		return wire.ReasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
 			" bytes leave no room in one frame for the runtime's (" + strconv.Itoa(limit) + " at most)")
 	}
 	if r.cfg.Decoder != nil {
@@ -164,10 +133,10 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 	}
 	switch {
 	case msg.ID == "":
-		return ReasonMissingID, errors.New("no message_id property and no id in the body")
+		return wire.ReasonMissingID, errors.New("no message_id property and no id in the body")
 	case !validID(msg.ID):
 		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
-		return ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
+		return wire.ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
 	return "", nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
 	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // A reason or a cause becomes a metric label and a header: one made from an
@@ -36,9 +37,9 @@ func TestReasonsAndCausesAreWords(t *testing.T) {
 		switch {
 		case c.valid && pe.Reason != c.reason:
 			t.Errorf("%q: reason %q, want it kept", c.reason, pe.Reason)
-		case !c.valid && (pe.Reason != ReasonInvalidReason || !strings.Contains(err.Error(), string(c.reason)) ||
+		case !c.valid && (pe.Reason != wire.ReasonInvalidReason || !strings.Contains(err.Error(), string(c.reason)) ||
 			!strings.Contains(err.Error(), "the cause")):
-			t.Errorf("%q: reason %q, error %q; want %s keeping the reason and the cause in the text", c.reason, pe.Reason, err, ReasonInvalidReason)
+			t.Errorf("%q: reason %q, error %q; want %s keeping the reason and the cause in the text", c.reason, pe.Reason, err, wire.ReasonInvalidReason)
 		}
 		var pause *PauseError
 		if errors.As(Pause(Cause(c.reason), errors.New("down")), &pause); (pause.Cause == Cause(c.reason)) != c.valid ||
@@ -48,10 +49,10 @@ func TestReasonsAndCausesAreWords(t *testing.T) {
 		// Built by hand, without the constructors: checked where they are read.
 		wantReason, wantCause := c.reason, Cause(c.reason)
 		if !c.valid {
-			wantReason, wantCause = ReasonInvalidReason, CauseInvalid
+			wantReason, wantCause = wire.ReasonInvalidReason, CauseInvalid
 		}
 		if c.reason == "" {
-			wantReason, wantCause = ReasonPermanent, ""
+			wantReason, wantCause = wire.ReasonPermanent, ""
 		}
 		if got := permanentReason(&PermanentError{Reason: c.reason}); got != wantReason {
 			t.Errorf("PermanentError{Reason: %q}: dead-lettered as %q, want %q", c.reason, got, wantReason)
@@ -77,8 +78,8 @@ func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
 		rt := e.start(noOutcome, nil)
 		e.publish("m-1", "{}")
 		d := e.deadLetters(1)[0]
-		if d.MessageId != "m-1" || d.Headers[HeaderDeadLetterReason] != string(ReasonNoOutcome) {
-			t.Errorf("dead letter %s with reason %v, want m-1 with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonNoOutcome)
+		if d.MessageId != "m-1" || d.Headers[wire.HeaderDeadLetterReason] != string(wire.ReasonNoOutcome) {
+			t.Errorf("dead letter %s with reason %v, want m-1 with %s", d.MessageId, d.Headers[wire.HeaderDeadLetterReason], wire.ReasonNoOutcome)
 		}
 		if n := e.effects("m-1"); n != 0 || rt.count(OutcomeProcessed) != 0 {
 			t.Errorf("%d effects committed, %d processed; want none", n, rt.count(OutcomeProcessed))
@@ -90,8 +91,8 @@ func TestWritesWithoutAnOutcomeAreRefused(t *testing.T) {
 		e.publish("m-1", `{"key":"k","n":1}`)
 		waitFor(t, "the message parked", func() bool { return e.statusCount(buffered.StatusParked) == 1 })
 		var reason string
-		if err := e.db.Raw(`SELECT park_reason FROM inbox_messages WHERE message_id = 'm-1'`).Scan(&reason).Error; err != nil || reason != string(ReasonNoOutcome) {
-			t.Errorf("park reason %q (%v), want %s", reason, err, ReasonNoOutcome)
+		if err := e.db.Raw(`SELECT park_reason FROM inbox_messages WHERE message_id = 'm-1'`).Scan(&reason).Error; err != nil || reason != string(wire.ReasonNoOutcome) {
+			t.Errorf("park reason %q (%v), want %s", reason, err, wire.ReasonNoOutcome)
 		}
 		if n := e.effects("m-1"); n != 0 || rt.count(OutcomeProcessed) != 0 {
 			t.Errorf("%d effects committed, %d processed; want none", n, rt.count(OutcomeProcessed))

@@ -79,7 +79,7 @@ type Config struct {
 	// (Pause, from the handler or its writes) may put one message back
 	// without spending an attempt: the message that made the handler ask
 	// that often is taken to be at fault itself, not the dependency, and is
-	// dead-lettered (buffered: parked) with ReasonHeldTooOften. The
+	// dead-lettered (buffered: parked) with wire.ReasonHeldTooOften. The
 	// runtime's own pauses (the database's trouble, handler_failing) and its
 	// lock waits never count: an outage must not dead-letter good messages.
 	// 0 means 20.
@@ -93,7 +93,7 @@ type Config struct {
 	// KeyTTL is how long the services the handler calls remember an
 	// idempotency key. A message that may have called out before (a retry, a
 	// redelivery, one put back) and was published longer ago than this is
-	// dead-lettered (ReasonKeyExpired) instead of calling again with a key
+	// dead-lettered (wire.ReasonKeyExpired) instead of calling again with a key
 	// that may be forgotten. Zero turns the guard off.
 	KeyTTL time.Duration
 	// StallTimeout is how long workers may hold deliveries without finishing

@@ -22,6 +22,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -101,10 +102,10 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 		mutate   func(*amqp.Publishing)
 		reason   Reason
 	}{
-		{"p-big", strings.Repeat("x", 1025), nil, ReasonBodyTooLarge},
-		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, ReasonUnsupportedContent},
-		{"", `{"no":"id"}`, nil, ReasonMissingID},
-		{"", "id:" + strings.Repeat("i", 300), nil, ReasonInvalidID},
+		{"p-big", strings.Repeat("x", 1025), nil, wire.ReasonBodyTooLarge},
+		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, wire.ReasonUnsupportedContent},
+		{"", `{"no":"id"}`, nil, wire.ReasonMissingID},
+		{"", "id:" + strings.Repeat("i", 300), nil, wire.ReasonInvalidID},
 		{"p-bad", `{"bad":true}`, nil, "invalid_amount"},
 	}
 	for _, tt := range tests {
@@ -118,9 +119,9 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 	got := e.deadLetters(len(tests))
 	reasons := map[string]string{}
 	for _, d := range got {
-		reasons[d.MessageId+string(d.Body)] = fmt.Sprint(d.Headers[HeaderDeadLetterReason])
-		if d.Headers[HeaderDeadLetterError] == nil {
-			t.Errorf("%s: no %s header", d.MessageId, HeaderDeadLetterError)
+		reasons[d.MessageId+string(d.Body)] = fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason])
+		if d.Headers[wire.HeaderDeadLetterError] == nil {
+			t.Errorf("%s: no %s header", d.MessageId, wire.HeaderDeadLetterError)
 		}
 	}
 	for _, tt := range tests {
@@ -168,8 +169,8 @@ func TestRetryBudgetEndsGivenUp(t *testing.T) {
 		rt := e.start(recordHandler(func(Message) error { return errTransient }), m.budget(e, 4, nil))
 		e.publish("doomed", `{}`)
 		g := m.givenUp(e, 1)[0]
-		if g.id != "doomed" || g.body != `{}` || g.reason != string(ReasonRetriesExhausted) || g.attempts != 4 {
-			t.Fatalf("given up: %+v; want doomed, body {}, %s after 4 runs", g, ReasonRetriesExhausted)
+		if g.id != "doomed" || g.body != `{}` || g.reason != string(wire.ReasonRetriesExhausted) || g.attempts != 4 {
+			t.Fatalf("given up: %+v; want doomed, body {}, %s after 4 runs", g, wire.ReasonRetriesExhausted)
 		}
 		if !strings.Contains(g.err, errTransient.Error()) {
 			t.Fatalf("error %q, want the handler's", g.err)
@@ -178,7 +179,7 @@ func TestRetryBudgetEndsGivenUp(t *testing.T) {
 			t.Fatalf("retried %d times, want 3", got)
 		}
 		if m.acksAtIngest {
-			if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(ReasonRetriesExhausted))); got != 1 {
+			if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(wire.ReasonRetriesExhausted))); got != 1 {
 				t.Fatalf("parked{retries_exhausted} = %d, want 1", got)
 			}
 		} else if got := rt.count(OutcomeDeadLettered); got != 1 {
@@ -233,12 +234,12 @@ func TestSameIDDifferentPayloadIsDeadLettered(t *testing.T) {
 	waitFor(t, "first processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	e.publish("reused", `{"amount":999}`)
 	d := e.deadLetters(1)[0]
-	if d.Headers[HeaderDeadLetterReason] != ReasonPayloadMismatch || string(d.Body) != `{"amount":999}` {
-		t.Fatalf("dead letter %q with reason %v, want the second body with %s", d.Body, d.Headers[HeaderDeadLetterReason], ReasonPayloadMismatch)
+	if d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonPayloadMismatch || string(d.Body) != `{"amount":999}` {
+		t.Fatalf("dead letter %q with reason %v, want the second body with %s", d.Body, d.Headers[wire.HeaderDeadLetterReason], wire.ReasonPayloadMismatch)
 	}
 	// The copy is visible in the queue just before the runtime acks and counts it.
 	mismatches := func() int {
-		return counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, string(ReasonPayloadMismatch)))
+		return counterValue(rt.metrics.deadLetters.WithLabelValues(rt.cfg.Name, string(wire.ReasonPayloadMismatch)))
 	}
 	waitFor(t, "the dead letter counted", func() bool { return mismatches() == 1 })
 	got := mismatches()
@@ -255,8 +256,8 @@ func TestBarePermanentError(t *testing.T) {
 		return nil, &PermanentError{Reason: "bad_sku"}
 	}), nil)
 	e.publish("sku", `{}`)
-	if d := e.deadLetters(1)[0]; d.Headers[HeaderDeadLetterReason] != "bad_sku" {
-		t.Fatalf("reason %v, want bad_sku", d.Headers[HeaderDeadLetterReason])
+	if d := e.deadLetters(1)[0]; d.Headers[wire.HeaderDeadLetterReason] != "bad_sku" {
+		t.Fatalf("reason %v, want bad_sku", d.Headers[wire.HeaderDeadLetterReason])
 	}
 }
 
@@ -409,8 +410,8 @@ func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
 		keys := keyNames(3)
 		e.publishEvents(keys, 4)
 		got := m.givenUp(e, 1)
-		if len(got) != 1 || got[0].id != "bad-0" || got[0].reason != ReasonHeldTooOften || !strings.Contains(got[0].err, "gateway_misconfigured") {
-			t.Fatalf("given up on %+v, want bad-0 with %s and the handler's error", got, ReasonHeldTooOften)
+		if len(got) != 1 || got[0].id != "bad-0" || got[0].reason != wire.ReasonHeldTooOften || !strings.Contains(got[0].err, "gateway_misconfigured") {
+			t.Fatalf("given up on %+v, want bad-0 with %s and the handler's error", got, wire.ReasonHeldTooOften)
 		}
 		testenv.Eventually(t, time.Minute, "every other message applied", func() (bool, error) { return e.appliedTotal() == 12, nil })
 		if m.orderPerKey {
@@ -453,8 +454,8 @@ func TestDeadLetterCopyNoQueueTookIsNotAcked(t *testing.T) {
 		return err == nil
 	})
 	d := e.deadLetters(1)[0]
-	if d.MessageId != "too-big" || d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge {
-		t.Fatalf("dead letter %q with reason %v", d.MessageId, d.Headers[HeaderDeadLetterReason])
+	if d.MessageId != "too-big" || d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonBodyTooLarge {
+		t.Fatalf("dead letter %q with reason %v", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
 	}
 	if rt.reconnects() < 1 {
 		t.Error("no new session after the returned copy")
@@ -492,7 +493,7 @@ func TestOldRedeliveryOfAnAppliedMessageIsADuplicate(t *testing.T) {
 	waitFor(t, "processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	e.publish("applied-old", `{}`, func(p *amqp.Publishing) {
 		p.Timestamp = old
-		p.Headers = amqp.Table{HeaderHeld: int32(1)}
+		p.Headers = amqp.Table{wire.HeaderHeld: int32(1)}
 	})
 	waitFor(t, "the duplicate", func() bool { return rt.count(OutcomeDuplicate) == 1 })
 	if rt.count(OutcomeDeadLettered) != 0 {
@@ -563,8 +564,8 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if d := e.deadLetters(1)[0]; d.MessageId != "bad" || d.Headers[HeaderDeadLetterReason] != "bad_row" {
-		t.Fatalf("dead letter %s with reason %v, want bad with bad_row", d.MessageId, d.Headers[HeaderDeadLetterReason])
+	if d := e.deadLetters(1)[0]; d.MessageId != "bad" || d.Headers[wire.HeaderDeadLetterReason] != "bad_row" {
+		t.Fatalf("dead letter %s with reason %v, want bad with bad_row", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
 	}
 	waitFor(t, "the others processed, flaky after its retry", func() bool { return rt.count(OutcomeProcessed) == len(ids)-1 })
 	for _, id := range ids {
@@ -623,7 +624,7 @@ func TestProducerAttemptHeaderIsIgnored(t *testing.T) {
 		}
 		return nil
 	}), func(c *Config) { c.MaxAttempts = 3 })
-	e.publish("forged", `{}`, func(p *amqp.Publishing) { p.Headers = amqp.Table{HeaderAttempt: int32(5)} })
+	e.publish("forged", `{}`, func(p *amqp.Publishing) { p.Headers = amqp.Table{wire.HeaderAttempt: int32(5)} })
 	waitFor(t, "processed on the third attempt", func() bool { return rt.count(OutcomeProcessed) == 1 })
 	if rt.count(OutcomeRetried) != 2 || rt.count(OutcomeDeadLettered) != 0 {
 		t.Fatalf("retried %d, dead-lettered %d: want two retries, no dead letter", rt.count(OutcomeRetried), rt.count(OutcomeDeadLettered))
@@ -641,8 +642,8 @@ func TestOversizeBodyArrivesWhole(t *testing.T) {
 	big := strings.Repeat("x", 2<<20)
 	e.publish("huge", big)
 	d := e.deadLetters(1)[0]
-	if d.Headers[HeaderDeadLetterReason] != ReasonBodyTooLarge || len(d.Body) != len(big) {
-		t.Fatalf("reason %v, %d bytes: want body_too_large with all %d bytes, received whole", d.Headers[HeaderDeadLetterReason], len(d.Body), len(big))
+	if d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonBodyTooLarge || len(d.Body) != len(big) {
+		t.Fatalf("reason %v, %d bytes: want body_too_large with all %d bytes, received whole", d.Headers[wire.HeaderDeadLetterReason], len(d.Body), len(big))
 	}
 }
 
@@ -670,7 +671,7 @@ func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
 		e.publish("fresh-but-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
 		e.publish("redelivered-old", `{}`, func(p *amqp.Publishing) {
 			p.Timestamp = old
-			p.Headers = amqp.Table{HeaderHeld: int32(1)} // put back once, after it may have called out
+			p.Headers = amqp.Table{wire.HeaderHeld: int32(1)} // put back once, after it may have called out
 		})
 		e.publish("fails-once-old", `{}`, func(p *amqp.Publishing) { p.Timestamp = old })
 		got := m.givenUp(e, 2)
@@ -678,8 +679,8 @@ func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
 			t.Fatalf("given up: %+v; want fails-once-old and redelivered-old", got)
 		}
 		for _, g := range got {
-			if g.reason != string(ReasonKeyExpired) {
-				t.Errorf("%s given up with %q, want %s", g.id, g.reason, ReasonKeyExpired)
+			if g.reason != string(wire.ReasonKeyExpired) {
+				t.Errorf("%s given up with %q, want %s", g.id, g.reason, wire.ReasonKeyExpired)
 			}
 		}
 		waitFor(t, "the fresh one processed", func() bool { return rt.count(OutcomeProcessed) == 1 })
@@ -702,7 +703,7 @@ func TestOldMessageIsNotCalledAgainWithAForgottenKey(t *testing.T) {
 // A redelivered delivery (it may have run in a replica that died) waits
 // unstarted in a replica's prefetch when that replica stops: the copy the
 // stop returns to the work queue is a new message to the broker, without the
-// redelivered flag, so it must carry HeaderMayHaveRun, or the next replica
+// redelivered flag, so it must carry wire.HeaderMayHaveRun, or the next replica
 // would take an old one for a first attempt and call out with a key the
 // called service may have forgotten.
 func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
@@ -750,8 +751,8 @@ func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
 
 	e.start(h, guard) // stopped at the test's end
 	d := e.deadLetters(1)[0]
-	if d.MessageId != "redelivered" || d.Headers[HeaderDeadLetterReason] != ReasonKeyExpired {
-		t.Fatalf("dead letter %s with reason %v, want redelivered with %s", d.MessageId, d.Headers[HeaderDeadLetterReason], ReasonKeyExpired)
+	if d.MessageId != "redelivered" || d.Headers[wire.HeaderDeadLetterReason] != wire.ReasonKeyExpired {
+		t.Fatalf("dead letter %s with reason %v, want redelivered with %s", d.MessageId, d.Headers[wire.HeaderDeadLetterReason], wire.ReasonKeyExpired)
 	}
 	if _, ran := calls.Load("redelivered"); ran || e.effects("redelivered") != 0 {
 		t.Fatal("the returned copy ran as a first attempt")

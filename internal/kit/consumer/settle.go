@@ -12,6 +12,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // publishTimeout bounds a retry or dead-letter publish and its confirm.
@@ -28,10 +29,10 @@ const retryJitter = 0.2
 func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
 	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = header32(msg.Attempt + 1)
-	pub.Headers[HeaderLastError] = truncate(cause.Error())
-	if _, ok := pub.Headers[HeaderFirstError]; !ok {
-		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt + 1)
+	pub.Headers[wire.HeaderLastError] = truncate(cause.Error())
+	if _, ok := pub.Headers[wire.HeaderFirstError]; !ok {
+		pub.Headers[wire.HeaderFirstError] = truncate(cause.Error())
 	}
 	expire := time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
 	pub.Expiration = strconv.FormatInt(max(expire.Milliseconds(), 1), 10)
@@ -54,13 +55,13 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, counts bool, log *messageLog) {
 	delay := r.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
-	pub.Headers[HeaderAttempt] = header32(msg.Attempt)
-	held, _ := intHeader(d.Headers, HeaderHeld)
-	pub.Headers[HeaderHeld] = header32(held + 1)
+	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt)
+	held, _ := intHeader(d.Headers, wire.HeaderHeld)
+	pub.Headers[wire.HeaderHeld] = header32(held + 1)
 	if counts {
-		pub.Headers[HeaderPauseHolds] = header32(msg.holds + 1)
+		pub.Headers[wire.HeaderPauseHolds] = header32(msg.holds + 1)
 	}
-	pub.Headers[HeaderLastError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderLastError] = truncate(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRequeued)).Inc()
@@ -82,7 +83,7 @@ func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-
 		if d.Redelivered {
 			// It may have run in a replica that died: the copy is a new
 			// message to the broker, without the redelivered flag.
-			pub.Headers[HeaderMayHaveRun] = true
+			pub.Headers[wire.HeaderMayHaveRun] = true
 		}
 		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, pub, log) {
 			n++
@@ -104,24 +105,24 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // could not add those headers.
 func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	pub := republish(d, msg)
-	if reason == ReasonHeadersTooLarge {
+	if reason == wire.ReasonHeadersTooLarge {
 		// The producer's headers are what does not fit: the copy keeps the
 		// publish time and the trace, and says how much it left out.
-		kept := amqp.Table{HeaderHeadersDropped: int64(rabbit.HeaderFrameSize(rabbit.Copy(d)))}
-		for _, k := range []string{HeaderTimestampMillis, "traceparent", "tracestate", HeaderOriginalExchange, HeaderOriginalKey} {
+		kept := amqp.Table{wire.HeaderHeadersDropped: int64(rabbit.HeaderFrameSize(rabbit.Copy(d)))}
+		for _, k := range []string{wire.HeaderTimestampMillis, "traceparent", "tracestate", wire.HeaderOriginalExchange, wire.HeaderOriginalKey} {
 			if v, ok := pub.Headers[k]; ok {
 				kept[k] = v
 			}
 		}
 		pub.Headers = kept
 	}
-	pub.Headers[HeaderDeadLetterReason] = string(reason)
-	pub.Headers[HeaderDeadLetterError] = truncate(cause.Error())
-	pub.Headers[HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	pub.Headers[HeaderDeadLetterBy] = r.cfg.Name
-	pub.Headers[HeaderAttempt] = header32(msg.Attempt)
-	if _, ok := pub.Headers[HeaderFirstError]; !ok {
-		pub.Headers[HeaderFirstError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderDeadLetterReason] = string(reason)
+	pub.Headers[wire.HeaderDeadLetterError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	pub.Headers[wire.HeaderDeadLetterBy] = r.cfg.Name
+	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt)
+	if _, ok := pub.Headers[wire.HeaderFirstError]; !ok {
+		pub.Headers[wire.HeaderFirstError] = truncate(cause.Error())
 	}
 	t := r.cfg.Topology
 	if !r.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
@@ -172,32 +173,32 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 // saying why, without the runtime's headers.
 func (r *Runtime) rejectUncopyable(s *session, d amqp.Delivery, err error, log *messageLog) {
 	log.get().Error("no copy of the message can be sent; rejected to the work queue's dead-letter exchange (x-death, no reason headers)",
-		"reason", ReasonHeadersTooLarge, "err", err)
+		"reason", wire.ReasonHeadersTooLarge, "err", err)
 	if d.Reject(false) == nil {
 		s.acks.settled(d.DeliveryTag)
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
-		r.metrics.deadLetters.WithLabelValues(r.cfg.Name, ReasonHeadersTooLarge).Inc()
+		r.metrics.deadLetters.WithLabelValues(r.cfg.Name, wire.ReasonHeadersTooLarge).Inc()
 	}
 }
 
 // republish copies a delivery for a retry or dead-letter publish, keeping its
 // properties and its message id (the inbox key, resolved from the body if need
-// be), and marking it HeaderMayHaveRun if it may have run.
+// be), and marking it wire.HeaderMayHaveRun if it may have run.
 func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 	p := rabbit.Copy(d)
 	p.MessageId = msg.ID
 	if msg.MayHaveRun() {
-		p.Headers[HeaderMayHaveRun] = true
+		p.Headers[wire.HeaderMayHaveRun] = true
 	}
 	stampSeen(p.Headers, msg.PublishedAt, msg.seenAt)
-	delete(p.Headers, "x-death")        // the broker's own history; ours is in x-attempt
-	delete(p.Headers, HeaderPauseHolds) // a producer's is not ours: the copy carries the count the runtime trusts
+	delete(p.Headers, "x-death")             // the broker's own history; ours is in x-attempt
+	delete(p.Headers, wire.HeaderPauseHolds) // a producer's is not ours: the copy carries the count the runtime trusts
 	if msg.holds > 0 {
-		p.Headers[HeaderPauseHolds] = header32(msg.holds)
+		p.Headers[wire.HeaderPauseHolds] = header32(msg.holds)
 	}
-	if _, ok := p.Headers[HeaderOriginalExchange]; !ok {
-		p.Headers[HeaderOriginalExchange] = d.Exchange
-		p.Headers[HeaderOriginalKey] = d.RoutingKey
+	if _, ok := p.Headers[wire.HeaderOriginalExchange]; !ok {
+		p.Headers[wire.HeaderOriginalExchange] = d.Exchange
+		p.Headers[wire.HeaderOriginalKey] = d.RoutingKey
 	}
 	return p
 }
@@ -211,13 +212,13 @@ func truncate(s string) string {
 }
 
 // stampSeen gives a copy of a message that has no publish time the time the
-// runtime first received it, as its publish time (HeaderTimestampMillis):
+// runtime first received it, as its publish time (wire.HeaderTimestampMillis):
 // the key-expiry guard counts a message's age from its publish time, and a
 // copy without one would pass it at any age. The first receipt bounds the
 // message's first outside call from below, as a publish time does.
 func stampSeen(h amqp.Table, published, seen time.Time) {
 	if published.IsZero() && !seen.IsZero() {
-		h[HeaderTimestampMillis] = seen.UnixMilli()
+		h[wire.HeaderTimestampMillis] = seen.UnixMilli()
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // The consumer suite runs a test against each inbox mode, gated by what the
@@ -106,9 +107,9 @@ func (m modeCase) givenUp(e *env, n int) []settledForGood {
 	var out []settledForGood
 	if !m.acksAtIngest {
 		for _, d := range e.deadLetters(n) {
-			a, _ := intHeader(d.Headers, HeaderAttempt)
-			out = append(out, settledForGood{id: d.MessageId, reason: fmt.Sprint(d.Headers[HeaderDeadLetterReason]),
-				err: fmt.Sprint(d.Headers[HeaderDeadLetterError]), body: string(d.Body), attempts: a})
+			a, _ := intHeader(d.Headers, wire.HeaderAttempt)
+			out = append(out, settledForGood{id: d.MessageId, reason: fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason]),
+				err: fmt.Sprint(d.Headers[wire.HeaderDeadLetterError]), body: string(d.Body), attempts: a})
 		}
 		slices.SortFunc(out, func(a, b settledForGood) int { return strings.Compare(a.id, b.id) })
 		return out

@@ -12,9 +12,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // broker is one test's vhost with the consumer's topology declared.
@@ -104,16 +104,16 @@ func (b *broker) publishDead(p amqp.Publishing) {
 // deadPublishing is dl as the runtime dead-letters it.
 func (b *broker) deadPublishing(dl deadLetter) amqp.Publishing {
 	h := amqp.Table{
-		consumer.HeaderDeadLetterReason: dl.reason,
-		consumer.HeaderDeadLetterError:  "last: gateway answered 503",
-		consumer.HeaderDeadLetteredAt:   time.Now().Add(-90 * time.Minute).UTC().Format(time.RFC3339Nano),
-		consumer.HeaderDeadLetterBy:     "test",
-		consumer.HeaderAttempt:          int32(dl.attempts),
-		consumer.HeaderFirstError:       "first: gateway timeout",
-		consumer.HeaderLastError:        "last: gateway answered 503",
-		consumer.HeaderOriginalExchange: b.topo.Exchange,
-		consumer.HeaderOriginalKey:      b.topo.RoutingKey,
-		"x-custom":                      "kept",
+		wire.HeaderDeadLetterReason: dl.reason,
+		wire.HeaderDeadLetterError:  "last: gateway answered 503",
+		wire.HeaderDeadLetteredAt:   time.Now().Add(-90 * time.Minute).UTC().Format(time.RFC3339Nano),
+		wire.HeaderDeadLetterBy:     "test",
+		wire.HeaderAttempt:          int32(dl.attempts),
+		wire.HeaderFirstError:       "first: gateway timeout",
+		wire.HeaderLastError:        "last: gateway answered 503",
+		wire.HeaderOriginalExchange: b.topo.Exchange,
+		wire.HeaderOriginalKey:      b.topo.RoutingKey,
+		"x-custom":                  "kept",
 	}
 	if dl.replays > 0 {
 		h[HeaderReplayCount] = int32(dl.replays)
@@ -295,7 +295,7 @@ func TestReplayByIDMovesExactlyThatMessage(t *testing.T) {
 			t.Errorf("header %s = %v survived the replay", h, v)
 		}
 	}
-	for h, want := range map[string]string{"x-custom": "kept", consumer.HeaderOriginalExchange: "orders"} {
+	for h, want := range map[string]string{"x-custom": "kept", wire.HeaderOriginalExchange: "orders"} {
 		if d.Headers[h] != want {
 			t.Errorf("header %s = %v, want %q", h, d.Headers[h], want)
 		}
@@ -437,20 +437,20 @@ func TestReplayRefusesMessagesOlderThanMaxAge(t *testing.T) {
 		{"young", func(*amqp.Publishing) {}, false, AgeFromTimestamp},
 		{"old by its timestamp", func(p *amqp.Publishing) { p.Timestamp = day }, true, AgeFromTimestamp},
 		{"old by timestamp_in_ms, young by its timestamp", func(p *amqp.Publishing) {
-			p.Headers[consumer.HeaderTimestampMillis] = day.UnixMilli()
+			p.Headers[wire.HeaderTimestampMillis] = day.UnixMilli()
 		}, true, AgeFromPublishMillis},
 		{"young by timestamp_in_ms, old by its timestamp", func(p *amqp.Publishing) {
 			p.Timestamp = day
-			p.Headers[consumer.HeaderTimestampMillis] = time.Now().UnixMilli()
+			p.Headers[wire.HeaderTimestampMillis] = time.Now().UnixMilli()
 		}, false, AgeFromPublishMillis},
 		{"no publish time, dead-lettered long ago", func(p *amqp.Publishing) {
 			p.Timestamp = time.Time{}
-			p.Headers[consumer.HeaderDeadLetteredAt] = day.UTC().Format(time.RFC3339Nano)
+			p.Headers[wire.HeaderDeadLetteredAt] = day.UTC().Format(time.RFC3339Nano)
 		}, true, AgeFromDeadLettered},
 		{"no publish time, dead-lettered lately", func(p *amqp.Publishing) { p.Timestamp = time.Time{} }, false, AgeFromDeadLettered},
 		{"no time at all", func(p *amqp.Publishing) {
 			p.Timestamp = time.Time{}
-			delete(p.Headers, consumer.HeaderDeadLetteredAt)
+			delete(p.Headers, wire.HeaderDeadLetteredAt)
 		}, true, ""},
 	}
 	for _, tt := range tests {

@@ -9,8 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/kit/buffered"
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // ExportReport says what an export did.
@@ -72,23 +72,23 @@ func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 	if h == nil {
 		h = amqp.Table{}
 	}
-	h[consumer.HeaderDeadLetterReason] = p.Reason
-	h[consumer.HeaderDeadLetterError] = p.LastError
-	h[consumer.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	h[consumer.HeaderDeadLetterBy] = consumerName
-	h[consumer.HeaderAttempt] = int32(p.Attempts) // #nosec G115 -- at most BUFFER_MAX_ATTEMPTS (≤ 10000)
+	h[wire.HeaderDeadLetterReason] = p.Reason
+	h[wire.HeaderDeadLetterError] = p.LastError
+	h[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	h[wire.HeaderDeadLetterBy] = consumerName
+	h[wire.HeaderAttempt] = int32(p.Attempts) // #nosec G115 -- at most BUFFER_MAX_ATTEMPTS (≤ 10000)
 	// Every parked message was claimed, so it may have run: the copy, stored
 	// again as a new message when replayed, must say so to the key-expiry
 	// guard (its runs are not counted anew).
-	h[consumer.HeaderMayHaveRun] = true
-	if _, ok := h[consumer.HeaderFirstError]; !ok {
-		h[consumer.HeaderFirstError] = p.LastError
+	h[wire.HeaderMayHaveRun] = true
+	if _, ok := h[wire.HeaderFirstError]; !ok {
+		h[wire.HeaderFirstError] = p.LastError
 	}
 	delete(h, "x-death")
-	if _, ok := h[consumer.HeaderTimestampMillis]; !ok && p.PublishedAt.IsZero() {
+	if _, ok := h[wire.HeaderTimestampMillis]; !ok && p.PublishedAt.IsZero() {
 		// No publish time: its storing bounds its first run from below, and
 		// the replayed copy is stored anew.
-		h[consumer.HeaderTimestampMillis] = p.ReceivedAt.UnixMilli()
+		h[wire.HeaderTimestampMillis] = p.ReceivedAt.UnixMilli()
 	}
 	// The publish time, for dlq replay's age limit; timestamp_in_ms, if the
 	// producer set it, is among the stored headers.

@@ -18,6 +18,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/migrations"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // keyTTL is the scaled-down lifetime of the called service's idempotency keys.
@@ -121,7 +122,7 @@ func TestReplayedCopyWaitingPastTheKeyLifetimeDoesNotCallOutAgain(t *testing.T) 
 			}
 			headers := amqp.Table{}
 			if c.published {
-				headers[consumer.HeaderTimestampMillis] = published.UnixMilli()
+				headers[wire.HeaderTimestampMillis] = published.UnixMilli()
 			}
 			if err := rabbit.PublishConfirmed(context.Background(), ch, b.topo.Exchange, b.topo.RoutingKey, amqp.Publishing{
 				MessageId: "charged-once", ContentType: "application/json", DeliveryMode: amqp.Persistent,
@@ -159,16 +160,16 @@ func TestReplayedCopyWaitingPastTheKeyLifetimeDoesNotCallOutAgain(t *testing.T) 
 			m, _ = runGuarded(t, b, db, calls, store)
 			if store == nil {
 				got := b.take(b.topo.DeadLetterQueue, 1)
-				if r := got[0].Headers[consumer.HeaderDeadLetterReason]; r != consumer.ReasonKeyExpired {
-					t.Errorf("dead-lettered with reason %v, want %s", r, consumer.ReasonKeyExpired)
+				if r := got[0].Headers[wire.HeaderDeadLetterReason]; r != wire.ReasonKeyExpired {
+					t.Errorf("dead-lettered with reason %v, want %s", r, wire.ReasonKeyExpired)
 				}
 			} else {
 				testenv.Eventually(t, 30*time.Second, "the copy parked", func() (bool, error) {
 					return m.Settled("test", consumer.OutcomeParked) == 1, nil
 				})
 				parked, err := store.ListParked(context.Background(), buffered.Selector{All: true}, 10)
-				if err != nil || len(parked) != 1 || parked[0].Reason != string(consumer.ReasonKeyExpired) {
-					t.Errorf("parked %+v (%v), want the copy with reason %s", parked, err, consumer.ReasonKeyExpired)
+				if err != nil || len(parked) != 1 || parked[0].Reason != string(wire.ReasonKeyExpired) {
+					t.Errorf("parked %+v (%v), want the copy with reason %s", parked, err, wire.ReasonKeyExpired)
 				}
 			}
 			if n := calls.n.Load(); n != before {
@@ -190,17 +191,17 @@ func TestReplayCopyMarksWhatMayHaveRun(t *testing.T) {
 		headers amqp.Table
 		want    bool
 	}{
-		{"refused at the door", amqp.Table{consumer.HeaderDeadLetterReason: consumer.ReasonUnsupportedContent, consumer.HeaderAttempt: int32(1)}, false},
-		{"marked", amqp.Table{consumer.HeaderDeadLetterReason: consumer.ReasonUnsupportedContent, consumer.HeaderMayHaveRun: true}, true},
-		{"retries exhausted", amqp.Table{consumer.HeaderDeadLetterReason: consumer.ReasonRetriesExhausted, consumer.HeaderAttempt: int32(5)}, true},
-		{"handler's permanent reason on the first attempt", amqp.Table{consumer.HeaderDeadLetterReason: "gateway_rejected", consumer.HeaderAttempt: int32(1)}, true},
-		{"put back before", amqp.Table{consumer.HeaderDeadLetterReason: consumer.ReasonInvalidID, consumer.HeaderHeld: int32(1)}, true},
+		{"refused at the door", amqp.Table{wire.HeaderDeadLetterReason: wire.ReasonUnsupportedContent, wire.HeaderAttempt: int32(1)}, false},
+		{"marked", amqp.Table{wire.HeaderDeadLetterReason: wire.ReasonUnsupportedContent, wire.HeaderMayHaveRun: true}, true},
+		{"retries exhausted", amqp.Table{wire.HeaderDeadLetterReason: wire.ReasonRetriesExhausted, wire.HeaderAttempt: int32(5)}, true},
+		{"handler's permanent reason on the first attempt", amqp.Table{wire.HeaderDeadLetterReason: "gateway_rejected", wire.HeaderAttempt: int32(1)}, true},
+		{"put back before", amqp.Table{wire.HeaderDeadLetterReason: wire.ReasonInvalidID, wire.HeaderHeld: int32(1)}, true},
 		{"dead-lettered by the broker", amqp.Table{"x-death": []any{amqp.Table{"reason": "delivery_limit"}}}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			p := replayCopy(amqp.Delivery{Headers: c.headers}, 1)
-			if got := consumer.MarkedAsRun(p.Headers); got != c.want {
+			if got := wire.MarkedAsRun(p.Headers); got != c.want {
 				t.Errorf("marked %v, want %v", got, c.want)
 			}
 		})

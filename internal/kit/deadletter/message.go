@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // Headers of ours, in addition to the consumer runtime's.
@@ -44,10 +44,10 @@ type Message struct {
 // age by the time the message spent in its retries (and, for a message
 // replayed before, by everything before its last dead-lettering).
 const (
-	AgeFromPublishMillis = consumer.HeaderTimestampMillis // the header our producers and RabbitMQ's timestamp plugin set
-	AgeFromTimestamp     = "timestamp"                    // the AMQP timestamp property, whole seconds
-	AgeFromDeadLettered  = consumer.HeaderDeadLetteredAt  // the runtime's dead-lettering time
-	AgeFromDeath         = "x-death"                      // the broker's, for the messages it dead-lettered itself
+	AgeFromPublishMillis = wire.HeaderTimestampMillis // the header our producers and RabbitMQ's timestamp plugin set
+	AgeFromTimestamp     = "timestamp"                // the AMQP timestamp property, whole seconds
+	AgeFromDeadLettered  = wire.HeaderDeadLetteredAt  // the runtime's dead-lettering time
+	AgeFromDeath         = "x-death"                  // the broker's, for the messages it dead-lettered itself
 )
 
 // Age is how long ago the message was published (or, failing that,
@@ -78,15 +78,15 @@ func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 	m := Message{
 		ID:         d.MessageId,
 		Attrs:      bodyAttrs(d.Body, attrs),
-		Reason:     stringHeader(h, consumer.HeaderDeadLetterReason),
-		Attempts:   intHeader(h, consumer.HeaderAttempt),
-		FirstError: stringHeader(h, consumer.HeaderFirstError),
+		Reason:     stringHeader(h, wire.HeaderDeadLetterReason),
+		Attempts:   intHeader(h, wire.HeaderAttempt),
+		FirstError: stringHeader(h, wire.HeaderFirstError),
 		Replays:    intHeader(h, HeaderReplayCount),
 	}
 	if m.FirstError == "" {
-		m.FirstError = stringHeader(h, consumer.HeaderDeadLetterError)
+		m.FirstError = stringHeader(h, wire.HeaderDeadLetterError)
 	}
-	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, consumer.HeaderDeadLetteredAt)); err == nil {
+	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, wire.HeaderDeadLetteredAt)); err == nil {
 		m.DeadLetteredAt, m.Since, m.AgeFrom = at, at, AgeFromDeadLettered
 	}
 	if death, ok := lastDeath(h); ok {
@@ -97,7 +97,7 @@ func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 			m.DeadLetteredAt, m.Since, m.AgeFrom = t, t, AgeFromDeath
 		}
 	}
-	switch ms := intHeader(h, consumer.HeaderTimestampMillis); {
+	switch ms := intHeader(h, wire.HeaderTimestampMillis); {
 	case ms > 0:
 		m.Since, m.AgeFrom = time.UnixMilli(int64(ms)), AgeFromPublishMillis
 	case d.Timestamp.Unix() > 0:

@@ -8,8 +8,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // DefaultMaxReplays is how often one message may be replayed.
@@ -196,14 +196,14 @@ func (q *Queue) replay(ctx context.Context, pub *rabbit.Publisher, d amqp.Delive
 // which the next failure would otherwise report as its own. The broker's
 // counters are the dead-letter queue's, not the work queue's.
 var resetHeaders = []string{
-	consumer.HeaderAttempt,
-	consumer.HeaderPauseHolds,
-	consumer.HeaderDeadLetterReason,
-	consumer.HeaderDeadLetterError,
-	consumer.HeaderDeadLetteredAt,
-	consumer.HeaderDeadLetterBy,
-	consumer.HeaderFirstError,
-	consumer.HeaderLastError,
+	wire.HeaderAttempt,
+	wire.HeaderPauseHolds,
+	wire.HeaderDeadLetterReason,
+	wire.HeaderDeadLetterError,
+	wire.HeaderDeadLetteredAt,
+	wire.HeaderDeadLetterBy,
+	wire.HeaderFirstError,
+	wire.HeaderLastError,
 	"x-death", "x-first-death-exchange", "x-first-death-queue", "x-first-death-reason",
 	"x-last-death-exchange", "x-last-death-queue", "x-last-death-reason",
 	"x-delivery-count", "x-acquired-count",
@@ -213,20 +213,20 @@ var resetHeaders = []string{
 // id is the inbox key, so a copy of a message already applied is suppressed.
 //
 // The copy starts a fresh retry budget but keeps (or gains) the mark that it
-// may have run, consumer.HeaderMayHaveRun: a copy that waits in the work
+// may have run, wire.HeaderMayHaveRun: a copy that waits in the work
 // queue past the idempotency keys' lifetime must be refused by the runtime's
 // key-expiry guard, not run as a first attempt with a key the called
 // service has forgotten.
 func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 	p := rabbit.Copy(d)
 	if mayHaveRun(d.Headers) {
-		p.Headers[consumer.HeaderMayHaveRun] = true
+		p.Headers[wire.HeaderMayHaveRun] = true
 	}
 	if m := describe(d, nil); !m.Published() && !m.Since.IsZero() {
 		// No publish time: the replay's age limit counted from the
 		// dead-lettering (or the broker's death record), and so does the
 		// runtime's key-expiry guard for the copy.
-		p.Headers[consumer.HeaderTimestampMillis] = m.Since.UnixMilli()
+		p.Headers[wire.HeaderTimestampMillis] = m.Since.UnixMilli()
 	}
 	for _, k := range resetHeaders {
 		delete(p.Headers, k)
@@ -242,9 +242,9 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 // reason it gives only once the handler may have run. Only a delivery refused
 // at the door, marked by nothing else, is known not to have called out.
 func mayHaveRun(h amqp.Table) bool {
-	_, held := h[consumer.HeaderHeld]
+	_, held := h[wire.HeaderHeld]
 	_, brokerDeath := h["x-death"]
-	reason := stringHeader(h, consumer.HeaderDeadLetterReason)
-	return consumer.MarkedAsRun(h) || held || brokerDeath || intHeader(h, consumer.HeaderAttempt) > 1 ||
-		!consumer.RefusedBeforeRun(reason)
+	reason := stringHeader(h, wire.HeaderDeadLetterReason)
+	return wire.MarkedAsRun(h) || held || brokerDeath || intHeader(h, wire.HeaderAttempt) > 1 ||
+		!wire.RefusedBeforeRun(reason)
 }

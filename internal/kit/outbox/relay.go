@@ -12,9 +12,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // RelayConfig tunes a Relay. Zero values are replaced by the defaults.
@@ -229,8 +229,8 @@ func publishing(c Claimed) amqp.Publishing {
 	if h == nil {
 		h = amqp.Table{}
 	}
-	if _, ok := h[consumer.HeaderTimestampMillis]; !ok {
-		h[consumer.HeaderTimestampMillis] = c.CreatedAt.UnixMilli()
+	if _, ok := h[wire.HeaderTimestampMillis]; !ok {
+		h[wire.HeaderTimestampMillis] = c.CreatedAt.UnixMilli()
 	}
 	return amqp.Publishing{
 		MessageId: c.ID, ContentType: c.ContentType, DeliveryMode: amqp.Persistent,

@@ -32,6 +32,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/service"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // Stack is one service running on a vhost and a database of its own.
@@ -164,7 +165,7 @@ func (s *Stack) DeadLetters() map[string]string {
 			if err != nil || !ok {
 				return err
 			}
-			reason, _ := d.Headers[consumer.HeaderDeadLetterReason].(string)
+			reason, _ := d.Headers[wire.HeaderDeadLetterReason].(string)
 			out[d.MessageId] = reason
 		}
 	})
@@ -260,8 +261,8 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 	}
 	if writes == nil {
 		t.Errorf("message %s: the handler returned no writes and no error: the runtime dead-letters such a message "+
-			"(%s); return consumer.NoWrites(outcome) for a message with nothing to write", msg.ID, consumer.ReasonNoOutcome)
-		return "", consumer.Permanent(consumer.ReasonNoOutcome, errors.New("no writes and no error"))
+			"(%s); return consumer.NoWrites(outcome) for a message with nothing to write", msg.ID, wire.ReasonNoOutcome)
+		return "", consumer.Permanent(wire.ReasonNoOutcome, errors.New("no writes and no error"))
 	}
 	first, firstErr := runWrites(ctx, t, db, writes, false)
 	out, err := runWrites(ctx, t, db, writes, true)
@@ -275,7 +276,7 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 	}
 	if err == nil && out == "" {
 		t.Errorf("message %s: the writes returned no outcome and no error: the runtime dead-letters such a message "+
-			"(%s); return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of your own", msg.ID, consumer.ReasonNoOutcome)
+			"(%s); return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of your own", msg.ID, wire.ReasonNoOutcome)
 	}
 	return out, err
 }
