@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // Completion is a claimed message whose handler succeeded: Apply runs its
@@ -248,7 +250,7 @@ func (s *Store) Fail(ctx context.Context, l Lease, delay time.Duration, cause st
 	ok, err = s.settleLease(ctx, l,
 		`available_at = now() + make_interval(secs => $6)`,
 		`status = 'failed', last_error = $7, available_at = now() + make_interval(secs => $6)`,
-		delay.Seconds(), truncate(cause))
+		delay.Seconds(), wire.ErrorText(cause))
 	if err != nil {
 		return false, fmt.Errorf("record failure of message %d: %w", l.ID, err)
 	}
@@ -261,7 +263,7 @@ func (s *Store) Park(ctx context.Context, l Lease, reason, cause string) (ok boo
 	ok, err = s.settleLease(ctx, l,
 		`blocked = true, available_at = now()`,
 		`status = 'parked', park_reason = $6, last_error = $7, parked_at = now()`,
-		reason, truncate(cause))
+		reason, wire.ErrorText(cause))
 	if err != nil {
 		return false, fmt.Errorf("park message %d: %w", l.ID, err)
 	}
@@ -282,19 +284,9 @@ func (s *Store) Release(ctx context.Context, l Lease, delay time.Duration, cause
 		`available_at = now() + make_interval(secs => $6)`,
 		`attempts = attempts - 1, status = CASE WHEN attempts > 1 THEN 'failed' ELSE 'pending' END,
 		 last_error = $7, available_at = now() + make_interval(secs => $6), holds = holds + $8`,
-		delay.Seconds(), truncate(cause), hold)
+		delay.Seconds(), wire.ErrorText(cause), hold)
 	if err != nil {
 		return false, fmt.Errorf("release message %d: %w", l.ID, err)
 	}
 	return ok, nil
-}
-
-// truncate bounds an error text kept in a row.
-func truncate(s string) string {
-	const maxLen = 2048
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
-	if len(s) <= maxLen {
-		return s
-	}
-	return strings.ToValidUTF8(s[:maxLen], "") + "…"
 }

@@ -30,9 +30,9 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
 	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt + 1)
-	pub.Headers[wire.HeaderLastError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderLastError] = wire.ErrorText(cause.Error())
 	if _, ok := pub.Headers[wire.HeaderFirstError]; !ok {
-		pub.Headers[wire.HeaderFirstError] = truncate(cause.Error())
+		pub.Headers[wire.HeaderFirstError] = wire.ErrorText(cause.Error())
 	}
 	expire := time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
 	pub.Expiration = strconv.FormatInt(max(expire.Milliseconds(), 1), 10)
@@ -61,7 +61,7 @@ func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Mes
 	if counts {
 		pub.Headers[wire.HeaderPauseHolds] = header32(msg.holds + 1)
 	}
-	pub.Headers[wire.HeaderLastError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderLastError] = wire.ErrorText(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
 	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRequeued)).Inc()
@@ -117,12 +117,12 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 		pub.Headers = kept
 	}
 	pub.Headers[wire.HeaderDeadLetterReason] = string(reason)
-	pub.Headers[wire.HeaderDeadLetterError] = truncate(cause.Error())
+	pub.Headers[wire.HeaderDeadLetterError] = wire.ErrorText(cause.Error())
 	pub.Headers[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	pub.Headers[wire.HeaderDeadLetterBy] = r.cfg.Name
 	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt)
 	if _, ok := pub.Headers[wire.HeaderFirstError]; !ok {
-		pub.Headers[wire.HeaderFirstError] = truncate(cause.Error())
+		pub.Headers[wire.HeaderFirstError] = wire.ErrorText(cause.Error())
 	}
 	t := r.cfg.Topology
 	if !r.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
@@ -201,14 +201,6 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 		p.Headers[wire.HeaderOriginalKey] = d.RoutingKey
 	}
 	return p
-}
-
-func truncate(s string) string {
-	const maxLen = 1024
-	if len(s) <= maxLen {
-		return s
-	}
-	return s[:maxLen] + "…"
 }
 
 // stampSeen gives a copy of a message that has no publish time the time the

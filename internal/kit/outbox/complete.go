@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // settlement is what became of rows the relay claimed.
@@ -142,7 +143,7 @@ func (r *Relay) fail(ctx context.Context, f failed) {
 		maxAttempts = c.Attempts + 1
 	}
 	parked, err := r.store.Fail(ctx, c, delay, maxAttempts, f.reason, f.cause)
-	log := r.log.With("outbox_id", c.ID, "exchange", truncate(c.Exchange), "routing_key", truncate(c.RoutingKey), "ordering_key", c.OrderingKey,
+	log := r.log.With("outbox_id", c.ID, "exchange", wire.ErrorText(c.Exchange), "routing_key", wire.ErrorText(c.RoutingKey), "ordering_key", c.OrderingKey,
 		"attempt", c.Attempts+1, "reason", f.reason)
 	switch {
 	case err != nil:

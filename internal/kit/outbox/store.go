@@ -13,6 +13,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/database"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // Store is the relay's and the operators' access to one producer's outbox.
@@ -259,7 +260,7 @@ func (s *Store) Fail(ctx context.Context, c Claimed, delay time.Duration, maxAtt
 			parked_at = CASE WHEN attempts + 1 >= $5 THEN now() ELSE parked_at END,
 			available_at = now() + make_interval(secs => $3)
 		WHERE id = $1 AND lease_token = $2 AND status = 'pending'
-		RETURNING status = 'parked'`, c.ID, c.Token, delay.Seconds(), truncate(lastErr), maxAttempts, reason).Scan(&parked)
+		RETURNING status = 'parked'`, c.ID, c.Token, delay.Seconds(), wire.ErrorText(lastErr), maxAttempts, reason).Scan(&parked)
 	if err == sql.ErrNoRows {
 		return false, nil // the lease passed to another relay
 	}
@@ -425,12 +426,4 @@ func (s *Store) PruneSent(ctx context.Context, window time.Duration, limit int) 
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
-}
-
-func truncate(s string) string {
-	const maxLen = 1024
-	if len(s) <= maxLen {
-		return s
-	}
-	return s[:maxLen] + "…"
 }

@@ -1,8 +1,10 @@
 // Package wire is the kit's contract on the wire: the headers it reads and
 // writes on AMQP messages and the reasons it dead-letters with. It imports
-// nothing, so that whatever reads the kit's messages (the dead-letter tools,
+// nothing of the kit, so that whatever reads the kit's messages (the dead-letter tools,
 // the fault kit, a service's tests) needs none of the runtime.
 package wire
+
+import "strings"
 
 // Headers of ours. The attempt count travels in our own header because x-death
 // counting changed in RabbitMQ 3.13 and the quorum delivery limit in 4.3.
@@ -76,4 +78,20 @@ func RefusedBeforeRun(reason string) bool {
 func MarkedAsRun(headers map[string]any) bool {
 	v, ok := headers[HeaderMayHaveRun]
 	return ok && v != false
+}
+
+// MaxErrorText is the most bytes of an error's text the kit writes into a
+// header (x-first-error, x-last-error, x-dead-letter-error) or a row's
+// last_error, before the ellipsis.
+const MaxErrorText = 1024
+
+// ErrorText is s as the kit writes an error's text: valid UTF-8 (an invalid
+// byte becomes U+FFFD), without NUL (PostgreSQL's text refuses it), cut to
+// MaxErrorText bytes at a rune's boundary with an ellipsis after it.
+func ErrorText(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= MaxErrorText {
+		return s
+	}
+	return strings.ToValidUTF8(s[:MaxErrorText], "") + "…"
 }
