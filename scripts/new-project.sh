@@ -652,7 +652,7 @@ services:
       interval: 2s
       timeout: 5s
       retries: 5
-      start_period: 30s
+      start_period: 120s
 
   @SVC@:
     image: @NAME@/@SVC@:dev
@@ -677,7 +677,7 @@ services:
       interval: 2s
       timeout: 5s
       retries: 3
-      start_period: 30s
+      start_period: 120s
     stop_grace_period: 30s
 
 volumes:

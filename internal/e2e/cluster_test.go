@@ -11,12 +11,12 @@ import (
 // The payment service on the local three-node cluster (scripts/cluster.sh),
 // built only with -tags cluster (scripts/faults/broker-node-loss.sh, which
 // CI runs in both modes): two replicas and their outbox relays under a load
-// of 50 orders a second with 10% duplicates and 20 poison messages, while
+// of 50 messages a second (orders, 10% duplicates, 20 poison), while
 // the node that leads the work queue is killed five times, once for longer
 // than the reconnect backoff. Then inboxctl verify: every valid order paid
 // once, none charged twice, only the poison dead-lettered, the outbox
 // drained (its every OrderPaid in the sink queue). The load is 1,000 orders
-// (20 s), then batches of 500 (clusterLoadMore, 10 s each) while rounds
+// (about 22 s), then batches of 500 (clusterLoadMore, 11 s each) while rounds
 // remain, so every kill hits it by construction and it ends with the last
 // round: a round (finding the leader, the kill, 3 s or 10 s down, the node's
 // start, 2 s) takes about 19 s here, 26 s the long one, 45 s on a loaded

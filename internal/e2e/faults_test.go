@@ -140,7 +140,7 @@ const faultSink = "faults.order-paid"
 
 // loadMore and clusterLoadMore are a batch of the load's extension while
 // the fault's rounds remain (faultkit.Trial.LoadMore): 2 s at the load's
-// rate, 10 s at the cluster load's.
+// rate, about 11 s at the cluster load's (the rate counts duplicates).
 var (
 	loadMore        = []string{"-count", "70", "-duplicate-rate", "0.1", "-rate", "35", "-timeout", "5m"}
 	clusterLoadMore = []string{"-count", "500", "-duplicate-rate", "0.1", "-rate", "50", "-timeout", "5m"}

@@ -7,7 +7,7 @@
 # node is in AMQP_URL), and so does the publisher.
 # Local mode runs faultkit.BrokerNodeLoss (go test -tags cluster) on the local
 # cluster of scripts/cluster.sh (started if it is not up, left up; it needs
-# root), under 50 orders a second for as long as the kills last (about 5,000
+# root), under 50 messages a second for as long as the kills last (about 5,000
 # orders); the machine's broker is not touched. Compose mode runs the stack
 # with the profile "cluster", 10,000 orders at 75/s, and kills the leader's
 # container.

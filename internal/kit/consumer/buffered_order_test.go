@@ -56,7 +56,8 @@ func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
 // reconnect (which would cost each prefetched delivery a count against the
 // queue's delivery limit).
 func TestBufferedIngestLockWaitKeepsOrder(t *testing.T) {
-	t.Parallel()
+	// Not parallel: its pool's 300 ms statement timeout (and lock timeout)
+	// must be met by every other statement, which a busy machine may not.
 	e := newBufferedEnv(t, nil)
 	db := openPool(t, e.dbURL, 300*time.Millisecond)
 	if err := e.db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq) VALUES ('test', 'key-00', 0)`).Error; err != nil {

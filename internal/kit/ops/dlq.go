@@ -188,7 +188,8 @@ func dlqReplay(ctx context.Context, svc service.Options, args []string, stdout i
 		// sees (a typo, or someone replayed it already), where a reason or
 		// --all selecting nothing just leaves nothing to do.
 		if sel.ID != "" && len(rep.Replayed)+len(rep.Refused)+len(rep.TooOld) == 0 {
-			return fmt.Errorf("dlq replay: no message with id %q in %s (visited %d of %d)", sel.ID, q.Name(), rep.Visited, rep.Depth)
+			return fmt.Errorf("dlq replay: no message with id %q in %s (visited %d of %d ready; one another dlq list or replay holds is not ready)",
+				sel.ID, q.Name(), rep.Visited, rep.Depth)
 		}
 		return nil
 	})
