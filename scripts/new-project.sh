@@ -632,7 +632,7 @@ services:
     healthcheck:
       test: ["CMD", "rabbitmq-diagnostics", "-q", "ping"]
       interval: 5s
-      timeout: 10s
+      timeout: 30s
       retries: 5
       start_period: 60s
 
