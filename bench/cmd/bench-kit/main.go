@@ -16,6 +16,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 )
@@ -49,7 +50,7 @@ func options() service.Options {
 func handle(_ context.Context, msg consumer.Message) (consumer.Writes, error) {
 	o, err := orders.Decode(msg.Body)
 	if err != nil {
-		return nil, consumer.Permanent("invalid_event", err)
+		return nil, consumer.Permanent(wire.ReasonInvalidEvent, err)
 	}
 	return func(_ context.Context, tx *gorm.DB) (consumer.Outcome, error) {
 		res := tx.Exec(`INSERT INTO payments (order_id, message_id, customer_id, amount_cents, currency, status, charge_id)

@@ -113,7 +113,7 @@ func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
 		{"refused, its id a NUL", "", `{"id": "ev-\u0000", "n": -1}`, "", "negative_n"},
 		{"refused, its id too long", "", `{"id": "` + strings.Repeat("x", 256) + `", "n": -1}`, "", "negative_n"},
 		{"refused, no id", "", `{"n": -1}`, "", "negative_n"},
-		{"malformed", "", `{"id": "ev-2", `, "", ReasonInvalidEvent},
+		{"malformed", "", `{"id": "ev-2", `, "", wire.ReasonInvalidEvent},
 		{"refused under a property", "m-1", `{"id": "ev-3", "n": -1}`, "m-1", ""},
 	}
 	for _, tt := range tests {

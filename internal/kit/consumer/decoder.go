@@ -3,6 +3,8 @@ package consumer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
 
 // A Decoder decodes each delivery's body once, for the runtime and the
@@ -30,7 +32,7 @@ type Events[E any] struct {
 	// the body passed the size and content-type checks. A body it refuses is
 	// dead-lettered at once inline, and parked when processed in the
 	// buffered mode (stored as a key of its own), with the reason of a
-	// PermanentError (Permanent) or else ReasonInvalidEvent. It must be
+	// PermanentError (Permanent) or else wire.ReasonInvalidEvent. It must be
 	// pure: the buffered mode decodes a stored message again to process it.
 	// With its refusal it may return the event as far as it read it: a body
 	// without a message_id property is then dead-lettered under the ID of
@@ -88,17 +90,13 @@ func (e Events[E]) ordered() bool { return e.OrderingKey != nil }
 // Ordered reports whether d names ordering keys.
 func Ordered(d Decoder) bool { return d != nil && d.ordered() }
 
-// ReasonInvalidEvent dead-letters a body the Decoder refused with an error
-// that is not a PermanentError.
-const ReasonInvalidEvent = "invalid_event"
-
 // decodeReason is the dead-letter reason of a body the Decoder refused.
 func decodeReason(err error) Reason {
 	var pe *PermanentError
 	if errors.As(err, &pe) {
 		return permanentReason(err)
 	}
-	return ReasonInvalidEvent
+	return wire.ReasonInvalidEvent
 }
 
 // Decode fills msg.Event with d's decoding of msg.Body, and msg.ID, if it is
@@ -120,11 +118,11 @@ func Decode(d Decoder, msg Message) (Message, error) {
 // EventOf returns the event the Decoder made of msg's body: E is the type
 // parameter of the service's Events. A message without one (no Decoder, or
 // one of another type: a wiring mistake) gives a PermanentError,
-// ReasonInvalidEvent, and the message is dead-lettered (parked) saying so.
+// wire.ReasonInvalidEvent, and the message is dead-lettered (parked) saying so.
 func EventOf[E any](msg Message) (E, error) {
 	ev, ok := msg.Event.(E)
 	if !ok {
-		return ev, Permanent(ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
+		return ev, Permanent(wire.ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
 			"give the service's Options a Decoder, consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
 	}
 	return ev, nil

@@ -30,7 +30,7 @@ func countingEvents(decodes *atomic.Int64) Events[decodedEvent] {
 			decodes.Add(1)
 			var ev decodedEvent
 			if err := json.Unmarshal(body, &ev); err != nil {
-				return ev, err // not a PermanentError: ReasonInvalidEvent
+				return ev, err // not a PermanentError: wire.ReasonInvalidEvent
 			}
 			if ev.N < 0 {
 				return ev, Permanent("negative_n", fmt.Errorf("n is %d", ev.N))
@@ -91,7 +91,7 @@ func TestDecoderDecodesEachBodyOnce(t *testing.T) {
 			t.Fatalf("given up on %d messages, want the two refused bodies: %+v", len(got), got)
 		}
 		for _, g := range got {
-			want := map[string]string{"bad-json": ReasonInvalidEvent, "negative": "negative_n"}[g.id]
+			want := map[string]string{"bad-json": wire.ReasonInvalidEvent, "negative": "negative_n"}[g.id]
 			if g.reason != want {
 				t.Errorf("%s given up with reason %q, want %q (%s)", g.id, g.reason, want, g.err)
 			}
@@ -202,9 +202,9 @@ func TestDecoderPanicsAndRefusalsNeverCrashAReplica(t *testing.T) {
 				reasons[g.id] = g.reason
 			}
 		}
-		want := map[string]string{"boom": ReasonInvalidEvent, "": "negative_n"}
+		want := map[string]string{"boom": wire.ReasonInvalidEvent, "": "negative_n"}
 		if m.buffered() {
-			want["second"] = ReasonInvalidEvent
+			want["second"] = wire.ReasonInvalidEvent
 		}
 		if fmt.Sprint(reasons) != fmt.Sprint(want) {
 			t.Errorf("given up on %v, want %v", reasons, want)

@@ -144,7 +144,7 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 // decode runs the service's Decoder on a body. A refusal comes back as a
 // PermanentError with the reason to dead-letter (park) with, and the id the
 // refused body names if the Decoder read one; so does a panic of the
-// Decoder, counted and logged (ReasonInvalidEvent), without an id, so that a
+// Decoder, counted and logged (wire.ReasonInvalidEvent), without an id, so that a
 // body it cannot take never crashes a replica, at ingest or when the
 // buffered mode decodes a stored message again.
 func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
@@ -153,7 +153,7 @@ func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
 			r.log.Error("the Decoder panicked; the message is refused as an invalid event",
 				"message_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			d, err = decoded{}, Permanent(ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
+			d, err = decoded{}, Permanent(wire.ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
 		}
 	}()
 	d, err = r.cfg.Decoder.decode(body)

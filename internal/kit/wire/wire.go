@@ -55,6 +55,7 @@ const (
 	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
 	ReasonInvalidReason      = "invalid_reason"          // the handler gave Permanent a reason not of the form of one
 	ReasonNoOutcome          = "writes_without_outcome"  // the writes returned no outcome and no error
+	ReasonInvalidEvent       = "invalid_event"           // the Decoder refused the body with an error that is not a PermanentError
 	// ReasonHeadersTooLarge: the message's properties and headers leave no
 	// room in one frame for the runtime's: its dead letter leaves the
 	// producer's headers out (HeaderHeadersDropped says how many bytes).
