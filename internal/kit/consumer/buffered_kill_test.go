@@ -145,9 +145,7 @@ func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
 	if publishErr != nil {
 		t.Fatal(publishErr)
 	}
-	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
-		return e.appliedTotal() >= len(keys)*perKey, nil
-	})
+	e.waitApplied(t, len(keys)*perKey)
 	// A late duplicate would come from the broker: wait until it holds
 	// nothing ready or unacknowledged.
 	testenv.Eventually(t, time.Minute, "the queue empty, nothing unacked, no stored message waiting", func() (bool, error) {

@@ -35,9 +35,7 @@ func TestBufferedGracefulHandoverKeepsOrder(t *testing.T) {
 	waitFor(t, "the first replica storing", func() bool { return a.count(OutcomeStored) >= 100 })
 	a.shutdown(t)
 	storedByA := a.count(OutcomeStored)
-	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
-		return e.appliedTotal() >= len(keys)*perKey, nil
-	})
+	e.waitApplied(t, len(keys)*perKey)
 	e.assertInOrder(keys, perKey)
 	if storedByA >= len(keys)*perKey || b.count(OutcomeStored) == 0 {
 		t.Fatalf("a stored %d, b %d: the stop came too late to hand anything over", storedByA, b.count(OutcomeStored))
@@ -219,9 +217,7 @@ func TestBufferedGracefulRestartsDoNotSpendTheDeliveryLimit(t *testing.T) {
 		rt.shutdown(t)
 	}
 	e.start(orderedHandler(nil), tune)
-	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
-		return e.appliedTotal() >= len(keys)*perKey, nil
-	})
+	e.waitApplied(t, len(keys)*perKey)
 	e.assertInOrder(keys, perKey)
 	if d := e.queueDepth(e.topo.DeadLetterQueue); d != 0 {
 		t.Errorf("%d messages dead-lettered by the broker's delivery limit", d)

@@ -143,6 +143,14 @@ func (e *env) appliedOf(key string) []int {
 	return ns
 }
 
+// waitApplied waits until want events are applied, for as long as more
+// keep being applied: a backlog on a loaded machine takes what it takes, a
+// wedge fails after a minute with no progress.
+func (e *env) waitApplied(t *testing.T, want int) {
+	t.Helper()
+	testenv.Reaches(t, time.Minute, "every event applied", want, func() (int, error) { return e.appliedTotal(), nil })
+}
+
 func (e *env) appliedTotal() int {
 	e.t.Helper()
 	var n int

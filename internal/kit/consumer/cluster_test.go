@@ -116,9 +116,7 @@ func TestBufferedKeepsOrderAcrossALeaderLoss(t *testing.T) {
 	if stored := a.count(OutcomeStored) + b.count(OutcomeStored); stored >= len(keys)*perKey {
 		t.Fatalf("the replicas had stored all %d events before the kill: make the backlog bigger", stored)
 	}
-	testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
-		return e.appliedTotal() >= len(keys)*perKey, nil
-	})
+	e.waitApplied(t, len(keys)*perKey)
 	c.Start(leader)
 	e.assertInOrder(keys, perKey)
 	failovers := testutil.ToFloat64(a.metrics.failovers.WithLabelValues(a.cfg.Name)) + testutil.ToFloat64(b.metrics.failovers.WithLabelValues(b.cfg.Name))

@@ -232,9 +232,7 @@ func TestDatabaseOutagePausesAndLosesNothing(t *testing.T) {
 		if err := proxy.Start(); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, 2*time.Minute, "every event applied", func() (bool, error) {
-			return e.appliedTotal() >= len(keys)*perKey, nil
-		})
+		e.waitApplied(t, len(keys)*perKey)
 		m.assertEventsApplied(e, keys, perKey)
 		if rt.pauses() < 1 || rt.count(OutcomeDeadLettered) != 0 {
 			t.Errorf("pauses %d, dead letters %d: want a pause and no dead letter", rt.pauses(), rt.count(OutcomeDeadLettered))

@@ -185,11 +185,20 @@ func (e *env) effects(id string) int {
 // deadLetters takes exactly n messages from the dead-letter queue, waiting for them.
 func (e *env) deadLetters(n int) []amqp.Delivery {
 	e.t.Helper()
-	ch := e.channel()
+	var ch *amqp.Channel
 	var got []amqp.Delivery
 	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d dead letters", n), func() (bool, error) {
+		if ch == nil || ch.IsClosed() {
+			// A fresh channel after an error: the broker closes a channel
+			// on a channel-level error, and e.channel dials again if the
+			// connection is gone. One channel for every poll failed a
+			// fresh-clone run: every poll for 30 s answered "channel/
+			// connection is not open" while the dead letter was there.
+			ch = e.channel()
+		}
 		d, ok, err := ch.Get(e.topo.DeadLetterQueue, true)
 		if err != nil {
+			ch = nil
 			return false, err
 		}
 		if ok {

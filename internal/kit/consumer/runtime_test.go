@@ -175,15 +175,22 @@ func TestRetryBudgetEndsGivenUp(t *testing.T) {
 		if !strings.Contains(g.err, errTransient.Error()) {
 			t.Fatalf("error %q, want the handler's", g.err)
 		}
+		// The counters move after the message is retried, parked or
+		// dead-lettered, so they may lag what givenUp read: wait for them,
+		// then check that they counted each once.
+		waitFor(t, "three retries counted", func() bool { return rt.count(OutcomeRetried) >= 3 })
 		if got := rt.count(OutcomeRetried); got != 3 {
 			t.Fatalf("retried %d times, want 3", got)
 		}
+		given := func() int { return rt.count(OutcomeDeadLettered) }
 		if m.acksAtIngest {
-			if got := counterValue(rt.metrics.parked.WithLabelValues("test", string(wire.ReasonRetriesExhausted))); got != 1 {
-				t.Fatalf("parked{retries_exhausted} = %d, want 1", got)
+			given = func() int {
+				return counterValue(rt.metrics.parked.WithLabelValues("test", string(wire.ReasonRetriesExhausted)))
 			}
-		} else if got := rt.count(OutcomeDeadLettered); got != 1 {
-			t.Fatalf("dead-lettered %d, want 1", got)
+		}
+		waitFor(t, "the given-up message counted", func() bool { return given() >= 1 })
+		if got := given(); got != 1 {
+			t.Fatalf("given up counted %d times, want 1 (parked buffered, dead-lettered inline)", got)
 		}
 		if e.effects("doomed") != 0 {
 			t.Fatal("a failed run committed its effect")
@@ -420,8 +427,12 @@ func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
 		if n := runs.Load(); n != maxHolds+1 {
 			t.Errorf("the bad message ran %d times, want %d: held %d times, then given up", n, maxHolds+1, maxHolds)
 		}
-		if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n != maxHolds {
-			t.Errorf("%d pauses, want %d", n, maxHolds)
+		// Each hold asks for a pause; a hold that comes while a pause is
+		// starting joins it (buffered mode: another worker claimed the
+		// released message first, as a run under a CPU hog showed: 3 holds,
+		// 2 pauses). So at least one pause, at most one a hold.
+		if n := counterValue(rt.metrics.pauses.WithLabelValues(rt.cfg.Name, "gateway_misconfigured")); n < 1 || n > maxHolds {
+			t.Errorf("%d pauses, want 1 to %d (one a hold at most)", n, maxHolds)
 		}
 		if rt.count(OutcomeRetried) != 0 {
 			t.Errorf("%d retried: a hold spends no attempt", rt.count(OutcomeRetried))

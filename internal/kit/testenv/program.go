@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -189,8 +190,13 @@ func (pr *Process) start(t testing.TB, probePath string) {
 		if err != nil {
 			return false, err
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			// Which check failed, for the timeout's message.
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+			return false, fmt.Errorf("%s answered %d: %s", probePath, resp.StatusCode, strings.TrimSpace(string(body)))
+		}
+		return true, nil
 	})
 }
 

@@ -147,6 +147,58 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (b
 	t.Fatalf("timed out after %s waiting for %s (last error: %v)", timeout, what, lastErr)
 }
 
+// Reaches waits until count reaches want for as long as the count keeps
+// rising: it fails when the count stood still for stall (or count failed
+// that long), or a minute before go test's -timeout, with the count in
+// the message rather than a panic's goroutine dump. A bulk of work on a
+// loaded machine then takes what it takes, and a wedge still fails within
+// stall. Use it where the wait is for many effects (a backlog applied),
+// Eventually where it is for one.
+func Reaches(t testing.TB, stall time.Duration, what string, want int, count func() (int, error)) {
+	t.Helper()
+	end, _ := TestDeadline(t)
+	if err := reach(stall, end, want, count, time.Now, func() { time.Sleep(50 * time.Millisecond) }); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// TestDeadline is a minute before go test's -timeout ends the test binary,
+// if t knows it: a wait that gives up there fails the test with its own
+// message, where the timeout would panic.
+func TestDeadline(t testing.TB) (time.Time, bool) {
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if end, ok := d.Deadline(); ok {
+			return end.Add(-time.Minute), true
+		}
+	}
+	return time.Time{}, false
+}
+
+// reach is Reaches on the given clock; a zero end is no deadline.
+func reach(stall time.Duration, end time.Time, want int, count func() (int, error), now func() time.Time, sleep func()) error {
+	best, since := -1, now()
+	var lastErr error
+	for {
+		n, err := count()
+		if err == nil && n >= want {
+			return nil
+		}
+		switch {
+		case err != nil:
+			lastErr = err
+		case n > best:
+			best, since, lastErr = n, now(), nil
+		}
+		if now().Sub(since) >= stall {
+			return fmt.Errorf("%d of %d, no progress for %s (last error: %v)", max(best, 0), want, stall, lastErr)
+		}
+		if !end.IsZero() && now().After(end) {
+			return fmt.Errorf("%d of %d, still rising, when the test's -timeout was a minute away (last error: %v)", max(best, 0), want, lastErr)
+		}
+		sleep()
+	}
+}
+
 // FreeAddr returns a loopback address whose port was free a moment ago,
 // below the kernel's ephemeral range when it can: a port in that range may
 // become the local end of an outgoing connection (to PostgreSQL, to

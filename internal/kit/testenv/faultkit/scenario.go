@@ -53,14 +53,20 @@ type Trial struct {
 	// may fail for want of faults under load.
 	LoadMore func() error
 	// Progress counts the service's effects (rows of its own table): the
-	// drain waits until it stands still.
+	// drain waits until it stands still, and fails when it (and the stored
+	// backlog) stood still for DrainStall with work pending. It must be
+	// bounded by the load (a row per order, say, not per attempt): a count
+	// that can grow without end keeps a drain going until go test's
+	// -timeout.
 	Progress func() int
 	// Verify checks the service's own invariants once everything drained:
 	// every effect applied once, the duplicates suppressed, the poison
 	// dead-lettered.
 	Verify func(t *testing.T)
-	// DrainTimeout bounds the drain (default 2 minutes).
-	DrainTimeout time.Duration
+	// DrainStall is how long the drain may go without progress before it
+	// fails (default 2 minutes); a drain that progresses runs until a
+	// minute before go test's -timeout.
+	DrainStall time.Duration
 }
 
 // Run runs each scenario as a subtest on a fresh trial: the load starts,
@@ -108,11 +114,11 @@ func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenari
 			if loadErr != nil {
 				t.Fatalf("the load: %v", loadErr)
 			}
-			timeout := tr.DrainTimeout
-			if timeout == 0 {
-				timeout = 2 * time.Minute
+			stall := tr.DrainStall
+			if stall == 0 {
+				stall = 2 * time.Minute
 			}
-			s.Drain(timeout, tr.Progress)
+			s.Drain(stall, tr.Progress)
 			s.Consuming()
 			if sc.Check != nil {
 				sc.Check(t, s)
@@ -284,31 +290,35 @@ func BrokerNodeLoss(queue string, kills int) Scenario {
 		Replicas:  2,
 		OnCluster: true,
 		Fault: func(s *Stack, busy func() bool) {
-			var nodes []int
+			var nodes, next []int
 			long := kills / 2 // the round whose node stays down past the backoff
 			underLoad(s, busy, kills, func() time.Duration { return 2 * time.Second }, func() bool {
 				down := 3 * time.Second
 				if len(nodes) == long {
 					down = 10 * time.Second
 				}
+				// Tests of other modes may share the cluster (each on its
+				// vhost): one node down at a time, by the cluster's round.
+				end := s.cluster().Round()
+				defer end()
 				n := s.KillLeader(queue)
 				s.t.Logf("fault: node %d, the leader of %s, killed for %s", n, queue, down)
 				nodes = append(nodes, n)
 				s.SuperviseFor(down)
+				// The failover itself: another node leads the queue while n
+				// is down (a queue with all its replicas on n gets none, and
+				// the test fails here). Counted per round, not from the next
+				// round's kill: with another mode's rounds between, the
+				// leadership may be back on the same node by then.
+				next = append(next, s.LeaderOtherThan(queue, n))
 				s.StartNode(n)
 				return true
 			})
-			s.Note("the node leading %s was killed %d times under load (nodes %v), once for 10 s", queue, s.UnderLoad, nodes)
-			slices.Sort(nodes)
-			s.leaders = len(slices.Compact(nodes))
+			s.Note("the node leading %s was killed %d times under load (nodes %v; the leaders elected meanwhile %v), once for 10 s",
+				queue, s.UnderLoad, nodes, next)
 		},
 		Check: func(t testing.TB, s *Stack) {
 			checkUnderLoad(t, s, "leader kills", kills)
-			if s.leaders < 2 {
-				// A queue whose replicas all sit on one node keeps its
-				// leader there: the kills test nothing of a failover.
-				t.Errorf("the same node led %s at every kill: its replicas are not on the three nodes", queue)
-			}
 			if n := s.MetricSum("consumer_broker_failovers_total"); n < 1 {
 				t.Errorf("no replica's consumer failed over to another node (consumer_broker_failovers_total %v)", n)
 			}
