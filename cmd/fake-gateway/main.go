@@ -89,7 +89,7 @@ func openStore(ctx context.Context, cfg config.FakeGateway, log *slog.Logger) (f
 		return fakegateway.NewMemoryStore(), func() {}, nil
 	}
 	db, err := database.Open(ctx, database.Options{
-		URL: cfg.DatabaseURL, MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fake-gateway",
+		URL: cfg.DatabaseURL, MaxConns: cfg.StoreMaxConns, StatementTimeout: 5 * time.Second, AppName: "fake-gateway",
 	}, log)
 	if err != nil {
 		return nil, nil, err

@@ -21,6 +21,8 @@ func TestLoadNamesTheVariableAtFault(t *testing.T) {
 		{"gateway key lifetime", &FakeGateway{}, map[string]string{"KEY_TTL": "24h"}, ""},
 		{"gateway negative key lifetime", &FakeGateway{}, map[string]string{"KEY_TTL": "-1s"}, "KEY_TTL"},
 		{"gateway database", &FakeGateway{}, map[string]string{"DATABASE_URL": "mysql://x"}, "DATABASE_URL"},
+		{"gateway store connections", &FakeGateway{}, map[string]string{"STORE_MAX_CONNS": "0"}, "STORE_MAX_CONNS"},
+		{"gateway few store connections", &FakeGateway{}, map[string]string{"STORE_MAX_CONNS": "3"}, ""},
 		{"memory store reads no database", &FakeGateway{}, map[string]string{"STORE": "memory", "DATABASE_URL": "mysql://x"}, ""},
 		{"publisher defaults", &Publisher{}, nil, ""},
 		{"publisher broker URL", &Publisher{}, map[string]string{"AMQP_URL": "localhost"}, "AMQP_URL"},

@@ -17,6 +17,7 @@ const (
 type FakeGateway struct {
 	Store            string        `envconfig:"STORE" default:"postgres" desc:"where charges are kept: postgres (DATABASE_URL) or memory (benchmarks: no database, lost on exit, not seen by inboxctl verify)"`
 	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable" desc:"PostgreSQL URL of the service's database"`
+	StoreMaxConns    int           `envconfig:"STORE_MAX_CONNS" default:"10" desc:"connections to DATABASE_URL at most (STORE=postgres): a charge holds one for a query or two"`
 	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8081" desc:"listen address of health, metrics and fault endpoints"`
 	ErrorRate        float64       `envconfig:"FAULT_ERROR_RATE" default:"0" desc:"probability (0-1) of a 503 before anything is stored"`
 	LostResponseRate float64       `envconfig:"FAULT_LOST_RESPONSE_RATE" default:"0" desc:"probability (0-1) of storing the charge, then dropping the connection"`
@@ -35,6 +36,7 @@ func (c *FakeGateway) Validate() error {
 		"must be %s or %s, got %q", GatewayStorePostgres, GatewayStoreMemory, c.Store)
 	if c.Store != GatewayStoreMemory { // the memory store reads no database
 		v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
+		v.Require(c.StoreMaxConns >= 1 && c.StoreMaxConns <= 100, "STORE_MAX_CONNS", "must be between 1 and 100, got %d", c.StoreMaxConns)
 	}
 	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
 	v.Require(c.ErrorRate >= 0 && c.ErrorRate <= 1, "FAULT_ERROR_RATE", "must be between 0 and 1, got %v", c.ErrorRate)

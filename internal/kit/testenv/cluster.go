@@ -20,7 +20,8 @@ const ClusterScriptEnv = "TEST_CLUSTER_SCRIPT"
 // Cluster is the local three-node RabbitMQ cluster of scripts/cluster.sh
 // (cluster1..3@localhost), with a vhost of the test's own. A test that has
 // one may kill and start its nodes: it holds the cluster alone (an exclusive
-// lock across test processes) until it ends, and its cleanup starts every
+// lock across test processes) until it ends, or with the others of
+// NewSharedCluster, one round of faults at a time; its cleanup starts every
 // node it killed.
 type Cluster struct {
 	t      testing.TB
@@ -35,10 +36,51 @@ type Cluster struct {
 // never skips, where the cluster cannot run (it needs root).
 func NewCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return newCluster(t, syscall.LOCK_EX)
+}
+
+// NewSharedCluster is NewCluster for a test that may share the cluster with
+// others of its kind, each on its vhost: it holds the cluster's lock
+// shared (a test of NewCluster waits until none of them runs), and takes
+// each node it kills in a Round, which holds the cluster's faults alone.
+// Two such tests kill nodes in turn, never two nodes at once: the quorum
+// queues keep a majority.
+func NewSharedCluster(t testing.TB) *Cluster {
+	t.Helper()
+	return newCluster(t, syscall.LOCK_SH)
+}
+
+// Round waits until no other test of the cluster is in a round and holds
+// the cluster's faults until end is called. end starts every node still
+// down (a round that failed halfway) before it lets the next round begin:
+// never two nodes down at once.
+func (c *Cluster) Round() (end func()) {
+	c.t.Helper()
+	f := lockFile(c.t, ".rounds.lock", syscall.LOCK_EX)
+	return func() {
+		defer f.Close() // closing releases the lock
+		for n := range c.down {
+			c.Start(n)
+		}
+	}
+}
+
+func newCluster(t testing.TB, how int) *Cluster {
+	t.Helper()
 	c := &Cluster{t: t, script: clusterScript(t), vhost: Name("t"), down: map[int]bool{}}
-	lockCluster(t)
+	f := lockFile(t, ".lock", how)
+	t.Cleanup(func() { f.Close() })
+	up := func() string {
+		if how == syscall.LOCK_SH {
+			// scripts/cluster.sh up starts a node that is down: not while
+			// another test's round holds one down.
+			end := c.Round()
+			defer end()
+		}
+		return c.run("up")
+	}()
 	var base []string
-	for _, line := range strings.Split(strings.TrimSpace(c.run("up")), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(up), "\n") {
 		if strings.HasPrefix(line, "amqp://") {
 			base = append(base, line)
 		}
@@ -51,7 +93,12 @@ func NewCluster(t testing.TB) *Cluster {
 		for n := range c.down {
 			c.Start(n)
 		}
-		c.Ctl("delete_vhost", c.vhost)
+		// A node that went down halfway through the call may have deleted
+		// it: then the next node's "does not exist" is the same outcome.
+		out, err := c.try("ctl", "delete_vhost", c.vhost)
+		if err != nil && !(strings.Contains(out, "went down during the call") && strings.Contains(out, "does not exist")) {
+			t.Errorf("%s ctl delete_vhost %s: %v\n%s", c.script, c.vhost, err, out)
+		}
 	})
 	for _, b := range base {
 		u, err := url.Parse(b)
@@ -128,13 +175,18 @@ func (c *Cluster) Members(q string) int {
 
 func (c *Cluster) run(args ...string) string {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...).CombinedOutput()
+	out, err := c.try(args...)
 	if err != nil {
 		c.t.Fatalf("%s %s: %v\n%s", c.script, strings.Join(args, " "), err, out)
 	}
-	return string(out)
+	return out
+}
+
+func (c *Cluster) try(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // above cluster.sh's 300 s for a boot
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...).CombinedOutput()
+	return string(out), err
 }
 
 // clusterScript finds scripts/cluster.sh in a directory above the test's.
@@ -159,20 +211,24 @@ func clusterScript(t testing.TB) string {
 	}
 }
 
-// lockCluster holds an exclusive lock on the cluster until the test ends:
-// tests in other packages (other processes) that kill nodes wait for it.
-func lockCluster(t testing.TB) {
+// lockFile takes a lock (how: syscall.LOCK_EX or LOCK_SH) of the file
+// beside the cluster's data (CLUSTER_DIR, as scripts/cluster.sh has it)
+// named with suffix, waiting for it: a lock across test processes, and
+// between goroutines of one (each call opens the file anew). Closing the
+// file releases it.
+func lockFile(t testing.TB, suffix string, how int) *os.File {
+	t.Helper()
 	dir := os.Getenv("CLUSTER_DIR")
 	if dir == "" {
 		dir = "/tmp/rabbitmq-cluster"
 	}
-	f, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := os.OpenFile(dir+suffix, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
-		t.Fatalf("lock the cluster: %v", err)
+		t.Fatalf("lock %s: %v", f.Name(), err)
 	}
-	t.Cleanup(func() { f.Close() }) // closing releases the lock
+	return f
 }
