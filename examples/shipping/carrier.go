@@ -35,8 +35,12 @@ func NewCarrier(url string, timeout time.Duration, conns int) *Carrier {
 	return &Carrier{url: strings.TrimRight(url, "/"), http: &http.Client{Timeout: timeout, Transport: t}}
 }
 
-// Book books the pickup and returns its id. A 4xx but 408/429 is the
-// request's own fault and permanent; anything else is retried.
+// Book books the pickup and returns its id. A 4xx but 408, 409 and 429 is
+// the request's own fault and permanent; anything else is retried. 409 says
+// that an earlier request with the key is still in flight (one whose answer
+// this client gave up waiting for, say): the pickup may be booked yet, and
+// a retry gets its answer once the first is done. (A carrier whose 409
+// means a conflict of the business would need its own case here.)
 func (c *Carrier) Book(ctx context.Context, p Pickup) (string, error) {
 	body, _ := json.Marshal(p)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/v1/pickups", bytes.NewReader(body))
@@ -54,7 +58,8 @@ func (c *Carrier) Book(ctx context.Context, p Pickup) (string, error) {
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode/100 != 2 {
 		err := fmt.Errorf("book pickup of order %s: carrier answered %d: %.200s", p.OrderID, resp.StatusCode, raw)
-		if resp.StatusCode/100 == 4 && resp.StatusCode != 408 && resp.StatusCode != 429 {
+		if resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusRequestTimeout &&
+			resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusTooManyRequests {
 			return "", consumer.Permanent("carrier_rejected", err)
 		}
 		return "", err

@@ -59,7 +59,7 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 		amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
 		s := faultkit.Start(t, faultkit.Config{
 			Program: service, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: dbURL,
-			Env: append([]string{"CARRIER_URL=" + srv.URL, "RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8",
+			Env: append([]string{"CARRIER_URL=" + srv.URL, "RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8", "CARRIER_IN_FLIGHT_TIMEOUT=1s",
 				"RECONNECT_MAX_WAIT=2s", "SHUTDOWN_TIMEOUT=5s"}, env...),
 		})
 		shipments := func() int { return testenv.Count(t, dbURL, "SELECT count(*) FROM shipments") }

@@ -81,6 +81,10 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Wr
 type Settings struct {
 	CarrierURL     string        `envconfig:"CARRIER_URL" default:"http://localhost:8082" desc:"base URL of the carrier's pickup API"`
 	CarrierTimeout time.Duration `envconfig:"CARRIER_TIMEOUT" default:"5s" desc:"timeout of one booking; below HANDLER_TIMEOUT"`
+	// CarrierInFlightTimeout is the carrier's, not ours: how long it answers
+	// 409 for a key whose first request it lost in flight before it lets a
+	// retry book (the fake carrier's CARRIER_IN_FLIGHT_TAKEOVER).
+	CarrierInFlightTimeout time.Duration `envconfig:"CARRIER_IN_FLIGHT_TIMEOUT" default:"30s" desc:"how long the carrier keeps a key in flight (409) after losing its request (the fake carrier's CARRIER_IN_FLIGHT_TAKEOVER); the retries must outlast it"`
 }
 
 //go:embed migrations/*.sql
@@ -114,4 +118,8 @@ func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
 	v.URL("CARRIER_URL", s.CarrierURL, "http", "https")
 	v.Require(s.CarrierTimeout > 0 && s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT",
 		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.CarrierTimeout)
+	// A booking whose answer timed out may still be in flight at the
+	// carrier: its retries meet 409 until it completes or the carrier's
+	// window ends, and must not all be spent meanwhile.
+	v.InFlightWindow("CARRIER_IN_FLIGHT_TIMEOUT", s.CarrierInFlightTimeout, cfg, "a booking", "the carrier")
 }

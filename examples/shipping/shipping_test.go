@@ -13,7 +13,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/examples/shipping"
+	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
 	"github.com/inbox-template/payment-service/internal/kit/faults"
+	kitservice "github.com/inbox-template/payment-service/internal/kit/service"
 	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/kit/wire"
 )
@@ -73,7 +76,8 @@ func startStack(t *testing.T) *stack {
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
 	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t), carrier: c}
-	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL, "RETRY_DELAYS=100ms,500ms")
+	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL, "RETRY_DELAYS=100ms,500ms",
+		"CARRIER_IN_FLIGHT_TIMEOUT=1ms") // this carrier answers at once: nothing stays in flight
 	return s
 }
 
@@ -161,5 +165,74 @@ func TestCrashAfterCarrierBook(t *testing.T) {
 	if s.proc.Exited() || s.proc.Metric(t, "consumer_messages_total", "outcome", "processed") < 1 {
 		t.Errorf("after the restart: exited %v, processed %v; want running, at least 1",
 			s.proc.Exited(), s.proc.Metric(t, "consumer_messages_total", "outcome", "processed"))
+	}
+}
+
+// A booking whose answer the service stopped waiting for (CARRIER_TIMEOUT)
+// is still in flight at the carrier, the demo's real one: each retry meets
+// 409 until the first request completes, then gets its answer. The order is
+// shipped once with the pickup the carrier booked; before, the 409 was taken
+// for the request's own fault and the order dead-lettered with its pickup
+// booked (a fresh-clone run of the Compose crash demo caught it).
+func TestBookingStillInFlightIsRetriedNotDeadLettered(t *testing.T) {
+	carrierDB, _ := testenv.MigratedDB(t, fakecarrier.Migrations)
+	sqlDB, err := carrierDB.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each new booking spends 5 s in flight; the service waits 500 ms, and
+	// its first retry comes about 300 ms later.
+	carrier, err := fakecarrier.NewServer(sqlDB, fakecarrier.Faults{Latency: 5 * time.Second}, 8*time.Second, testenv.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(carrier.Handler())
+	t.Cleanup(srv.Close)
+	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t)}
+	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL,
+		"CARRIER_TIMEOUT=500ms", "CARRIER_IN_FLIGHT_TIMEOUT=8s", "RETRY_DELAYS=300ms,1s", "MAX_ATTEMPTS=14")
+	const orders = 3
+	var msgs []amqp.Publishing
+	for i := range orders {
+		msgs = append(msgs, paid(fmt.Sprintf("f-%d", i), fmt.Sprintf("fo-%d", i)))
+	}
+	s.publish(t, msgs...)
+
+	dlq := "shipping-service.order-paid.dlq"
+	testenv.Eventually(t, 2*time.Minute, "every order shipped or dead-lettered", func() (bool, error) {
+		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments")+testenv.QueueDepth(t, s.amqpURL, dlq) == orders, nil
+	})
+	if !strings.Contains(s.proc.Logs(), "carrier answered 409") {
+		t.Fatalf("no retry met the booking in flight (409): the test proved nothing\n%s", s.proc.Logs())
+	}
+	if n := testenv.QueueDepth(t, s.amqpURL, dlq); n != 0 {
+		t.Fatalf("%d orders dead-lettered while their bookings were in flight at the carrier", n)
+	}
+	var booked []struct{ OrderID, PickupID string }
+	if err := carrierDB.Raw(`SELECT order_id, pickup_id FROM pickups WHERE state = 'completed'`).Scan(&booked).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(booked) != orders {
+		t.Fatalf("the carrier booked %d pickups for %d orders", len(booked), orders)
+	}
+	for _, b := range booked {
+		if n := testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments WHERE order_id = $1 AND pickup_id = $2", b.OrderID, b.PickupID); n != 1 {
+			t.Errorf("order %s: %d shipments with the pickup the carrier booked (%s), want 1", b.OrderID, n, b.PickupID)
+		}
+	}
+}
+
+// The carrier's in-flight window is checked against the retries at start, as
+// the gateway's is in the payment service: retries all spent inside it would
+// dead-letter an order whose pickup the carrier may still book.
+func TestRetriesMustOutlastTheCarriersInFlightWindow(t *testing.T) {
+	t.Setenv("RETRY_DELAYS", "1s")
+	t.Setenv("MAX_ATTEMPTS", "3")
+	if _, err := kitservice.LoadConfig(shipping.Service()); err == nil || !strings.Contains(err.Error(), "CARRIER_IN_FLIGHT_TIMEOUT: is 30s") {
+		t.Fatalf("err = %v, want CARRIER_IN_FLIGHT_TIMEOUT named", err)
+	}
+	t.Setenv("CARRIER_IN_FLIGHT_TIMEOUT", "1s")
+	if _, err := kitservice.LoadConfig(shipping.Service()); err != nil {
+		t.Fatalf("retries of 1s, 1s outlast a 1s window: %v", err)
 	}
 }

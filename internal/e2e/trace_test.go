@@ -81,7 +81,10 @@ func startTraceStack(t *testing.T, env ...string) *traceStack {
 	// publishes OrderPaid (mandatory).
 	ship := shipping.Service()
 	ship.TraceProcessor = s.rec
-	s.ship = servicetest.Start(t, ship, append([]string{"AMQP_URL=" + s.vhost, "CARRIER_URL=" + carrierSrv.URL}, env...)...)
+	// The carrier answers at once (no latency): nothing stays in flight
+	// there, so its window may be as short as the retries here.
+	s.ship = servicetest.Start(t, ship, append([]string{"AMQP_URL=" + s.vhost, "CARRIER_URL=" + carrierSrv.URL,
+		"CARRIER_IN_FLIGHT_TIMEOUT=1ms"}, env...)...)
 	pay := payment.Service()
 	pay.TraceProcessor = s.rec
 	s.pay = servicetest.Start(t, pay, append([]string{"AMQP_URL=" + s.vhost, "GATEWAY_URL=" + gwSrv.URL,

@@ -65,19 +65,8 @@ func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
 	v.URL("GATEWAY_URL", s.GatewayURL, "http", "https")
 	v.Require(s.GatewayTimeout > 0 && s.GatewayTimeout < cfg.HandlerTimeout, "GATEWAY_TIMEOUT",
 		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.GatewayTimeout)
-	// A charge lost in flight answers 409 until the gateway's window ends:
-	// retries all spent inside it dead-letter the message while the charge
-	// may still go through, a card charged with no payment recorded.
-	if v.Failed(cfg.RetryVariables()...) {
-		return // the retries are wrong already: nothing to compare the window with
-	}
-	shortest := cfg.ShortestRetrySpan()
-	v.Require(s.GatewayInFlightTimeout > 0 && s.GatewayInFlightTimeout < shortest, "GATEWAY_IN_FLIGHT_TIMEOUT",
-		"is %s, but the retries of %s may all be spent within %s "+
-			"(each delay shortened by up to %.0f%% of jitter): a charge stuck in flight at the gateway would be "+
-			"dead-lettered before the gateway lets a retry take it over; lengthen the retries, or set "+
-			"GATEWAY_IN_FLIGHT_TIMEOUT to your gateway's (positive)",
-		s.GatewayInFlightTimeout, cfg.RetrySettings(), shortest, 100*consumer.RetryJitter)
+	// A charge lost in flight answers 409 until the gateway's window ends.
+	v.InFlightWindow("GATEWAY_IN_FLIGHT_TIMEOUT", s.GatewayInFlightTimeout, cfg, "a charge", "the gateway")
 }
 
 // chargeFunc adapts a function to Charger.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kelseyhightower/envconfig"
 
+	"github.com/inbox-template/payment-service/internal/kit/consumer"
 	"github.com/inbox-template/payment-service/internal/kit/rabbit"
 )
 
@@ -174,6 +175,31 @@ func (c *Checks) AMQPURL(variable, value string) {
 	if _, err := rabbit.ParseNodes(value); err != nil {
 		c.Require(false, variable, "want one amqp:// or amqps:// URL, or a cluster's nodes separated by commas: %v", err)
 	}
+}
+
+// InFlightWindow checks an outside API's in-flight window against the
+// handler's retries. An API with idempotency keys answers 409 for a key
+// whose first request it lost in flight until window has passed, then lets
+// a retry take the key over. Retries all spent inside the window
+// dead-letter the message while the lost request may still have taken
+// effect (a card charged, a pickup booked, nothing of it recorded). call
+// names what is lost ("a charge"), api whom ("the gateway"). The check
+// stays silent when the retries' own variables failed.
+func (c *Checks) InFlightWindow(variable string, window time.Duration, cfg *Config, call, api string) {
+	if c.Failed(cfg.RetryVariables()...) {
+		return // the retries are wrong already: nothing to compare the window with
+	}
+	if window <= 0 {
+		c.Require(false, variable, "must be positive (your API's window), got %s", window)
+		return
+	}
+	shortest := cfg.ShortestRetrySpan()
+	c.Require(window < shortest, variable,
+		"is %s, but the retries of %s may all be spent within %s "+
+			"(each delay shortened by up to %.0f%% of jitter): %s stuck in flight at %s would be "+
+			"dead-lettered before %s lets a retry take it over; lengthen the retries, or set "+
+			"%s to your API's window",
+		window, cfg.RetrySettings(), shortest, 100*consumer.RetryJitter, call, api, api, variable)
 }
 
 // Err is nil without failures, else one error listing them all.
