@@ -84,8 +84,10 @@ func (t *returnTally) count() int {
 }
 
 // newConfirmer connects once, without retrying: a broker that is unreachable
-// at the start is a configuration error, not an outage to wait out.
-func newConfirmer(b Broker, window int, log *slog.Logger) (*confirmer, error) {
+// at the start is a configuration error, not an outage to wait out. A
+// connection the broker closes during the setup (a fault that drops the
+// vhost's connections, as a CI run caught) is an outage: it reconnects.
+func newConfirmer(ctx context.Context, b Broker, window int, log *slog.Logger) (*confirmer, error) {
 	if window <= 0 {
 		window = DefaultWindow
 	}
@@ -95,6 +97,13 @@ func newConfirmer(b Broker, window int, log *slog.Logger) (*confirmer, error) {
 	}
 	c := &confirmer{broker: b, nodes: nodes, window: window, log: log}
 	sess, err := openSession(nodes, b, log, c.onReturn)
+	if errors.Is(err, amqp.ErrClosed) {
+		log.Warn("the broker closed the connection during the setup, reconnecting", "err", err)
+		if err := c.reconnect(ctx); err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 	if err != nil {
 		return nil, err
 	}

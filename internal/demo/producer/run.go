@@ -35,7 +35,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) (Summary, error) {
 	if err := cfg.validate(); err != nil {
 		return sum, fail(&sum, err)
 	}
-	c, err := newConfirmer(cfg.Broker, cfg.Window, log)
+	c, err := newConfirmer(ctx, cfg.Broker, cfg.Window, log)
 	if err != nil {
 		return sum, fail(&sum, err)
 	}
