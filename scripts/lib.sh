@@ -895,12 +895,14 @@ series_sum() {
 }
 
 # replicas_consuming: after the drain every replica must be consuming again
-# (/readyz 200 within 30 s). A replica that is alive but wedged hides behind a
-# healthy one: the queues drain, and only this check notices.
+# (/readyz 200 within 120 s). A replica that is alive but wedged hides behind a
+# healthy one: the queues drain, and only this check notices. (30 s failed a
+# Compose run under a CPU hog, where each probe runs docker compose port and
+# docker inspect before its request: a deadline far beyond need, not a margin.)
 replicas_consuming() {
   local i deadline
   for ((i = 1; i <= REPLICAS; i++)); do
-    deadline=$((SECONDS + 30))
+    deadline=$((SECONDS + 120))
     until service_probe "$i" readyz || ((SECONDS >= deadline)); do sleep 1; done
     expect "replica $i is consuming again at the end (/readyz 200)" service_probe "$i" readyz
   done
