@@ -169,7 +169,7 @@ test-cluster:
 test-node-loss:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/7-node-loss.json -- -race -count=1 -timeout 15m -tags cluster -run '^TestPaymentOnCluster(Buffered)?$$' ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/7-node-loss.json -- -race -count=1 -timeout 25m -tags cluster -run '^TestPaymentOnCluster(Buffered)?$$' ./internal/e2e
 
 .PHONY: up down
 up:

@@ -324,6 +324,51 @@ cleanup() {
 compose() { (cd "$KIT_ROOT" && timeout 900 docker compose -p "$COMPOSE_PROJECT" "$@"); }
 
 
+# compose_up_wait [UP-FLAG…] -- SERVICE…: docker compose up -d --wait of the
+# services, patient with a busy machine. --wait gives up at the first
+# container Docker calls unhealthy (three probes failed in a row, a few
+# seconds each: a machine busy with other work makes that of a container that
+# is only slow), so the up is asked again while no container has exited, for
+# up to COMPOSE_UP_LIMIT seconds (default 600, far beyond the 30 to 90 s it
+# takes). A container that exited fails the run at once. A failure prints
+# each container's state and the last answer of each failing health probe,
+# which the compose log alone does not have.
+compose_up_wait() {
+  local flags=() services=() exited deadline=$((SECONDS + ${COMPOSE_UP_LIMIT:-600})) tries=0
+  while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
+  (($#)) && shift
+  services=("$@")
+  until compose "${flags[@]}" up -d --wait --wait-timeout 300 "${services[@]}" >>"$RUN_DIR/compose.log" 2>&1; do
+    tries=$((tries + 1))
+    exited=$(compose "${flags[@]}" ps -a --format '{{.Service}} {{.State}}' "${services[@]}" 2>>"$RUN_DIR/compose.log" |
+      awk '$2 == "exited" || $2 == "dead" { print $1 }' | sort -u | tr '\n' ' ') || true
+    if [[ -n $exited ]] || ((SECONDS >= deadline)); then
+      compose_health_report "${flags[@]}" -- "${services[@]}"
+      die "docker compose up failed after $tries tries${exited:+ (exited: ${exited% })} (see $RUN_DIR/compose.log)"
+    fi
+    warn "docker compose up --wait: a container is not healthy yet (try $tries); asking again"
+    sleep 5
+  done
+}
+
+# compose_health_report [UP-FLAG…] -- SERVICE…: to stderr, each container's
+# state and health, and the last answer of the probe of each that is not
+# healthy.
+compose_health_report() {
+  local flags=() c
+  while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
+  (($#)) && shift
+  {
+    echo "containers:"
+    compose "${flags[@]}" ps -a --format '  {{.Name}}: {{.State}} {{.Health}} ({{.Status}})' "$@"
+    for c in $(compose "${flags[@]}" ps -a -q "$@"); do
+      [[ $(docker inspect --format '{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c") == unhealthy ]] || continue
+      printf '%s, its last probe: ' "$(docker inspect --format '{{.Name}}' "$c")"
+      docker inspect --format '{{json .State.Health.Log}}' "$c" | jq -r '.[-1] | "exit \(.ExitCode): \(.Output)"'
+    done
+  } >&2
+}
+
 # wait_until SECONDS WHAT CMD...: polls CMD every second; fails the run on timeout.
 wait_until() {
   local limit=$1 what=$2
@@ -385,8 +430,7 @@ compose_up() {
   local profile=() nodes
   [[ $KIT_CLUSTER == 1 ]] && profile=(--profile cluster)
   read -r -a nodes <<<"$(broker_nodes)"
-  compose "${profile[@]}" up -d --wait "${nodes[@]}" postgres fake-gateway payment-service fake-carrier shipping-service >>"$RUN_DIR/compose.log" 2>&1 ||
-    die "docker compose up failed (see $RUN_DIR/compose.log)"
+  compose_up_wait "${profile[@]}" -- "${nodes[@]}" postgres fake-gateway payment-service fake-carrier shipping-service
   REPLICAS=2 # the compose file runs two
   GATEWAY_ADDR=$(compose port fake-gateway 8081 2>>"$RUN_DIR/compose.log" | tail -n1)
   [[ -n $GATEWAY_ADDR ]] || die "docker compose port fake-gateway 8081 gave no address"
