@@ -27,6 +27,7 @@
 # Every wait is bounded: a timeout fails the script. Settings (environment) of the
 # Compose mode (the local mode's are the Go test's: docs/fault-kit.md):
 #   KEEP=1                  keep the containers
+#   COMPOSE_UP_LIMIT        seconds the stack may take to be healthy (default 600: see compose_up_wait)
 #   STACK=local|compose     the mode (default local)
 #   COMPOSE_PROJECT         compose project name (default inbox-faults-<pid>: runs never collide)
 #   FAULTS_DIR              parent of the run directories (default ${TMPDIR:-/tmp}/inbox-faults)
@@ -328,43 +329,61 @@ compose() { (cd "$KIT_ROOT" && timeout 900 docker compose -p "$COMPOSE_PROJECT" 
 # services, patient with a busy machine. --wait gives up at the first
 # container Docker calls unhealthy (three probes failed in a row, a few
 # seconds each: a machine busy with other work makes that of a container that
-# is only slow), so the up is asked again while no container has exited, for
-# up to COMPOSE_UP_LIMIT seconds (default 600, far beyond the 30 to 90 s it
-# takes). A container that exited fails the run at once. A failure prints
-# each container's state and the last answer of each failing health probe,
-# which the compose log alone does not have.
+# is only slow), so the up is asked again after that answer, and only after
+# it, while no container has exited or restarted (a crash, with the
+# services' restart policy), for up to COMPOSE_UP_LIMIT seconds (default
+# 600, far beyond the 30 to 90 s it takes). Any other failure (the
+# configuration, an image, a port) fails the run at once. A failure prints
+# each container's state and its health probe's last answers, which the
+# compose log alone does not have.
 compose_up_wait() {
-  local flags=() services=() exited deadline=$((SECONDS + ${COMPOSE_UP_LIMIT:-600})) tries=0
+  local flags=() services=() out crashed left deadline=$((SECONDS + ${COMPOSE_UP_LIMIT:-600})) tries=0
   while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
   (($#)) && shift
   services=("$@")
-  until compose "${flags[@]}" up -d --wait --wait-timeout 300 "${services[@]}" >>"$RUN_DIR/compose.log" 2>&1; do
+  while true; do
+    left=$((deadline - SECONDS))
+    ((left > 300)) && left=300
+    ((left < 10)) && left=10
     tries=$((tries + 1))
-    exited=$(compose "${flags[@]}" ps -a --format '{{.Service}} {{.State}}' "${services[@]}" 2>>"$RUN_DIR/compose.log" |
-      awk '$2 == "exited" || $2 == "dead" { print $1 }' | sort -u | tr '\n' ' ') || true
-    if [[ -n $exited ]] || ((SECONDS >= deadline)); then
-      compose_health_report "${flags[@]}" -- "${services[@]}"
-      die "docker compose up failed after $tries tries${exited:+ (exited: ${exited% })} (see $RUN_DIR/compose.log)"
+    out=$(compose "${flags[@]}" up -d --wait --wait-timeout "$left" "${services[@]}" 2>&1) && break
+    printf '%s\n' "$out" >>"$RUN_DIR/compose.log"
+    crashed=$(compose "${flags[@]}" ps -a --format '{{.Service}} {{.State}} {{.ExitCode}}' "${services[@]}" 2>>"$RUN_DIR/compose.log" |
+      awk '$2 == "exited" || $2 == "dead" || $2 == "restarting" { print $1 }' | sort -u | tr '\n' ' ') || true
+    if [[ -z $crashed ]]; then
+      local c
+      for c in $(compose "${flags[@]}" ps -a -q "${services[@]}" 2>/dev/null || true); do
+        if (($(docker inspect --format '{{.RestartCount}}' "$c" 2>/dev/null || echo 0) > 0)); then
+          crashed+="$(docker inspect --format '{{.Name}}' "$c" 2>/dev/null || echo "$c") "
+        fi
+      done
     fi
-    warn "docker compose up --wait: a container is not healthy yet (try $tries); asking again"
+    if [[ -n $crashed ]] || ! grep -qE 'is unhealthy|dependency failed to start' <<<"$out" || ((SECONDS >= deadline)); then
+      printf '%s\n' "$out" | tail -n 20 >&2
+      compose_health_report "${flags[@]}" -- "${services[@]}"
+      die "docker compose up failed (try $tries${crashed:+; exited or restarted: ${crashed% }}; see $RUN_DIR/compose.log)"
+    fi
+    warn "docker compose up --wait: a container is unhealthy (try $tries); asking again"
     sleep 5
   done
 }
 
 # compose_health_report [UP-FLAG…] -- SERVICE…: to stderr, each container's
-# state and health, and the last answer of the probe of each that is not
-# healthy.
+# state and health, and the last answers of the health probe of each that is
+# not healthy. It never fails: it only reports.
 compose_health_report() {
   local flags=() c
   while (($#)) && [[ $1 != -- ]]; do flags+=("$1"); shift; done
   (($#)) && shift
   {
     echo "containers:"
-    compose "${flags[@]}" ps -a --format '  {{.Name}}: {{.State}} {{.Health}} ({{.Status}})' "$@"
-    for c in $(compose "${flags[@]}" ps -a -q "$@"); do
-      [[ $(docker inspect --format '{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c") == unhealthy ]] || continue
-      printf '%s, its last probe: ' "$(docker inspect --format '{{.Name}}' "$c")"
-      docker inspect --format '{{json .State.Health.Log}}' "$c" | jq -r '.[-1] | "exit \(.ExitCode): \(.Output)"'
+    compose "${flags[@]}" ps -a --format '  {{.Name}}: {{.State}} {{.Health}} (exit {{.ExitCode}}; {{.Status}})' "$@" || true
+    for c in $(compose "${flags[@]}" ps -a -q "$@" || true); do
+      case $(docker inspect --format '{{if .State.Health}}{{.State.Health.Status}}{{end}}' "$c" 2>/dev/null || true) in
+        "" | healthy) continue ;;
+      esac
+      printf '%s, its last health probes:\n' "$(docker inspect --format '{{.Name}}' "$c" 2>/dev/null || echo "$c")"
+      docker inspect --format '{{range .State.Health.Log}}  exit {{.ExitCode}}: {{.Output}}{{println}}{{end}}' "$c" 2>/dev/null || true
     done
   } >&2
 }
