@@ -518,6 +518,27 @@ func (s *Stack) stored() int {
 		+ (SELECT count(*) FROM outbox WHERE status = 'pending')`)
 }
 
+// pendingDetail says where the pending work is, for a drain's failure:
+// each queue of the vhost that holds a message (ready, unacked, and the
+// quorum queue's leader: a retry queue whose messages outlived its TTL
+// points at the broker's dead-lettering, not at the service), and the
+// stored backlog by table.
+func (s *Stack) pendingDetail() string {
+	s.t.Helper()
+	var b strings.Builder
+	b.WriteString("queues holding messages (name, messages, ready, unacked, leader):\n")
+	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_ready", "messages_unacknowledged", "leader")
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[1] != "0" {
+			fmt.Fprintf(&b, "  %s\n", strings.Join(f, "  "))
+		}
+	}
+	fmt.Fprintf(&b, "buffered inbox not processed: %d; outbox pending: %d",
+		testenv.Count(s.t, s.cfg.DBURL, `SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')`),
+		s.outboxBacklog())
+	return b.String()
+}
+
 // Drain supervises until nothing is pending and progress (the service's
 // effects: a count of rows) stood still over two polls a second apart. It
 // fails when neither progress rose nor the stored backlog (the buffered
@@ -547,9 +568,9 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 			quiet = 0
 			switch {
 			case time.Since(since) >= stall:
-				s.t.Fatalf("not drained: no progress for %s with %d pending, progress %d", stall, s.Pending(), n)
+				s.t.Fatalf("not drained: no progress for %s with %d pending, progress %d\n%s", stall, s.Pending(), n, s.pendingDetail())
 			case hasEnd && time.Now().After(end):
-				s.t.Fatalf("not drained a minute before the test's -timeout: %d pending, progress %d", s.Pending(), n)
+				s.t.Fatalf("not drained a minute before the test's -timeout: %d pending, progress %d\n%s", s.Pending(), n, s.pendingDetail())
 			}
 		}
 		last = n
