@@ -97,7 +97,7 @@ func newConfirmer(ctx context.Context, b Broker, window int, log *slog.Logger) (
 	}
 	c := &confirmer{broker: b, nodes: nodes, window: window, log: log}
 	sess, err := openSession(nodes, b, log, c.onReturn)
-	if errors.Is(err, amqp.ErrClosed) {
+	if errors.Is(err, errConnectionLost) {
 		log.Warn("the broker closed the connection during the setup, reconnecting", "err", err)
 		if err := c.reconnect(ctx); err != nil {
 			return nil, err

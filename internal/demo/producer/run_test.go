@@ -353,3 +353,53 @@ func TestRunSendsARefusedMessageAgain(t *testing.T) {
 		t.Errorf("nothing was sent again: the queue never refused a message (summary %+v)", sum)
 	}
 }
+
+// A setup step that fails because the connection went away is an outage
+// (the publisher reconnects); one the broker refuses on a live connection
+// is a mistake (it fails at once). A fault that closed every connection of
+// the vhost between the dial and the channel's open once ended a
+// publisher with nothing published.
+func TestSetupTellsALostConnectionFromARefusal(t *testing.T) {
+	t.Parallel()
+	url := testenv.VHost(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.ExchangeDeclare("x", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The same exchange with another type: 406 on the channel, the
+	// connection lives on.
+	refused := ch.ExchangeDeclare("x", amqp.ExchangeDirect, true, false, false, false, nil)
+	if refused == nil {
+		t.Fatal("the broker took an exchange of another type")
+	}
+	if err := setupFailed(conn, refused); errors.Is(err, errConnectionLost) {
+		t.Errorf("a refused declaration was taken for a lost connection: %v", err)
+	}
+
+	// The broker closes the connection (320) while a call waits.
+	conn, err = amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	testenv.Eventually(t, 30*time.Second, "the broker closed the connection", func() (bool, error) {
+		testenv.Ctl(t, "close_all_connections", "-p", url[strings.LastIndex(url, "/")+1:], "test")
+		select {
+		case <-closed:
+			return true, nil
+		default:
+			return false, nil
+		}
+	})
+	_, lost := conn.Channel()
+	if err := setupFailed(conn, lost); !errors.Is(err, errConnectionLost) {
+		t.Errorf("a setup on a connection the broker closed: %v, want errConnectionLost", err)
+	}
+}

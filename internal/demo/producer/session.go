@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -46,13 +47,11 @@ func openSession(nodes *rabbit.Nodes, b Broker, log *slog.Logger, onReturn func(
 	}
 	ch, err := rabbit.ConfirmChannel(conn)
 	if err != nil {
-		_ = conn.Close()
-		return nil, err
+		return nil, setupFailed(conn, err)
 	}
 	// Idempotent: the payment service declares the same exchange at its start.
 	if err := ch.ExchangeDeclare(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("declare exchange %s: %w", b.Exchange, err)
+		return nil, setupFailed(conn, fmt.Errorf("declare exchange %s: %w", b.Exchange, err))
 	}
 	s := &session{conn: conn, ch: ch, node: node}
 	// The client delivers returns synchronously from its reader goroutine:
@@ -70,6 +69,28 @@ func openSession(nodes *rabbit.Nodes, b Broker, log *slog.Logger, onReturn func(
 	go drainClose(&s.wg, chClosed, log, "channel closed")
 	go drainClose(&s.wg, connClosed, log, "connection lost")
 	return s, nil
+}
+
+// errConnectionLost marks a setup that failed because the connection went
+// away under it (the broker closed it, or the client found it closed), not
+// because of what it asked: an outage, where a refused declaration (403,
+// 406) is a mistake.
+var errConnectionLost = errors.New("the connection was lost during the setup")
+
+// setupFailed closes conn after a failed setup step and says whether the
+// connection was lost: the broker's close arrives as amqp.ErrClosed between
+// two calls, and as its own error (320 CONNECTION_FORCED, say) during one.
+func setupFailed(conn *amqp.Connection, err error) error {
+	lost := conn.IsClosed() || errors.Is(err, amqp.ErrClosed)
+	var ae *amqp.Error
+	if errors.As(err, &ae) && !ae.Recover && (ae.Code == amqp.ConnectionForced || ae.Code == amqp.FrameError || ae.Code == amqp.InternalError) {
+		lost = true
+	}
+	_ = conn.Close()
+	if lost {
+		return fmt.Errorf("%w: %w", errConnectionLost, err)
+	}
+	return err
 }
 
 func drainClose(wg *sync.WaitGroup, c <-chan *amqp.Error, log *slog.Logger, msg string) {
