@@ -162,13 +162,14 @@ func Reaches(t testing.TB, stall time.Duration, what string, want int, count fun
 	}
 }
 
-// TestDeadline is a minute before go test's -timeout ends the test binary,
-// if t knows it: a wait that gives up there fails the test with its own
-// message, where the timeout would panic.
+// TestDeadline is a minute before go test's -timeout ends the test binary
+// (a quarter of what is left, if that is less), if t knows it: a wait that
+// gives up there fails the test with its own message, where the timeout
+// would panic.
 func TestDeadline(t testing.TB) (time.Time, bool) {
 	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
 		if end, ok := d.Deadline(); ok {
-			return end.Add(-time.Minute), true
+			return end.Add(-min(time.Minute, time.Until(end)/4)), true
 		}
 	}
 	return time.Time{}, false
