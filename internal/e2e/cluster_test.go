@@ -21,15 +21,16 @@ import (
 // round: a round (finding the leader, the kill, 3 s or 10 s down, the node's
 // start, 2 s) takes about 19 s here, 26 s the long one, 45 s on a loaded
 // machine, so a run of one mode is about 3,000 orders, more when the machine
-// is slow; side by side, each mode's load lasts through the other's rounds
-// too.
+// is slow; side by side, a mode's load also goes on through the other's
+// rounds that come between its own.
 // (A fixed 10,000 at 75/s plus the batches once made 22,000 orders and
 // 500 s a mode on a loaded CI machine.)
 //
 // The two modes run side by side (make test-node-loss, as CI runs them):
 // each on its vhost of the cluster, their kills in turn (the cluster's
-// rounds), so each mode's replicas live through six node losses under load,
-// three of them its own queue's leader. (Five kills a mode, one after the
+// rounds): each mode's replicas live through its own three kills of its
+// queue's leader and those of the other's that come before its drain (a
+// drain and its checks hold the rounds: no node dies under them). (Five kills a mode, one after the
 // other, took 12 to 13 minutes of a loaded CI run: each round waits for a
 // node to boot.)
 func TestPaymentOnCluster(t *testing.T) {

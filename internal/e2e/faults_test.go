@@ -171,17 +171,24 @@ func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit
 		}
 		start(t, "fake-gateway", gatewayEnv)
 		waitHTTP(t, "http://"+gatewayAddr+"/healthz")
-		testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
-			if err := ch.ExchangeDeclare("payments", "topic", true, false, false, false, nil); err != nil {
-				return err
+		func() {
+			if cluster != nil {
+				// Not while another mode's round holds a node down.
+				end := cluster.Round()
+				defer end()
 			}
-			// A quorum queue: on a cluster, a classic one lives on one node,
-			// and the events routed to it while that node is down are lost.
-			if _, err := ch.QueueDeclare(faultSink, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-				return err
-			}
-			return ch.QueueBind(faultSink, "order.paid", "payments", false, nil)
-		})
+			testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+				if err := ch.ExchangeDeclare("payments", "topic", true, false, false, false, nil); err != nil {
+					return err
+				}
+				// A quorum queue: on a cluster, a classic one lives on one node,
+				// and the events routed to it while that node is down are lost.
+				if _, err := ch.QueueDeclare(faultSink, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+					return err
+				}
+				return ch.QueueBind(faultSink, "order.paid", "payments", false, nil)
+			})
+		}()
 		s := faultkit.Start(t, faultkit.Config{
 			Program: paymentService, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: paymentsDB, Sinks: []string{faultSink}, Cluster: cluster,
 			Env: append([]string{"GATEWAY_URL=http://" + gatewayAddr, "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow,

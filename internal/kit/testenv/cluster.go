@@ -70,15 +70,14 @@ func newCluster(t testing.TB, how int) *Cluster {
 	c := &Cluster{t: t, script: clusterScript(t), vhost: Name("t"), down: map[int]bool{}}
 	f := lockFile(t, ".lock", how)
 	t.Cleanup(func() { f.Close() })
-	up := func() string {
-		if how == syscall.LOCK_SH {
-			// scripts/cluster.sh up starts a node that is down: not while
-			// another test's round holds one down.
-			end := c.Round()
-			defer end()
-		}
-		return c.run("up")
-	}()
+	if how == syscall.LOCK_SH {
+		// scripts/cluster.sh up starts a node that is down, and the vhost
+		// is made on a live one: not while another test's round holds a
+		// node down.
+		end := c.Round()
+		defer end()
+	}
+	up := c.run("up")
 	var base []string
 	for _, line := range strings.Split(strings.TrimSpace(up), "\n") {
 		if strings.HasPrefix(line, "amqp://") {
@@ -182,10 +181,19 @@ func (c *Cluster) run(args ...string) string {
 	return out
 }
 
+// try runs scripts/cluster.sh. Its limit is above the script's own worst
+// case (a start waits up to 300 s for the node's pid and 300 s more for its
+// boot); at the limit the script's whole process group is killed, its
+// rabbitmqctl calls with it, which would otherwise keep the output pipe
+// open and the call waiting.
 func (c *Cluster) try(args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute) // above cluster.sh's 300 s for a boot
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
 
