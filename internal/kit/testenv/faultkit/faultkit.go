@@ -548,6 +548,60 @@ func (s *Stack) pendingDetail() string {
 	return b.String()
 }
 
+// strandedRetryQueues are the vhost's retry queues that hold messages
+// neither ready nor unacked: expired, dead-lettered and not yet forwarded
+// to the work queue by the broker's at-least-once dead-letter worker.
+func (s *Stack) strandedRetryQueues() []string {
+	s.t.Helper()
+	var out []string
+	lines := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_ready", "messages_unacknowledged")
+	for _, line := range strings.Split(strings.TrimSpace(lines), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 4 || !strings.Contains(f[0], ".retry.") {
+			continue
+		}
+		var all, ready, unacked int
+		if _, err := fmt.Sscan(f[1]+" "+f[2]+" "+f[3], &all, &ready, &unacked); err == nil && all > ready+unacked {
+			out = append(out, f[0])
+		}
+	}
+	return out
+}
+
+// deadLetterWorkerDefect reports whether the cluster's RabbitMQ is older
+// than 3.10.20: its quorum queues' at-least-once dead-letter worker can
+// fail to start on a leader elected while the previous one's was starting
+// (fixed in rabbitmq-server 3.10.20: "Terminate replaced
+// rabbit_fifo_dlx_worker", "Do not restart DLX worker if leader is
+// non-local"). A retry queue then keeps its expired messages until its
+// leader changes again.
+func (s *Stack) deadLetterWorkerDefect() bool {
+	s.t.Helper()
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(strings.TrimSpace(s.ctl("version")), "%d.%d.%d", &major, &minor, &patch); err != nil {
+		return false
+	}
+	return major == 3 && (minor < 10 || minor == 10 && patch < 20)
+}
+
+// nudgeStrandedRetryQueues moves the leadership of each stranded retry
+// queue to another running node, where the broker starts the queue's
+// dead-letter worker anew: the remedy for the defect above (an operator's
+// is the same, or a restart of the leader's node; an upgrade ends it). It
+// returns the queues it moved.
+func (s *Stack) nudgeStrandedRetryQueues() []string {
+	s.t.Helper()
+	stranded := s.strandedRetryQueues()
+	for _, q := range stranded {
+		out := s.ctl("eval", fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
+			`{_, L} = amqqueue:get_pid(Q), `+
+			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, s.vhost(), q))
+		s.Note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; its leadership was moved to restart the worker: %s",
+			q, strings.TrimSpace(out))
+	}
+	return stranded
+}
+
 // Drain supervises until nothing is pending and progress (the service's
 // effects: a count of rows) stood still over two polls a second apart. It
 // fails when neither progress rose nor the stored backlog (the buffered
@@ -562,6 +616,8 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	end, hasEnd := testenv.TestDeadline(s.t)
 	last, quiet := -1, 0
 	best, fewest, lastStored, since := -1, math.MaxInt, math.MaxInt, time.Now()
+	defect := s.cfg.Cluster != nil && s.deadLetterWorkerDefect()
+	nudgeAfter, nudges := min(30*time.Second, stall/2), 0
 	for quiet < 2 {
 		s.Supervise()
 		n, stored := progress(), s.stored()
@@ -582,6 +638,17 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 			quiet++
 		} else {
 			quiet = 0
+			// On a cluster whose broker has the dead-letter worker's
+			// defect, a drain that stood still for a while looks for a
+			// retry queue it stranded and moves its leader (three times a
+			// drain at most, each counted as progress: a stall that
+			// moving leaders does not end still fails).
+			if defect && nudges < 3 && time.Since(since) >= nudgeAfter {
+				if len(s.nudgeStrandedRetryQueues()) > 0 {
+					since = time.Now()
+					nudges++
+				}
+			}
 			switch {
 			case time.Since(since) >= stall:
 				s.t.Fatalf("not drained: no progress for %s with %d pending, progress %d\n%s", stall, s.Pending(), n, s.pendingDetail())
