@@ -35,11 +35,14 @@ ARG GO_VERSION=1.26.8
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
 WORKDIR /src
 
-# Dependencies first: this layer only changes with go.mod and go.sum.
+# Dependencies first: this layer only changes with the go.mod and go.sum files
+# (the kit is a module of its own, which go.mod replaces with ./kit).
 COPY go.mod go.sum ./
+COPY kit/go.mod kit/go.sum kit/
 RUN --mount=type=cache,target=/go/pkg/mod \
     go mod download -x
 
+COPY kit/ kit/
 COPY cmd/ cmd/
 COPY internal/ internal/
 # The shipping example's package (its main is cmd/shipping-service).

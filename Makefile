@@ -5,6 +5,10 @@ GO      ?= go
 BIN     ?= bin
 # Every directory of cmd/ is a program: the one place the list lives.
 PROGRAMS = $(notdir $(wildcard cmd/*))
+# The kit is a Go module of its own (kit/go.mod), which go.mod replaces with
+# ./kit: ./... stops at its directory, so each command that covers the whole
+# code names the kit's packages by their module path too.
+KIT := $(shell awk '$$1 == "module" { print $$2; exit }' kit/go.mod)
 
 .PHONY: all build test check fmt vet lint clean
 
@@ -15,7 +19,7 @@ PROGRAMS = $(notdir $(wildcard cmd/*))
 #   G404  math/rand draws jitter, fault-injection probabilities, demo loads
 #         and lease tokens (which only tell a claim's holder apart): none is
 #         a secret.
-#   internal/kit/testenv  test support: it runs rabbitmqctl, the programs and
+#   kit/testenv  test support: it runs rabbitmqctl, the programs and
 #         scripts it is given (G204), on paths of the tests' own (G304).
 #   bench/, .ci/  separate modules, tools of the project.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -55,7 +59,7 @@ SLOW_TESTS  = UnderFaults|NewProjectScript
 # (testenv.GroupCommit), the tests of the commit path among them, but those
 # that set their own batch size or none (NOT_COMMIT_PATH): they would run
 # the same way twice.
-COMMIT_PACKAGES = ./internal/kit/consumer ./internal/payment ./internal/e2e ./examples/...
+COMMIT_PACKAGES = $(KIT)/consumer ./internal/payment ./internal/e2e ./examples/...
 COMMIT_PATH = Apply|Applied|Duplicate|Dedupe|Twice|Commit|Writes|Batched|BackendsTerminated|SQLState|DatabaseError|SameIDDifferentPayload|UnderNewID|Conflicting|Emit|Decline|CrashPoints|ThousandOrders|SIGTERMUnderLoad|ShipsEachOrderOnce|CrashAfterCarrierBook|^TestConcurrent|^TestBufferedStoresThenProcessesOnce$$|^TestDeadLetterCopyNoQueueTookIsNotAcked$$
 NOT_COMMIT_PATH = ^TestGroupCommitIsolatesAFailingMessage$$|^TestHungHandlerBatchedWithTheNextMessageCommitsNothing$$|^TestMigrationsApplyTwice$$
 FAULTS_PARALLEL ?= 3
@@ -70,7 +74,7 @@ test: check lint test-rules
 test-suite:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the whole suite with the race detector, but the slow proofs (make test-faults)"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/1-suite.json -- -race -count=1 -timeout 30m -skip '$(SLOW_TESTS)' ./...
+	$(GOTEST) --jsonfile $(TEST_REPORT)/1-suite.json -- -race -count=1 -timeout 30m -skip '$(SLOW_TESTS)' ./... $(KIT)/...
 
 test-commit-path: SHELL := bash
 test-commit-path: .SHELLFLAGS := -o pipefail -c
@@ -89,7 +93,7 @@ test-faults:
 test-disruptive:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive ./internal/kit/consumer ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive $(KIT)/consumer ./internal/e2e
 
 test-scenarios:
 	@mkdir -p $(TEST_REPORT)
@@ -108,15 +112,17 @@ check: fmt vet
 # The fuzz targets, each for FUZZTIME: a count of inputs (about 5 to 20 s
 # each on 2 cores), not a duration, which Go 1.26's fuzzer can fail at its
 # deadline with no input at fault (go.dev/issue/75804). Plain go test runs
-# their seeds. A crash leaves its input in the package's testdata/fuzz/:
+# their seeds. Each runs in its package's directory (go test fuzzes only
+# the packages of the module it runs in, and the kit is a module of its own).
+# A crash leaves its input in the package's testdata/fuzz/:
 # commit it with the fix, and it stays a seed.
-FUZZ_TARGETS = FuzzDecode:./internal/payment/orders FuzzAdmit:./internal/kit/consumer \
-	FuzzChargeRequest:./internal/demo/fakegateway FuzzHeadersFromJSON:./internal/kit/rabbit
+FUZZ_TARGETS = FuzzDecode:./internal/payment/orders FuzzAdmit:./kit/consumer \
+	FuzzChargeRequest:./internal/demo/fakegateway FuzzHeadersFromJSON:./kit/rabbit
 FUZZTIME ?= 60000x
 .PHONY: fuzz
 fuzz:
 	@for t in $(FUZZ_TARGETS); do echo "== $${t%%:*} ($(FUZZTIME))"; \
-	  $(GO) test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) $${t#*:} || exit 1; done
+	  (cd $${t#*:} && $(GO) test -run '^$$' -fuzz "^$${t%%:*}\$$" -fuzztime $(FUZZTIME) .) || exit 1; done
 
 # The Prometheus alert and recording rules (deploy/prometheus/rules): valid,
 # and each alert firing and not firing in deploy/prometheus/tests. promtool
@@ -136,12 +142,13 @@ fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet ./... $(KIT)/...
 
 lint:
 	$(GO) mod verify
-	$(GO) run $(STATICCHECK) ./...
-	$(GO) run $(GOSEC) -quiet -exclude=G404 -exclude-dir=bench -exclude-dir=.ci -exclude-dir=internal/kit/testenv ./...
+	cd kit && $(GO) mod verify
+	$(GO) run $(STATICCHECK) ./... $(KIT)/...
+	$(GO) run $(GOSEC) -quiet -exclude=G404 -exclude-dir=bench -exclude-dir=.ci -exclude-dir=kit/testenv ./...
 
 clean:
 	rm -rf $(BIN)
@@ -159,7 +166,7 @@ clean:
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- -race -count=1 -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' ./internal/kit/rabbit ./internal/kit/consumer
+	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- -race -count=1 -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer
 
 # Broker node loss in both inbox modes side by side (what
 # scripts/faults/broker-node-loss.sh --local runs one mode at a time): each

@@ -54,6 +54,7 @@ require (
 	github.com/hashicorp/errwrap v1.1.0 // indirect
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	github.com/inbox-template/payment-service v0.0.0
+	github.com/inbox-template/payment-service/kit v0.0.0
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -65,3 +66,5 @@ require (
 )
 
 replace github.com/inbox-template/payment-service => ../
+
+replace github.com/inbox-template/payment-service/kit => ../kit

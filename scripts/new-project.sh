@@ -223,9 +223,9 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"$module/internal/kit/consumer"
-	"$module/internal/kit/migrations"
-	"$module/internal/kit/service"
+	"$module/kit/consumer"
+	"$module/kit/migrations"
+	"$module/kit/service"
 )
 
 // $Event is the event this service consumes. TODO: its fields, as the
@@ -357,7 +357,7 @@ import (
 	"syscall"
 
 	app "$module/internal/$pkg"
-	"$module/internal/kit/ops"
+	"$module/kit/ops"
 )
 
 func main() {
@@ -382,8 +382,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"$module/internal/kit/testenv"
-	"$module/internal/kit/wire"
+	"$module/kit/testenv"
+	"$module/kit/wire"
 )
 
 // service is cmd/$svc, built once and run as a process by each test, against
@@ -468,7 +468,7 @@ if ((bare)); then
   cat >"$dst/README.md" <<'EOF2'
 # @SVC@
 
-A RabbitMQ consumer on the inbox kit (`internal/kit`): it consumes @EVENTTYPE@ events
+A RabbitMQ consumer on the inbox kit (`kit/`): it consumes @EVENTTYPE@ events
 from the `@EXCHANGE@` exchange (binding key `@ROUTING_KEY@`) with manual acks, and
 applies each message's effect exactly once: its writes commit in one PostgreSQL
 transaction with the message's inbox row, so a redelivery is found there and
@@ -479,9 +479,10 @@ suppressed; a message that cannot be processed goes to the dead-letter queue
   contract is its doc comment), `Service()`, the migration;
 - `cmd/@SVC@/`: its main, which also carries the operations commands
   (`@SVC@ help`: `env`, `migrate`, `dlq`, `inbox`, `outbox`, `healthcheck`);
-- `internal/kit/`: the kit: configuration, the consumer runtime (inline and
-  buffered modes), the inbox, the outbox, retries and dead letters, metrics,
-  health, shutdown. Its tests run here too.
+- `kit/`: the kit, a Go module of its own (go.mod replaces it with `./kit`):
+  configuration, the consumer runtime (inline and buffered modes), the inbox,
+  the outbox, retries and dead letters, metrics, health, shutdown. Its tests
+  run here too.
 
 ## Run it
 
@@ -513,6 +514,9 @@ EOF2
 # rabbitmqctl on PATH: the tests create their own databases and vhosts.
 GO  ?= go
 BIN ?= bin
+# The kit is a module of its own: ./... stops at kit/, so the kit's packages
+# are named by their module path.
+KIT := $(shell awk '$$1 == "module" { print $$2; exit }' kit/go.mod)
 
 .PHONY: all build test check fmt vet clean
 all: check build
@@ -522,7 +526,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
 test: check
-	$(GO) test -race -count=1 -timeout 40m ./...
+	$(GO) test -race -count=1 -timeout 40m ./... $(KIT)/...
 
 check: fmt vet
 
@@ -530,7 +534,7 @@ fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	$(GO) vet ./...
+	$(GO) vet ./... $(KIT)/...
 
 clean:
 	rm -rf $(BIN)
@@ -578,7 +582,9 @@ ARG GO_VERSION=@GO_VERSION@
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+COPY kit/go.mod kit/go.sum kit/
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
+COPY kit/ kit/
 COPY cmd/ cmd/
 COPY internal/ internal/
 ARG TARGETOS TARGETARCH
@@ -596,10 +602,11 @@ ENTRYPOINT ["/usr/local/bin/@SVC@"]
 EOF2
 
   cat >"$dst/.dockerignore" <<'EOF2'
-# The image is built from go.mod, go.sum, cmd/ and internal/ only.
+# The image is built from go.mod, go.sum, kit/, cmd/ and internal/ only.
 *
 !go.mod
 !go.sum
+!kit/
 !cmd/
 !internal/
 **/*_test.go

@@ -3,6 +3,7 @@ package composecheck
 import (
 	"debug/elf"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -358,7 +359,7 @@ func buildStageContext(t *testing.T) string {
 			}
 			srcs, dst := words[1:len(words)-1], words[len(words)-1]
 			for _, src := range srcs {
-				if !slices.Contains(strings.Split(string(ignore), "\n"), "!"+src) {
+				if !letIn(string(ignore), src) {
 					t.Errorf(".dockerignore: the build stage copies %s, which .dockerignore does not let in (want a line !%s)", src, src)
 				}
 				to := filepath.Join(dir, dst)
@@ -374,14 +375,35 @@ func buildStageContext(t *testing.T) string {
 	return dir
 }
 
+// letIn reports whether .dockerignore lets src in: a line !src, or a line
+// !dir/ of a directory above it (!kit/ lets in kit/go.mod).
+func letIn(ignore, src string) bool {
+	for _, l := range strings.Split(ignore, "\n") {
+		dir, ok := strings.CutPrefix(l, "!")
+		if ok && (dir == src || strings.HasSuffix(dir, "/") && strings.HasPrefix(src, dir)) {
+			return true
+		}
+	}
+	return false
+}
+
 // copyPath copies a file or a directory tree.
 func copyPath(src, dst string) error {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return err
 	}
-	if fi.IsDir() {
-		return os.CopyFS(dst, os.DirFS(src))
+	if fi.IsDir() { // over what an earlier COPY put there, as Docker's COPY does
+		return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(src, p)
+			if err != nil {
+				return err
+			}
+			return copyPath(p, filepath.Join(dst, rel))
+		})
 	}
 	b, err := os.ReadFile(src)
 	if err != nil {

@@ -22,10 +22,10 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/health"
-	"github.com/inbox-template/payment-service/internal/kit/logging"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/health"
+	"github.com/inbox-template/payment-service/kit/logging"
+	"github.com/inbox-template/payment-service/kit/migrations"
 )
 
 func main() {

@@ -27,8 +27,8 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/migrations"
 )
 
 const shutdownTimeout = 10 * time.Second

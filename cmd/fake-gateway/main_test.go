@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func TestRunServesUntilCancelled(t *testing.T) {

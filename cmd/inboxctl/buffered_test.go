@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/buffered"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // park stores a message of key and parks it, as the processor would after a

@@ -1,6 +1,6 @@
 // Command inboxctl operates the payment stack: the payment service's
 // operations commands (the same every service on the kit carries, see
-// internal/kit/ops: migrate, dlq, inbox), plus what belongs to this stack alone:
+// kit/ops: migrate, dlq, inbox), plus what belongs to this stack alone:
 // the invariants report after a run (verify) and the fake gateway's schema.
 //
 //	inboxctl migrate [gateway]
@@ -25,9 +25,9 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/ops"
 	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/ops"
 )
 
 const usage = `usage: inboxctl <command>

@@ -11,10 +11,10 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/kit/wire"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // inboxctl runs the command as main does, with stdin as its input.

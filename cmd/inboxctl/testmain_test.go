@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The tests' vhosts come in batches, and go when the tests end.

@@ -15,11 +15,11 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/verify"
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/logging"
-	"github.com/inbox-template/payment-service/internal/kit/ops"
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/logging"
+	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // errInvariant makes the exit code 1 after the report was printed.

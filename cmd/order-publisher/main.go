@@ -17,8 +17,8 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/producer"
-	"github.com/inbox-template/payment-service/internal/kit/logging"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/logging"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 func main() {

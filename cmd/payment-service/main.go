@@ -1,8 +1,8 @@
 // Command payment-service consumes OrderPlaced events and charges each order
 // exactly once: transactional inbox, idempotent gateway charge, ack after commit,
 // poison messages to the dead-letter exchange. The service is internal/payment;
-// the rest is the kit's (internal/kit/service) and its operations commands
-// (internal/kit/ops).
+// the rest is the kit's (kit/service) and its operations commands
+// (kit/ops).
 //
 //	payment-service              consume until SIGINT or SIGTERM
 //	payment-service healthcheck  exit 0 if the local service is ready
@@ -16,8 +16,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/inbox-template/payment-service/internal/kit/ops"
 	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/kit/ops"
 )
 
 func main() {

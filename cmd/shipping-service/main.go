@@ -10,7 +10,7 @@ import (
 	"syscall"
 
 	"github.com/inbox-template/payment-service/examples/shipping"
-	"github.com/inbox-template/payment-service/internal/kit/ops"
+	"github.com/inbox-template/payment-service/kit/ops"
 )
 
 func main() {

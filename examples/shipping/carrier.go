@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/consumer"
 )
 
 // Pickup asks the carrier to collect one order's parcel. Key is the

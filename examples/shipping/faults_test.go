@@ -8,9 +8,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/kit/testenv/faultkit"
-	"github.com/inbox-template/payment-service/internal/kit/wire"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // The fault kit's scenarios against the shipping service: the kit's crash

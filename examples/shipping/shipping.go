@@ -1,7 +1,7 @@
 // Package shipping is the example consumer of docs/writing-a-service.md: it
 // books a carrier pickup for each OrderPaid event and records the shipment,
 // exactly once. It is a handler, an event, a carrier client and a migration;
-// the kit (internal/kit/service) does the rest.
+// the kit (kit/service) does the rest.
 package shipping
 
 import (
@@ -13,11 +13,11 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/faults"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/service"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // OrderPaid is the event this service consumes.

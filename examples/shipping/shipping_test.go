@@ -15,10 +15,10 @@ import (
 
 	"github.com/inbox-template/payment-service/examples/shipping"
 	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
-	"github.com/inbox-template/payment-service/internal/kit/faults"
-	kitservice "github.com/inbox-template/payment-service/internal/kit/service"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/kit/wire"
+	"github.com/inbox-template/payment-service/kit/faults"
+	kitservice "github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // service is the example's main, built once and run as a process by each test.

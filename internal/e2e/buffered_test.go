@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The gateway is down for a long time (503 for every charge; here seconds,

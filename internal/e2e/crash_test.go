@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/faults"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func post(t *testing.T, url string) int {

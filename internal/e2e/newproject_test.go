@@ -20,18 +20,22 @@ func TestNewProjectScript(t *testing.T) {
 	const module = "example.com/acme/shipping-service"
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
 		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested")
-	mustRun(t, dir, "go", "build", "./...")
-	mustRun(t, dir, "go", "vet", "./...")
+	// The kit is a module of its own (kit/, replaced with ./kit): ./... stops
+	// at it, so its packages are named by their module path.
+	mustRun(t, dir, "go", "build", "./...", module+"/kit/...")
+	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
 	}
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/payment/orders", "./internal/kit/service", "./internal/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/payment/orders", module+"/kit/service", module+"/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
 	if out, err := exec.Command("grep", "-rIl", "--exclude-dir=.git", "github.com/inbox-template/payment-service", dir).Output(); err == nil {
 		t.Errorf("files still name the template's module path:\n%s", out)
 	}
-	goMod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-	if err != nil || !strings.HasPrefix(string(goMod), "module "+module+"\n") {
-		t.Errorf("go.mod starts %q (%v)", firstLine(string(goMod)), err)
+	for f, want := range map[string]string{"go.mod": module, "kit/go.mod": module + "/kit"} {
+		goMod, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || !strings.HasPrefix(string(goMod), "module "+want+"\n") {
+			t.Errorf("%s starts %q (%v), want module %s", f, firstLine(string(goMod)), err, want)
+		}
 	}
 	for _, f := range []string{"internal/refund/refund.go", "internal/refund/migrations/00001_refund_records.sql", "cmd/refund-service/main.go"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
@@ -122,14 +126,15 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 // left out of .env.example.
 func TestNewProjectScriptBare(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "refunds")
-	mustRun(t, "../..", "bash", "scripts/new-project.sh", "example.com/acme/refunds", dir,
+	const module = "example.com/acme/refunds"
+	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
 		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare",
 		"--no-outside-calls")
-	mustRun(t, dir, "go", "vet", "./...")
+	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
 	}
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/kit/ops", "./internal/kit/migrations")
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", module+"/kit/ops", module+"/kit/migrations")
 	cmds, _ := filepath.Glob(filepath.Join(dir, "cmd", "*"))
 	if len(cmds) != 1 || filepath.Base(cmds[0]) != "refund-service" {
 		t.Errorf("cmd/ holds %v, want refund-service only", cmds)

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // bin holds the programs, built once for the package.

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // publish runs the publisher to completion.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // stack is the fake gateway and the payment service running as processes on

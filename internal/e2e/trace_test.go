@@ -25,14 +25,14 @@ import (
 	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
 	"github.com/inbox-template/payment-service/internal/demo/producer"
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/ops"
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/service/servicetest"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // traceStack is the publisher, the payment service and the shipping service

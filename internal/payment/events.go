@@ -8,8 +8,8 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 // The events the payment service emits, through its outbox, to the topic

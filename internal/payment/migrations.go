@@ -3,7 +3,7 @@ package payment
 import (
 	"embed"
 
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/migrations"
 )
 
 //go:embed migrations/*.sql

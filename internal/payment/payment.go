@@ -13,11 +13,11 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 // Payment statuses.

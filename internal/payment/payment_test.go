@@ -19,17 +19,17 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/ops"
-	"github.com/inbox-template/payment-service/internal/kit/outbox"
-	"github.com/inbox-template/payment-service/internal/kit/service/servicetest"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
-	"github.com/inbox-template/payment-service/internal/kit/wire"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit/outbox"
+	"github.com/inbox-template/payment-service/kit/service/servicetest"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // stack is the payment service as cmd/payment-service runs it (its Options,

@@ -4,13 +4,13 @@ import (
 	"context"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/faults"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/service"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // Settings are the payment handler's own: the gateway it charges through.

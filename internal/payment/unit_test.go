@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/kit/service"
 )
 
 func TestIdempotencyKeyDependsOnTheOrderOnly(t *testing.T) {

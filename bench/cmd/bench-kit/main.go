@@ -1,5 +1,5 @@
 // Command bench-kit is the kit with the peers' unit of work: a service on
-// internal/kit/service whose handler makes no outside call and emits nothing,
+// kit/service whose handler makes no outside call and emits nothing,
 // and whose writes are the peers' payment insert, in the inbox transaction.
 // Beside the plain consumer it shows what the kit itself costs. It is the
 // whole of a service on the kit: its Options and one handler.
@@ -14,11 +14,11 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/consumer"
-	"github.com/inbox-template/payment-service/internal/kit/service"
-	"github.com/inbox-template/payment-service/internal/kit/wire"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 func main() {

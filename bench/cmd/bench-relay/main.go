@@ -30,11 +30,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/logging"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/outbox"
 	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/logging"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 func main() {

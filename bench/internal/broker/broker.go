@@ -14,7 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // The payment service's names and its work queue's delivery limit, at their
@@ -35,7 +35,7 @@ const (
 	OrderPaidKey   = "order.paid"
 )
 
-// QueueArgs are the work queue's arguments, as internal/kit/rabbit/topology.go of
+// QueueArgs are the work queue's arguments, as kit/rabbit/topology.go of
 // the template declares them; that package is internal to the template's module,
 // so the bench mirrors it. A drift cannot go unnoticed: RabbitMQ refuses the
 // service's own declaration of a queue with other arguments

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // FakeCarrier is the configuration of cmd/fake-carrier, the shipping

@@ -1,11 +1,11 @@
 // Package config loads the configuration of the programs that are not built on
 // the service kit (the fake gateway, the order publisher, inboxctl's own
 // commands) from environment variables with envconfig. The services' own
-// configuration is the kit's (internal/kit/service) plus each handler's Settings.
+// configuration is the kit's (kit/service) plus each handler's Settings.
 package config
 
 import (
-	"github.com/inbox-template/payment-service/internal/kit/service"
+	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // Load fills cfg from the environment and validates it. Every error names the

@@ -16,8 +16,8 @@ import (
 	"testing"
 
 	"github.com/inbox-template/payment-service/examples/shipping"
-	"github.com/inbox-template/payment-service/internal/kit/service"
 	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // envExamplePath is the documented environment of all programs; Docker Compose
@@ -70,7 +70,7 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # read it and says what it is for.
 #
 # Generated from the programs' configuration (the desc and default tags of the
-# kit's internal/kit/service.Config, of each handler's Settings and of
+# service.Config in kit/service, of each handler's Settings and of
 # internal/demo/config): do not edit by hand; after changing a setting run
 #   go test ./internal/demo/config -run EnvExample -update
 #

@@ -3,8 +3,8 @@ package config
 import (
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/service"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // Stores of the fake gateway (STORE).

@@ -1,6 +1,6 @@
 package config
 
-import "github.com/inbox-template/payment-service/internal/kit/service"
+import "github.com/inbox-template/payment-service/kit/service"
 
 // Verify is what `inboxctl verify` reads beyond the payment service's own
 // configuration: the fake gateway's database, where it looks for double

@@ -28,8 +28,8 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/inbox-template/payment-service/internal/kit/faults"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/migrations"
 )
 
 //go:embed migrations/*.sql

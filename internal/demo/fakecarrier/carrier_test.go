@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func newCarrier(t *testing.T, f Faults) (*httptest.Server, *Server, string) {

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func TestChargeRejectsBadRequests(t *testing.T) {

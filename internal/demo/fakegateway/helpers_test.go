@@ -14,9 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/database"
-	"github.com/inbox-template/payment-service/internal/kit/migrations"
-	"github.com/inbox-template/payment-service/internal/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // env is one Server over its own store, served by httptest.

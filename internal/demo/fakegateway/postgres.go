@@ -9,7 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/database"
+	"github.com/inbox-template/payment-service/kit/database"
 )
 
 // PostgresStore keeps charges in the table charges of a database migrated with

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/faults"
+	"github.com/inbox-template/payment-service/kit/faults"
 )
 
 // Options are the Server's settings besides its dependencies.

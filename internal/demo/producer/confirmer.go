@@ -10,8 +10,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // DefaultWindow is how many publishes may wait for their confirm at once.

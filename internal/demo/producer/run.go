@@ -7,8 +7,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
-	"github.com/inbox-template/payment-service/internal/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
 // ErrReturned means the broker returned messages as unroutable: no queue was

@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // Broker says where the load goes.

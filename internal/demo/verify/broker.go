@@ -7,8 +7,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/internal/kit/deadletter"
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // amqpBroker reads queue depths and dead letters over one connection.

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/inbox-template/payment-service/internal/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/deadletter"
 )
 
 // bufferedQueue names the buffered inbox's unprocessed messages among the

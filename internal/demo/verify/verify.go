@@ -15,8 +15,8 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/kit/deadletter"
-	"github.com/inbox-template/payment-service/internal/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // Run is what one publisher run sent, as its summary reports it.

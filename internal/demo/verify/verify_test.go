@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/inbox-template/payment-service/internal/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/deadletter"
 )
 
 func TestLikePrefixTakesWildcardsLiterally(t *testing.T) {

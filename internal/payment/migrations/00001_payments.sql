@@ -1,7 +1,7 @@
 -- +goose Up
 -- payments holds one row per order: the unique order_id stops a second payment
 -- even when the same order arrives under another message id. The inbox table
--- is the kit's own schema (internal/kit/migrations/inbox), applied before this one.
+-- is the kit's own schema (kit/migrations/inbox), applied before this one.
 -- IF NOT EXISTS: a database migrated when both tables were one schema already
 -- holds this table.
 CREATE TABLE IF NOT EXISTS payments (

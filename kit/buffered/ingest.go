@@ -1,0 +1,223 @@
+package buffered
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/rabbit"
+)
+
+// Incoming is a delivery to store.
+type Incoming struct {
+	MessageID   string
+	OrderingKey string // "" makes the message a key of its own (see KeyOf)
+	ContentType string
+	Headers     map[string]any
+	Body        []byte
+	PublishedAt time.Time // zero: unknown
+}
+
+// KeyOf is the ordering key a message is stored under: the handler's key, or
+// for a message without one a key of its own, so that it waits for nothing.
+func KeyOf(orderingKey, messageID string) string {
+	if orderingKey != "" {
+		return orderingKey
+	}
+	return "message:" + messageID
+}
+
+// Stored is what became of one Incoming. Fresh means it was stored now;
+// false with a nil Err means its id was stored before with the same body (a
+// duplicate). Err is ErrPayloadMismatch if the id came before with another body.
+type Stored struct {
+	Fresh bool
+	Err   error
+}
+
+// Ingest stores the items in one transaction, in the order given: each new
+// message id is claimed in the inbox table, and each new message appended to
+// its ordering key with the key's next sequence number. Messages of one key
+// are therefore numbered in the order their transactions commit (the key's
+// row stays locked from its update to the commit), and within one call in the
+// order of items. beforeCommit, if set, runs after the writes, before COMMIT.
+//
+// A non-nil error means nothing was stored, whatever the results say.
+func (s *Store) Ingest(ctx context.Context, items []Incoming, beforeCommit func()) ([]Stored, error) {
+	results := make([]Stored, len(items))
+	err := s.db.WithContext(ctx).Transaction(func(gtx *gorm.DB) error {
+		tx, err := txOf(gtx)
+		if err != nil {
+			return err
+		}
+		fresh, err := s.claimIDs(tx, items, results)
+		if err != nil {
+			return err
+		}
+		if len(fresh) > 0 {
+			seqs, err := s.appendToKeys(tx, items, fresh)
+			if err != nil {
+				return err
+			}
+			if err := s.insertMessages(tx, items, fresh, seqs); err != nil {
+				return err
+			}
+		}
+		if beforeCommit != nil {
+			beforeCommit()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// claimIDs inserts the distinct ids into the inbox, in id order (so that two
+// transactions holding some of the same ids lock them in one order), and
+// returns the indexes of the items that are new, in the order of items. The
+// first of several items with one id is the one stored.
+func (s *Store) claimIDs(tx *queryTx, items []Incoming, results []Stored) ([]int, error) {
+	first := map[string]int{}
+	for i, it := range items {
+		if _, ok := first[it.MessageID]; !ok {
+			first[it.MessageID] = i
+		}
+	}
+	ids := make([]string, 0, len(first))
+	for id := range first {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var v values
+	for _, id := range ids {
+		v.row(id, s.consumer, inbox.Fingerprint(items[first[id]].Body))
+	}
+	claimed, err := tx.strings(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES `+v.sql()+
+		` ON CONFLICT DO NOTHING RETURNING message_id`, v.args...)
+	if err != nil {
+		return nil, fmt.Errorf("claim %d message ids in inbox: %w", len(ids), err)
+	}
+	known, err := s.knownFingerprints(tx, ids, claimed)
+	if err != nil {
+		return nil, err
+	}
+	var fresh []int
+	for i, it := range items {
+		switch {
+		case claimed[it.MessageID] && first[it.MessageID] == i:
+			results[i].Fresh = true
+			fresh = append(fresh, i)
+		case claimed[it.MessageID]: // a second copy in this batch
+			if !bytes.Equal(inbox.Fingerprint(items[first[it.MessageID]].Body), inbox.Fingerprint(it.Body)) {
+				results[i].Err = fmt.Errorf("message %s: %w", it.MessageID, ErrPayloadMismatch)
+			}
+		case known[it.MessageID] == nil:
+			// Pruned between the claim and the read: rare, and safe to try
+			// again (the runtime's ingest reconnects and takes it again).
+			return nil, fmt.Errorf("inbox entry of message %s vanished during ingest", it.MessageID)
+		case !bytes.Equal(known[it.MessageID], inbox.Fingerprint(it.Body)):
+			results[i].Err = fmt.Errorf("message %s: %w", it.MessageID, ErrPayloadMismatch)
+		}
+	}
+	return fresh, nil
+}
+
+// knownFingerprints reads the stored fingerprints of the ids not claimed now.
+func (s *Store) knownFingerprints(tx *queryTx, ids []string, claimed map[string]bool) (map[string][]byte, error) {
+	var old []string
+	for _, id := range ids {
+		if !claimed[id] {
+			old = append(old, id)
+		}
+	}
+	known := map[string][]byte{}
+	if len(old) == 0 {
+		return known, nil
+	}
+	rows, err := tx.query(`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, s.consumer, old)
+	if err != nil {
+		return nil, fmt.Errorf("read inbox entries of %d message ids: %w", len(old), err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var sum []byte
+		if err := rows.Scan(&id, &sum); err != nil {
+			return nil, err
+		}
+		known[id] = sum
+	}
+	return known, rows.Err()
+}
+
+// appendToKeys raises the sequence of every key the new messages belong to,
+// keys in sorted order (so that concurrent ingests lock key rows in one
+// order and cannot deadlock), and returns each new item's sequence number:
+// the key's new messages numbered in the order of items. A key that had
+// nothing left to process becomes due now; one with a backlog, a lease or a
+// retry pending keeps its time.
+func (s *Store) appendToKeys(tx *queryTx, items []Incoming, fresh []int) (map[int]int64, error) {
+	perKey := map[string][]int{}
+	for _, i := range fresh {
+		k := KeyOf(items[i].OrderingKey, items[i].MessageID)
+		perKey[k] = append(perKey[k], i)
+	}
+	keys := make([]string, 0, len(perKey))
+	for k := range perKey {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var v values
+	for _, k := range keys {
+		v.row(s.consumer, k, len(perKey[k]))
+	}
+	rows, err := tx.query(`INSERT INTO inbox_keys AS k (consumer, ordering_key, last_seq) VALUES `+v.sql()+`
+		ON CONFLICT (consumer, ordering_key) DO UPDATE SET
+			last_seq = k.last_seq + EXCLUDED.last_seq,
+			available_at = CASE WHEN k.next_seq > k.last_seq THEN now() ELSE k.available_at END,
+			updated_at = now()
+		RETURNING ordering_key, last_seq`, v.args...)
+	if err != nil {
+		return nil, fmt.Errorf("append to %d ordering keys: %w", len(keys), err)
+	}
+	defer rows.Close()
+	seqs := make(map[int]int64, len(fresh))
+	for rows.Next() {
+		var k string
+		var last int64
+		if err := rows.Scan(&k, &last); err != nil {
+			return nil, err
+		}
+		idx := perKey[k]
+		for n, i := range idx {
+			seqs[i] = last - int64(len(idx)) + 1 + int64(n)
+		}
+	}
+	return seqs, rows.Err()
+}
+
+func (s *Store) insertMessages(tx *queryTx, items []Incoming, fresh []int, seqs map[int]int64) error {
+	var v values
+	for _, i := range fresh {
+		it := items[i]
+		var published *time.Time
+		if !it.PublishedAt.IsZero() {
+			published = &it.PublishedAt
+		}
+		v.row(s.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i],
+			it.ContentType, rabbit.HeadersJSON(it.Headers), it.Body, published)
+	}
+	_, err := tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at) VALUES `+
+		v.sql(), v.args...)
+	if err != nil {
+		return fmt.Errorf("store %d messages: %w", len(fresh), err)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/tracing"
+)
+
+// inlineMode is the inline inbox: workers take deliveries, look each up in
+// the inbox, run the handler and hand its writes to the committers, which
+// claim the message and commit the writes together; the delivery is acked
+// after the commit (inline_commit.go).
+type inlineMode struct {
+	r       *Runtime
+	commits *committer
+	lookups *lookups
+}
+
+func newInlineMode(r *Runtime, ib *inbox.Inbox) *inlineMode {
+	m := &inlineMode{
+		r:       r,
+		commits: newCommitter(ib, r.cfg.GroupCommitMax, r.cfg.GroupCommitWait, applyMargin, r.stage, r.metrics, r.cfg.Name),
+		lookups: newLookups(ib),
+	}
+	m.commits.tracer, m.commits.queue = r.cfg.Tracer, r.cfg.Topology.Queue
+	return m
+}
+func (m *inlineMode) start(_, commitCtx context.Context, committers, _ *sync.WaitGroup) {
+	m.commits.run(commitCtx, m.r.cfg.Committers, committers)
+	m.lookups.run(commitCtx, LookupReaders, committers)
+}
+func (m *inlineMode) ready() error { return nil }
+func (m *inlineMode) consume(work context.Context, s *session, deliveries <-chan amqp.Delivery, stop <-chan struct{}, wg *sync.WaitGroup) {
+	for range m.r.cfg.Workers {
+		wg.Go(func() { m.work(work, s, deliveries, stop) })
+	}
+}
+
+// cancels: at a graceful stop, a pause, or a redeclare, the deliveries sent
+// before the cancel-ok are republished to the work queue (returnUnstarted):
+// a return by the channel's close would count against the quorum queue's
+// delivery limit.
+func (m *inlineMode) cancels(reason error) bool {
+	return reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))
+}
+func (m *inlineMode) rest(ctx context.Context, _ context.CancelFunc, s *session, deliveries <-chan amqp.Delivery) {
+	m.r.returnUnstarted(ctx, s, deliveries)
+}
+
+// deliver runs one delivery to its end: it is acked, sent to a retry queue or
+// the dead-letter exchange (then acked), or requeued; or, if its channel died
+// meanwhile, left for the broker to redeliver.
+func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
+	r := m.r
+	ctx, span := r.cfg.Tracer.Process(ctx, d, r.cfg.Topology.Queue, r.cfg.Name)
+	defer span.End()
+	msg := r.received(d)
+	reason, admitErr := r.admit(d, &msg)
+	if reason == "" && msg.undecoded != nil {
+		reason, admitErr = permanentReason(msg.undecoded), msg.undecoded
+	}
+	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+	if reason != "" {
+		span.Outcome(string(OutcomeDeadLettered), msg.Attempt)
+		span.FailAs(admitErr, string(reason))
+		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
+		return
+	}
+	out, ack, err := m.apply(ctx, s, d.DeliveryTag, &msg, span)
+	switch {
+	case err == nil && ack.sent:
+		span.Outcome(string(out), msg.Attempt)
+		r.acked(msg, out, log, ack.err) // by its committer, with its batch
+		return
+	case err == nil:
+		span.Outcome(string(out), msg.Attempt)
+		r.stage(StageCommit)
+		r.ack(ctx, s, d, msg, out, log)
+		return
+	}
+	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts, msg.holds))
+	span.Outcome(v.outcome(), msg.Attempt)
+	span.FailAs(err, v.errorType())
+	switch v.act {
+	case actAbandon:
+		// Shutdown timeout: the transaction rolled back; leave the delivery
+		// unacked so the broker redelivers it.
+		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
+	case actDeadLetter:
+		r.deadLetter(ctx, s, d, msg, v.reason, err, log)
+	case actPutBack:
+		log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
+			"attempt", msg.Attempt, "err", err)
+		r.hold(ctx, s, d, msg, err, false, log)
+	case actPause:
+		log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
+			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt,
+			"pause_holds", msg.holds, "max_holds", r.cfg.MaxHolds, "err", err)
+		r.hold(ctx, s, d, msg, err, v.counts, log)
+		s.requestPause(v.cause)
+	case actRetry:
+		r.retry(ctx, s, d, msg, err, log)
+	}
+}
+
+// apply looks the message up in the inbox (after any worker of this replica
+// holding the same id is done), runs the handler with no transaction open,
+// then hands its writes to the committers and waits for their commit. The
+// committer acks what it committed, with the rest of its batch (ack.sent);
+// a duplicate found by the look-up is left to the caller to ack.
+func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Message, span tracing.Span) (Outcome, sentAck, error) {
+	r := m.r
+	ctx, cancel := context.WithTimeout(ctx, r.applyTimeout)
+	defer cancel()
+	release, err := r.inFlight.acquire(ctx, msg.ID)
+	if err != nil {
+		return "", sentAck{}, err
+	}
+	defer release()
+	seen, err := m.lookups.seen(ctx, msg.ID, msg.Body)
+	switch {
+	case err != nil:
+		return "", sentAck{}, failedAt(stepLookup, err)
+	case seen:
+		return OutcomeDuplicate, sentAck{}, nil
+	}
+	if err := r.keyExpired(*msg); err != nil {
+		return "", sentAck{}, err
+	}
+	msg.ran = true
+	writes, err := r.handler.Handle(ctx, *msg)
+	if err != nil {
+		return "", sentAck{}, failedAt(stepHandler, err)
+	}
+	r.failures.succeeded() // the outside calls work
+	out, fresh, ack, err := m.commits.commit(ctx, *msg, writes, s.acks, tag, span)
+	switch {
+	case err != nil:
+		return "", sentAck{}, failedAt(stepCommit, err)
+	case !fresh:
+		return OutcomeDuplicate, ack, nil
+	case out == "":
+		out = OutcomeProcessed
+	}
+	if !msg.PublishedAt.IsZero() {
+		r.metrics.endToEnd.WithLabelValues(r.cfg.Name).Observe(time.Since(msg.PublishedAt).Seconds())
+	}
+	return out, ack, nil
+}
