@@ -46,15 +46,28 @@ type BufferedConfig struct {
 // late commit finds the token changed and commits nothing.
 const leaseMargin = 5 * time.Second
 
+// BufferedDefaults returns the values a BufferedConfig's zero fields take
+// (its Lease derives from the handler timeout): the one place they are
+// written; BUFFER_RETRY_DELAYS, BUFFER_MAX_ATTEMPTS and BUFFER_POLL_INTERVAL
+// default to them.
+func BufferedDefaults() BufferedConfig {
+	return BufferedConfig{
+		RetryDelays:  []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 5 * time.Minute},
+		MaxAttempts:  20,
+		PollInterval: 5 * time.Second,
+	}
+}
+
 func (c *BufferedConfig) setDefaults(handlerTimeout time.Duration) {
+	d := BufferedDefaults()
 	if len(c.RetryDelays) == 0 {
-		c.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 5 * time.Minute}
+		c.RetryDelays = d.RetryDelays
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 20
+		c.MaxAttempts = d.MaxAttempts
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = 5 * time.Second
+		c.PollInterval = d.PollInterval
 	}
 	if c.Lease == 0 {
 		if handlerTimeout <= 0 {

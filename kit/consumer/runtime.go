@@ -17,7 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
-// Config tunes a Runtime. Zero values are replaced by the defaults of setDefaults.
+// Config tunes a Runtime. Zero values are replaced by those of Defaults.
 type Config struct {
 	Name      string // consumer name: inbox column, metric label, connection name
 	AMQPURL   string
@@ -111,45 +111,68 @@ type Config struct {
 	Tracer *tracing.Tracer
 }
 
+// Defaults returns the values a Config's zero fields take: the one place the
+// runtime's defaults are written. A service's environment variables default
+// to them (PREFETCH, WORKERS, MAX_ATTEMPTS, …: service.Config).
+func Defaults() Config {
+	return Config{
+		Heartbeat:          10 * time.Second,
+		Topology:           rabbit.Topology{RetryDelays: []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}},
+		Prefetch:           192,
+		Workers:            128,
+		Committers:         4,
+		GroupCommitMax:     32,
+		GroupCommitWait:    2 * time.Millisecond,
+		MaxBodyBytes:       64 << 10,
+		ContentTypes:       []string{"application/json"},
+		MaxAttempts:        5,
+		ShutdownTimeout:    20 * time.Second,
+		ReconnectMaxWait:   30 * time.Second,
+		PauseAfterFailures: 20,
+		MaxHolds:           20,
+	}
+}
+
 func (c *Config) setDefaults() {
+	d := Defaults()
 	if c.Prefetch == 0 {
-		c.Prefetch = 32
+		c.Prefetch = d.Prefetch
 	}
 	if c.Workers == 0 {
-		c.Workers = 8
+		c.Workers = d.Workers
 	}
 	if c.Committers == 0 {
-		c.Committers = 4
+		c.Committers = d.Committers
 	}
-	if c.GroupCommitMax == 0 {
-		c.GroupCommitMax, c.GroupCommitWait = 32, 2*time.Millisecond
+	if c.GroupCommitMax == 0 { // a wait of 0 is a setting of its own
+		c.GroupCommitMax, c.GroupCommitWait = d.GroupCommitMax, d.GroupCommitWait
 	}
 	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = 64 << 10
+		c.MaxBodyBytes = d.MaxBodyBytes
 	}
 	if len(c.ContentTypes) == 0 {
-		c.ContentTypes = []string{"application/json"}
+		c.ContentTypes = d.ContentTypes
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 5
+		c.MaxAttempts = d.MaxAttempts
 	}
 	if len(c.Topology.RetryDelays) == 0 {
-		c.Topology.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second}
+		c.Topology.RetryDelays = d.Topology.RetryDelays
 	}
 	if c.PauseAfterFailures == 0 {
-		c.PauseAfterFailures = 20
+		c.PauseAfterFailures = d.PauseAfterFailures
 	}
 	if c.MaxHolds == 0 {
-		c.MaxHolds = 20
+		c.MaxHolds = d.MaxHolds
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 20 * time.Second
+		c.ShutdownTimeout = d.ShutdownTimeout
 	}
 	if c.ReconnectMaxWait == 0 {
-		c.ReconnectMaxWait = 30 * time.Second
+		c.ReconnectMaxWait = d.ReconnectMaxWait
 	}
 	if c.Heartbeat == 0 {
-		c.Heartbeat = 10 * time.Second
+		c.Heartbeat = d.Heartbeat
 	}
 	if c.DatabaseCheck == nil {
 		c.DatabaseCheck = func(context.Context) error { return nil }

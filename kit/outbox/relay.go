@@ -17,7 +17,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
-// RelayConfig tunes a Relay. Zero values are replaced by the defaults.
+// RelayConfig tunes a Relay. Zero values are replaced by those of RelayDefaults.
 type RelayConfig struct {
 	AMQPURL   string
 	Heartbeat time.Duration
@@ -52,30 +52,47 @@ type RelayConfig struct {
 	PublishTimeout time.Duration
 }
 
+// RelayDefaults returns the values a RelayConfig's zero fields take: the one
+// place they are written; OUTBOX_BATCH, OUTBOX_POLL_INTERVAL, OUTBOX_LEASE,
+// OUTBOX_RETRY_DELAYS and OUTBOX_MAX_ATTEMPTS default to them.
+func RelayDefaults() RelayConfig {
+	return RelayConfig{
+		Heartbeat:        10 * time.Second,
+		Batch:            100,
+		PollInterval:     time.Second,
+		Lease:            30 * time.Second,
+		RetryDelays:      []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 5 * time.Minute},
+		MaxAttempts:      20,
+		ReconnectMaxWait: 30 * time.Second,
+		PublishTimeout:   defaultPublishTimeout,
+	}
+}
+
 func (c *RelayConfig) setDefaults() {
+	d := RelayDefaults()
 	if c.Heartbeat == 0 {
-		c.Heartbeat = 10 * time.Second
+		c.Heartbeat = d.Heartbeat
 	}
 	if c.Batch == 0 {
-		c.Batch = 100
+		c.Batch = d.Batch
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = time.Second
+		c.PollInterval = d.PollInterval
 	}
 	if c.Lease == 0 {
-		c.Lease = 30 * time.Second
+		c.Lease = d.Lease
 	}
 	if len(c.RetryDelays) == 0 {
-		c.RetryDelays = []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, 2 * time.Minute, 5 * time.Minute}
+		c.RetryDelays = d.RetryDelays
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = 20
+		c.MaxAttempts = d.MaxAttempts
 	}
 	if c.ReconnectMaxWait == 0 {
-		c.ReconnectMaxWait = 30 * time.Second
+		c.ReconnectMaxWait = d.ReconnectMaxWait
 	}
 	if c.PublishTimeout == 0 {
-		c.PublishTimeout = defaultPublishTimeout
+		c.PublishTimeout = d.PublishTimeout
 	}
 }
 

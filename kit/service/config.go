@@ -15,24 +15,27 @@ import (
 // Config is every setting the kit reads from the environment. Names with no
 // default here (the queues, what to consume, the database URL, the consumer
 // label) come from Options: derived from the service's name and event, or set
-// by the service; each variable still overrides.
+// by the service; each variable still overrides. The runtime's settings with
+// no default tag default to the runtime's own defaults (consumer.Defaults,
+// consumer.BufferedDefaults, outbox.RelayDefaults), the one place they are
+// written: `env` and .env.example show them.
 type Config struct {
 	Broker
 	Database
 	Consumer           string          `envconfig:"CONSUMER_NAME" desc:"the inbox.consumer column and the metrics' consumer label (default the service name)"`
 	HTTPAddr           string          `envconfig:"HTTP_ADDR" default:":8080" desc:"listen address of health, metrics and fault endpoints"`
-	Prefetch           int             `envconfig:"PREFETCH" default:"192" desc:"unacked deliveries held at most (1-1000)"`
-	Workers            int             `envconfig:"WORKERS" default:"128" desc:"concurrent handlers (1-PREFETCH); an outside call holds no database connection, so this can be far above DB_MAX_CONNS"`
-	DBCommitters       int             `envconfig:"DB_COMMITTERS" default:"4" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
-	GroupCommitMax     int             `envconfig:"GROUP_COMMIT_MAX" default:"32" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
-	GroupCommitWait    time.Duration   `envconfig:"GROUP_COMMIT_WAIT" default:"2ms" desc:"how long a commit waits for more messages to join it (0-1s)"`
-	MaxBodyBytes       int             `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"larger bodies are dead-lettered unread"`
+	Prefetch           int             `envconfig:"PREFETCH" desc:"unacked deliveries held at most (1-1000)"`
+	Workers            int             `envconfig:"WORKERS" desc:"concurrent handlers (1-PREFETCH); an outside call holds no database connection, so this can be far above DB_MAX_CONNS"`
+	DBCommitters       int             `envconfig:"DB_COMMITTERS" desc:"transactions committing at once, each on one pooled connection (below DB_MAX_CONNS)"`
+	GroupCommitMax     int             `envconfig:"GROUP_COMMIT_MAX" desc:"messages committed together in one transaction, a savepoint each; 1 = a transaction per message"`
+	GroupCommitWait    time.Duration   `envconfig:"GROUP_COMMIT_WAIT" desc:"how long a commit waits for more messages to join it (0-1s)"`
+	MaxBodyBytes       int             `envconfig:"MAX_BODY_BYTES" desc:"larger bodies are dead-lettered unread"`
 	HandlerTimeout     time.Duration   `envconfig:"HANDLER_TIMEOUT" default:"15s" desc:"timeout of one handler run, outside calls included; at most 10m (RabbitMQ's consumer ack timeout is 30 min)"`
-	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" default:"1s,5s,30s" desc:"delay before retry n, comma-separated; the last one repeats"`
-	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" default:"5" desc:"handler runs of one message, the first included"`
-	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" default:"20" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
-	MaxHolds           int             `envconfig:"MAX_HOLDS" default:"20" desc:"times one message may be put back, without spending an attempt, by a pause its handler asked for (consumer.Pause); its next such pause is taken for its own fault: dead-lettered (buffered: parked) held_too_often (1-10000); the database's pauses, handler_failing and lock waits never count"`
-	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" default:"20s" desc:"the whole graceful stop after SIGTERM, every phase together: in-flight messages finish, unstarted ones are given back or stored (keep stop_grace_period at least 5s above; with tracing on, 2s of them may go to the last spans' flush)"`
+	RetryDelays        []time.Duration `envconfig:"RETRY_DELAYS" desc:"delay before retry n, comma-separated; the last one repeats"`
+	MaxAttempts        int             `envconfig:"MAX_ATTEMPTS" desc:"handler runs of one message, the first included"`
+	PauseAfterFailures int             `envconfig:"PAUSE_AFTER_FAILURES" desc:"pause consuming once this many distinct messages (at least 2) failed in the handler in a row (a dependency down for every message) instead of spending their retries; a message at its last attempt is dead-lettered all the same; -1 never"`
+	MaxHolds           int             `envconfig:"MAX_HOLDS" desc:"times one message may be put back, without spending an attempt, by a pause its handler asked for (consumer.Pause); its next such pause is taken for its own fault: dead-lettered (buffered: parked) held_too_often (1-10000); the database's pauses, handler_failing and lock waits never count"`
+	ShutdownTimeout    time.Duration   `envconfig:"SHUTDOWN_TIMEOUT" desc:"the whole graceful stop after SIGTERM, every phase together: in-flight messages finish, unstarted ones are given back or stored (keep stop_grace_period at least 5s above; with tracing on, 2s of them may go to the last spans' flush)"`
 	FaultsEnabled      bool            `envconfig:"FAULTS_ENABLED" default:"false" desc:"serve the fault endpoints (/faults)"`
 	FaultsToken        string          `envconfig:"FAULTS_TOKEN" secret:"true" desc:"the bearer token the fault endpoints require (Authorization: Bearer <token>); required with FAULTS_ENABLED unless HTTP_ADDR listens on loopback only"`
 	PprofEnabled       bool            `envconfig:"PPROF_ENABLED" default:"false" desc:"serve the Go runtime profiles on /debug/pprof/"`
@@ -63,11 +66,11 @@ func (c Config) Settings() any { return c.settings }
 
 // Outbox is the outbox relay's (a service with Options.Publishes).
 type Outbox struct {
-	OutboxBatch        int             `envconfig:"OUTBOX_BATCH" default:"100" desc:"outbox relay: rows one claim leases and publishes together, with one confirm wait (1-1000)"`
-	OutboxPollInterval time.Duration   `envconfig:"OUTBOX_POLL_INTERVAL" default:"1s" desc:"outbox relay: looks for unsent rows at least this often (besides this process's commits and the other replicas' NOTIFY)"`
-	OutboxLease        time.Duration   `envconfig:"OUTBOX_LEASE" default:"30s" desc:"outbox relay: how long a claim holds its rows before another replica's relay may take them over (above the 15s publish timeout)"`
-	OutboxRetryDelays  []time.Duration `envconfig:"OUTBOX_RETRY_DELAYS" default:"1s,5s,30s,2m,5m" desc:"outbox relay: delay before attempt n+1 after a publish the broker returned (no queue bound) or refused; the last one repeats"`
-	OutboxMaxAttempts  int             `envconfig:"OUTBOX_MAX_ATTEMPTS" default:"20" desc:"outbox relay: publishes of one row the broker returned or refused before it is parked (the defaults span about 78 minutes); a broker away costs none"`
+	OutboxBatch        int             `envconfig:"OUTBOX_BATCH" desc:"outbox relay: rows one claim leases and publishes together, with one confirm wait (1-1000)"`
+	OutboxPollInterval time.Duration   `envconfig:"OUTBOX_POLL_INTERVAL" desc:"outbox relay: looks for unsent rows at least this often (besides this process's commits and the other replicas' NOTIFY)"`
+	OutboxLease        time.Duration   `envconfig:"OUTBOX_LEASE" desc:"outbox relay: how long a claim holds its rows before another replica's relay may take them over (above the 15s publish timeout)"`
+	OutboxRetryDelays  []time.Duration `envconfig:"OUTBOX_RETRY_DELAYS" desc:"outbox relay: delay before attempt n+1 after a publish the broker returned (no queue bound) or refused; the last one repeats"`
+	OutboxMaxAttempts  int             `envconfig:"OUTBOX_MAX_ATTEMPTS" desc:"outbox relay: publishes of one row the broker returned or refused before it is parked (the defaults span about 78 minutes); a broker away costs none"`
 }
 
 func (o *Outbox) validate(v *Checks) {
@@ -86,9 +89,9 @@ func (o *Outbox) validate(v *Checks) {
 // Buffered is the choice of inbox and the buffered inbox's processing.
 type Buffered struct {
 	InboxMode          string          `envconfig:"INBOX_MODE" default:"inline" desc:"inline: dedupe and apply each message while its delivery waits unacked; buffered: store and ack at once, then process from the table in order per ordering key"`
-	BufferRetryDelays  []time.Duration `envconfig:"BUFFER_RETRY_DELAYS" default:"1s,5s,30s,2m,5m" desc:"buffered mode: delay before processing run n+1 after run n failed, comma-separated; the last one repeats"`
-	BufferMaxAttempts  int             `envconfig:"BUFFER_MAX_ATTEMPTS" default:"20" desc:"buffered mode: processing runs of one message, the first included, before it is parked (the defaults span about 78 minutes)"`
-	BufferPollInterval time.Duration   `envconfig:"BUFFER_POLL_INTERVAL" default:"5s" desc:"buffered mode: workers look for due messages at least this often (besides the wake-ups of ingest and NOTIFY)"`
+	BufferRetryDelays  []time.Duration `envconfig:"BUFFER_RETRY_DELAYS" desc:"buffered mode: delay before processing run n+1 after run n failed, comma-separated; the last one repeats"`
+	BufferMaxAttempts  int             `envconfig:"BUFFER_MAX_ATTEMPTS" desc:"buffered mode: processing runs of one message, the first included, before it is parked (the defaults span about 78 minutes)"`
+	BufferPollInterval time.Duration   `envconfig:"BUFFER_POLL_INTERVAL" desc:"buffered mode: workers look for due messages at least this often (besides the wake-ups of ingest and NOTIFY)"`
 }
 
 // Inbox modes.
@@ -111,7 +114,7 @@ func (b *Buffered) validate(v *Checks) {
 // Broker is the RabbitMQ connection and the topology the consumer declares.
 type Broker struct {
 	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"broker URL, or a cluster's nodes separated by commas (same user and vhost; each reconnect tries them in turn); everything lives in its vhost"`
-	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" default:"10s" desc:"AMQP heartbeat; a dead link is detected within about three"`
+	Heartbeat        time.Duration `envconfig:"AMQP_HEARTBEAT" desc:"AMQP heartbeat; a dead link is detected within about three"`
 	Exchange         string        `envconfig:"EXCHANGE" desc:"topic exchange the consumed events are published to (no kit default)"`
 	RoutingKey       string        `envconfig:"ROUTING_KEY" desc:"binding key of the work queue (no kit default)"`
 	Queue            string        `envconfig:"QUEUE" desc:"quorum work queue (default <service>.<event>)"`
@@ -119,7 +122,7 @@ type Broker struct {
 	DeadLetterQueue  string        `envconfig:"DEAD_LETTER_QUEUE" desc:"queue where dead letters wait (default <queue>.dlq)"`
 	DeliveryLimit    int           `envconfig:"QUEUE_DELIVERY_LIMIT" default:"20" desc:"broker-side delivery limit for crash loops (x-delivery-limit)"`
 	QueueReplicas    int           `envconfig:"QUEUE_REPLICAS" default:"0" desc:"nodes holding a replica of each queue (x-quorum-initial-group-size); 0: the broker's default, 3 or every node of a smaller cluster; fixed when a queue is first declared"`
-	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" default:"30s" desc:"cap of the jittered reconnect backoff"`
+	ReconnectMaxWait time.Duration `envconfig:"RECONNECT_MAX_WAIT" desc:"cap of the jittered reconnect backoff"`
 	// SingleActiveConsumer is a queue argument: RabbitMQ refuses to declare
 	// an existing queue with another value (PRECONDITION_FAILED).
 	SingleActiveConsumer bool `envconfig:"SINGLE_ACTIVE_CONSUMER" default:"false" desc:"declare the work queue with x-single-active-consumer: one replica consumes at a time, in the broker's order (the buffered inbox then stores each key's messages in the order published); fixed when the queue is first declared: RabbitMQ refuses another value (PRECONDITION_FAILED) until the queue is deleted"`

@@ -77,14 +77,30 @@ func collect(v reflect.Value, out map[string]string, mask bool) {
 
 // render writes a value the way envconfig reads it back.
 func render(v any) string {
-	if ds, ok := v.([]time.Duration); ok {
-		parts := make([]string, len(ds))
-		for i, d := range ds {
-			parts[i] = d.String()
+	switch v := v.(type) {
+	case time.Duration:
+		return duration(v)
+	case []time.Duration:
+		parts := make([]string, len(v))
+		for i, d := range v {
+			parts[i] = duration(d)
 		}
 		return strings.Join(parts, ",")
 	}
 	return fmt.Sprint(v)
+}
+
+// duration writes a duration as a person would: 5m, not 5m0s; 336h, not
+// 336h0m0s.
+func duration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
 
 // maskURL hides the password of a URL with credentials, or of each URL of a

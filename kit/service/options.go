@@ -263,6 +263,16 @@ func prefill(opts Options) Config {
 	cfg.Exchange, cfg.RoutingKey = opts.Exchange, opts.RoutingKey
 	cfg.Queue, cfg.DeadLetterEx, cfg.DeadLetterQueue = opts.Queue, opts.DeadLetterExchange, opts.DeadLetterQueue
 	cfg.URL = "postgres://postgres@localhost:5432/" + opts.database() + "?sslmode=disable"
+	// The runtime's defaults, written once, in the packages that use them.
+	c, b, o := consumer.Defaults(), consumer.BufferedDefaults(), outbox.RelayDefaults()
+	cfg.Heartbeat, cfg.ReconnectMaxWait = c.Heartbeat, c.ReconnectMaxWait
+	cfg.Prefetch, cfg.Workers, cfg.DBCommitters = c.Prefetch, c.Workers, c.Committers
+	cfg.GroupCommitMax, cfg.GroupCommitWait = c.GroupCommitMax, c.GroupCommitWait
+	cfg.MaxBodyBytes, cfg.RetryDelays, cfg.MaxAttempts = c.MaxBodyBytes, c.Topology.RetryDelays, c.MaxAttempts
+	cfg.PauseAfterFailures, cfg.MaxHolds, cfg.ShutdownTimeout = c.PauseAfterFailures, c.MaxHolds, c.ShutdownTimeout
+	cfg.BufferRetryDelays, cfg.BufferMaxAttempts, cfg.BufferPollInterval = b.RetryDelays, b.MaxAttempts, b.PollInterval
+	cfg.OutboxBatch, cfg.OutboxPollInterval, cfg.OutboxLease = o.Batch, o.PollInterval, o.Lease
+	cfg.OutboxRetryDelays, cfg.OutboxMaxAttempts = o.RetryDelays, o.MaxAttempts
 	return cfg
 }
 

@@ -1,11 +1,13 @@
 package service
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 // shippingSettings stand for a handler's own settings.
@@ -398,7 +400,7 @@ func TestStartingValuesShowWhatApplies(t *testing.T) {
 	if _, ok := v["OUTBOX_BATCH"]; ok {
 		t.Error("OUTBOX_BATCH shown for a service that publishes nothing")
 	}
-	if v["IDEMPOTENCY_KEY_TTL"] != "24h0m0s" || v["CARRIER_TIMEOUT"] != "3s" {
+	if v["IDEMPOTENCY_KEY_TTL"] != "24h" || v["CARRIER_TIMEOUT"] != "3s" {
 		t.Errorf("IDEMPOTENCY_KEY_TTL %q, CARRIER_TIMEOUT %q", v["IDEMPOTENCY_KEY_TTL"], v["CARRIER_TIMEOUT"])
 	}
 	opts.Publishes, opts.NoOutsideCalls = []string{"shipments"}, true
@@ -465,6 +467,51 @@ func TestDecoderReplacesTheBodyFunctions(t *testing.T) {
 		mutate(&bad)
 		if _, err := LoadConfig(bad); err == nil || !strings.Contains(err.Error(), name) {
 			t.Errorf("%s: err = %v", name, err)
+		}
+	}
+}
+
+// The defaults are written once: a service whose environment sets nothing
+// runs with what a zero consumer.Config, BufferedConfig or RelayConfig
+// takes. They disagreed once (PREFETCH 192 and WORKERS 128 here, 32 and 8
+// in the runtime), and a service and the kit's own tests then ran with
+// different settings.
+func TestDefaultsAreTheRuntimes(t *testing.T) {
+	cfg, err := LoadConfig(shippingOptions(&shippingSettings{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, b, o := consumer.Defaults(), consumer.BufferedDefaults(), outbox.RelayDefaults()
+	for _, d := range []struct {
+		variable  string
+		got, want any
+	}{
+		{"AMQP_HEARTBEAT", cfg.Heartbeat, c.Heartbeat},
+		{"AMQP_HEARTBEAT (relay)", cfg.Heartbeat, o.Heartbeat},
+		{"RECONNECT_MAX_WAIT", cfg.ReconnectMaxWait, c.ReconnectMaxWait},
+		{"RECONNECT_MAX_WAIT (relay)", cfg.ReconnectMaxWait, o.ReconnectMaxWait},
+		{"PREFETCH", cfg.Prefetch, c.Prefetch},
+		{"WORKERS", cfg.Workers, c.Workers},
+		{"DB_COMMITTERS", cfg.DBCommitters, c.Committers},
+		{"GROUP_COMMIT_MAX", cfg.GroupCommitMax, c.GroupCommitMax},
+		{"GROUP_COMMIT_WAIT", cfg.GroupCommitWait, c.GroupCommitWait},
+		{"MAX_BODY_BYTES", cfg.MaxBodyBytes, c.MaxBodyBytes},
+		{"RETRY_DELAYS", cfg.RetryDelays, c.Topology.RetryDelays},
+		{"MAX_ATTEMPTS", cfg.MaxAttempts, c.MaxAttempts},
+		{"PAUSE_AFTER_FAILURES", cfg.PauseAfterFailures, c.PauseAfterFailures},
+		{"MAX_HOLDS", cfg.MaxHolds, c.MaxHolds},
+		{"SHUTDOWN_TIMEOUT", cfg.ShutdownTimeout, c.ShutdownTimeout},
+		{"BUFFER_RETRY_DELAYS", cfg.BufferRetryDelays, b.RetryDelays},
+		{"BUFFER_MAX_ATTEMPTS", cfg.BufferMaxAttempts, b.MaxAttempts},
+		{"BUFFER_POLL_INTERVAL", cfg.BufferPollInterval, b.PollInterval},
+		{"OUTBOX_BATCH", cfg.OutboxBatch, o.Batch},
+		{"OUTBOX_POLL_INTERVAL", cfg.OutboxPollInterval, o.PollInterval},
+		{"OUTBOX_LEASE", cfg.OutboxLease, o.Lease},
+		{"OUTBOX_RETRY_DELAYS", cfg.OutboxRetryDelays, o.RetryDelays},
+		{"OUTBOX_MAX_ATTEMPTS", cfg.OutboxMaxAttempts, o.MaxAttempts},
+	} {
+		if !reflect.DeepEqual(d.got, d.want) {
+			t.Errorf("%s defaults to %v, the runtime's default is %v", d.variable, d.got, d.want)
 		}
 	}
 }
