@@ -194,6 +194,10 @@ go_scenario() {
       ;;
   esac
   [[ $KIT_INBOX_MODE == buffered ]] && test+=Buffered
+  # GO_TEST_TIMEOUT, if set, replaces go test's -timeout: a caller that kills
+  # the script at a limit of its own (CI) sets it below that limit, so that go
+  # test fails first, with the test's own account of what it waited for.
+  timeout=${GO_TEST_TIMEOUT:-$timeout}
   command -v go >/dev/null || die "go is needed in local mode"
   # The test's vhosts and databases are named t_<run>_…: this pid in the run's
   # name lets the EXIT trap, and scripts/faults-cleanup.sh later, tell this
@@ -358,12 +362,15 @@ compose_up_wait() {
         fi
       done
     fi
-    if [[ -n $crashed ]] || ! grep -qE 'is unhealthy|dependency failed to start' <<<"$out" || ((SECONDS >= deadline)); then
+    # Compose's words (v2.40, pkg/compose): "container X is unhealthy",
+    # "dependency failed to start: …", and "application not healthy after
+    # 5m0s" when --wait-timeout ran out with a container still starting.
+    if [[ -n $crashed ]] || ! grep -qE 'is unhealthy|dependency failed to start|not healthy after' <<<"$out" || ((SECONDS >= deadline)); then
       printf '%s\n' "$out" | tail -n 20 >&2
       compose_health_report "${flags[@]}" -- "${services[@]}"
       die "docker compose up failed (try $tries${crashed:+; exited or restarted: ${crashed% }}; see $RUN_DIR/compose.log)"
     fi
-    warn "docker compose up --wait: a container is unhealthy (try $tries); asking again"
+    warn "docker compose up --wait: a container is not healthy yet (try $tries); asking again"
     sleep 5
   done
 }

@@ -191,6 +191,11 @@ func (r *report) markdown(top int) string {
 		}
 		b.WriteString("\n")
 	}
+	for _, tr := range r.runs {
+		for _, f := range tr.failed {
+			fmt.Fprintf(&b, "Failed in %s: %s\n\n", tr.name, shortPackage(f))
+		}
+	}
 	if len(all) > 0 {
 		sort.SliceStable(all, func(i, j int) bool { return all[i].seconds > all[j].seconds })
 		fmt.Fprintf(&b, "The %d longest tests:\n\n| test | run: package | seconds |\n|---|---|---:|\n", min(top, len(all)))
@@ -214,16 +219,16 @@ func longestPackages(pkgs map[string]float64, n int) string {
 	return strings.Join(parts, ", ")
 }
 
-// shortPackage drops the module path, which every package shares.
+// shortPackage drops the module path every package shares: the
+// repository's, under which the kit's module lies (…/payment-service/kit).
 func shortPackage(p string) string {
-	if i := strings.Index(p, "/internal/"); i >= 0 {
-		return p[i+1:]
+	for _, dir := range []string{"/internal/", "/examples/", "/cmd/", "/kit/"} {
+		if i := strings.Index(p, dir); i >= 0 {
+			return p[i+1:]
+		}
 	}
-	if i := strings.Index(p, "/examples/"); i >= 0 {
-		return p[i+1:]
-	}
-	if i := strings.Index(p, "/cmd/"); i >= 0 {
-		return p[i+1:]
+	if strings.HasSuffix(p, "/kit") {
+		return "kit"
 	}
 	return p
 }

@@ -284,13 +284,19 @@ func (e *env) applied() (total, distinct int) {
 	return total, distinct
 }
 
-// assertAllAppliedOnce waits until n distinct messages are applied and checks
-// that none was applied twice, none was dead-lettered and the inbox matches.
-func (e *env) assertAllAppliedOnce(n int, timeout time.Duration) {
+// assertAllAppliedOnce waits until n distinct messages are applied, for as
+// long as their count keeps rising (failing when it stood still for stall),
+// then until the work queue holds nothing ready, and checks that none was
+// applied twice, none was dead-lettered and the inbox matches.
+func (e *env) assertAllAppliedOnce(n int, stall time.Duration) {
 	e.t.Helper()
-	testenv.Eventually(e.t, timeout, fmt.Sprintf("%d messages applied", n), func() (bool, error) {
+	testenv.Reaches(e.t, stall, fmt.Sprintf("%d messages applied", n), n, func() (int, error) {
 		_, distinct := e.applied()
-		return distinct == n, nil
+		return distinct, nil
+	})
+	// A redelivery still queued would apply a message twice after the count.
+	testenv.Eventually(e.t, stall, "the work queue empty", func() (bool, error) {
+		return e.queueDepth(e.topo.Queue) == 0, nil
 	})
 	if total, _ := e.applied(); total != n {
 		e.t.Errorf("%d effects for %d messages: some applied twice", total, n)

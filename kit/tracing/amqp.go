@@ -2,6 +2,7 @@ package tracing
 
 import (
 	"context"
+	"math"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
@@ -117,9 +118,15 @@ func (t *Tracer) Process(ctx context.Context, d amqp.Delivery, queue, consumer s
 			attrSystem.String("rabbitmq"), attrOpType.String("process"), attrOpName.String("process"),
 			attrDestination.String(destination(d.Exchange, d.RoutingKey, queue)), attrRoutingKey.String(d.RoutingKey),
 			attrMessageID.String(d.MessageId), attrBodySize.Int(len(d.Body)), attrConsumer.String(consumer),
-			attrDeliveryTag.Int64(int64(d.DeliveryTag)), AttrRedelivered.Bool(d.Redelivered),
+			attrDeliveryTag.Int64(deliveryTag(d.DeliveryTag)), AttrRedelivered.Bool(d.Redelivered),
 		))
 	return ctx, Span{s}
+}
+
+// deliveryTag is a delivery tag as the attribute's int64: a channel numbers
+// its deliveries from 1, so none comes near 2^63.
+func deliveryTag(tag uint64) int64 {
+	return int64(min(tag, math.MaxInt64)) // #nosec G115 -- capped on this line
 }
 
 // Settle starts the span of a settlement (ack, nack, reject) of a delivery
@@ -129,7 +136,7 @@ func (t *Tracer) Settle(ctx context.Context, op, queue string, tag uint64) (cont
 		return ctx, Span{}
 	}
 	ctx, s := t.t.Start(ctx, op+" "+queue, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrDestination.String(queue),
-		attrSystem.String("rabbitmq"), attrOpType.String("settle"), attrOpName.String(op), attrDeliveryTag.Int64(int64(tag)),
+		attrSystem.String("rabbitmq"), attrOpType.String("settle"), attrOpName.String(op), attrDeliveryTag.Int64(deliveryTag(tag)),
 	))
 	return ctx, Span{s}
 }

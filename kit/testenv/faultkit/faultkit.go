@@ -591,19 +591,32 @@ func (s *Stack) deadLetterWorkerDefect() bool {
 // returns the queues it moved.
 func (s *Stack) nudgeStrandedRetryQueues() []string {
 	s.t.Helper()
-	stranded := s.strandedRetryQueues()
-	for _, q := range stranded {
-		out := s.ctl("eval", fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
+	var moved []string
+	for _, q := range s.strandedRetryQueues() {
+		out := strings.TrimSpace(s.ctl("eval", fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
 			`{_, L} = amqqueue:get_pid(Q), `+
-			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, s.vhost(), q))
+			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, s.vhost(), q)))
+		// {migrated, Node} when the leader moved; {not_migrated, Why}
+		// otherwise, which restarts nothing and is no progress.
+		if !strings.HasPrefix(out, "{migrated,") {
+			s.Note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; moving its leadership failed: %s", q, out)
+			continue
+		}
 		s.Note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; its leadership was moved to restart the worker: %s",
-			q, strings.TrimSpace(out))
+			q, out)
+		moved = append(moved, q)
 	}
-	return stranded
+	return moved
 }
 
+// statsTick is how often RabbitMQ refreshes the counts rabbitmqctl
+// list_queues shows (collect_statistics_interval, 5 s by default): a quorum
+// queue whose leader was just elected lists 0 until its first tick.
+const statsTick = 5 * time.Second
+
 // Drain supervises until nothing is pending and progress (the service's
-// effects: a count of rows) stood still over two polls a second apart. It
+// effects: a count of rows) stood still over two polls a second apart (on a
+// cluster, over more than one refresh of the broker's counts). It
 // fails when neither progress rose nor the stored backlog (the buffered
 // inbox's and the outbox's) shrank for stall with work pending, or a
 // minute before go test's -timeout: a backlog on a loaded machine drains
@@ -614,11 +627,17 @@ func (s *Stack) nudgeStrandedRetryQueues() []string {
 func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	s.t.Helper()
 	end, hasEnd := testenv.TestDeadline(s.t)
-	last, quiet := -1, 0
+	last, quiet, quietSince := -1, 0, time.Time{}
+	// On a cluster the quiet must outlast a refresh of the queues' counts:
+	// a queue that changed leader lists 0 until its new leader's first.
+	var quietSpan time.Duration
+	if s.cfg.Cluster != nil {
+		quietSpan = statsTick + time.Second
+	}
 	best, fewest, lastStored, since := -1, math.MaxInt, math.MaxInt, time.Now()
 	defect := s.cfg.Cluster != nil && s.deadLetterWorkerDefect()
 	nudgeAfter, nudges := min(30*time.Second, stall/2), 0
-	for quiet < 2 {
+	for quiet < 2 || time.Since(quietSince) < quietSpan {
 		s.Supervise()
 		n, stored := progress(), s.stored()
 		if n > best || stored < fewest {
@@ -635,6 +654,9 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 		// stored again after queued: a message may move from a queue to
 		// the buffered inbox during the rabbitmqctl call.
 		if n == last && stored == 0 && s.queued() == 0 && s.stored() == 0 {
+			if quiet == 0 {
+				quietSince = time.Now()
+			}
 			quiet++
 		} else {
 			quiet = 0
