@@ -278,14 +278,13 @@ func Decode$Event(body []byte) ($Event, error) {
 //   - The writes return the outcome: OutcomeProcessed, or OutcomeDuplicate
 //     when the effect was already there (the same key under another message
 //     id); an empty outcome is refused. Nothing to write: consumer.NoWrites.
+//   - One message id, one body: a message whose id was seen with other bytes
+//     (a producer that re-serialized it) is dead-lettered payload_mismatch.
 type Handler struct{}
 
-// Handle takes the event the Decoder made of the body and returns its writes.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
-	ev, err := consumer.EventOf[$Event](msg) // decoded once, by Service's Decoder
-	if err != nil {
-		return nil, err
-	}
+// Handle takes the event Service's Events made of the body (decoded once,
+// before the handler runs) and returns its writes.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev $Event) (consumer.Writes, error) {
 	$calls_todo
 	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
 		res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&Record{Key: ev.Key, MessageID: msg.ID})
@@ -305,18 +304,12 @@ var migrationFiles embed.FS
 // Service describes $svc to the kit. Its queues are derived:
 // $svc.$event, $svc.dlx, $svc.$event.dlq and the retry queues.
 func Service() service.Options {
-	return service.Options{
+	return service.Consume(service.Options{
 		Name:       "$svc",
 		Event:      "$event",
 		Exchange:   "$exchange",
 		RoutingKey: "$routing_key",
 		Migrations: []migrations.Set{migrations.NewSet("$svc", migrations.Must(migrationFiles, "migrations"))},
-		// A body without a message_id property is deduped by its event_id.
-		Decoder: consumer.Events[$Event]{
-			Decode:      Decode$Event,
-			ID:          func(e $Event) string { return e.EventID },
-			OrderingKey: func(e $Event) string { return e.Key },
-		},
 		LogAttrs: func(body []byte) []slog.Attr {
 			var ev $Event
 			if json.Unmarshal(body, &ev) != nil {
@@ -325,8 +318,19 @@ func Service() service.Options {
 			return []slog.Attr{slog.String("key", ev.Key)}
 		},
 		$calls_option
-		NewHandler:     func(k *service.Kit) (consumer.Handler, error) { return &Handler{}, nil },
-	}
+	},
+		// Each body is decoded once, before the handler runs; a body without
+		// a message_id property is deduped by its event_id. The handler is
+		// typed to the same event: one of another does not compile.
+		consumer.Events[$Event]{
+			Decode:      Decode$Event,
+			ID:          func(e $Event) string { return e.EventID },
+			OrderingKey: func(e $Event) string { return e.Key },
+		},
+		// k holds what a handler may keep: k.Reader for reads outside the
+		// transaction, k.Outbox to emit events from the writes (with
+		// Options.Publishes naming their exchanges), k.Config, k.Tracer.
+		func(k *service.Kit) (consumer.HandlerOf[$Event], error) { return &Handler{}, nil })
 }
 EOF2
 

@@ -52,13 +52,10 @@ type Handler struct {
 	book func(ctx context.Context, req Pickup) (string, error)
 }
 
-// Handle validates the event and books the pickup with no transaction open,
-// then returns the shipment insert for the runtime to commit with the inbox row.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
-	ev, err := consumer.EventOf[OrderPaid](msg) // decoded once, by Service's Decoder
-	if err != nil {
-		return nil, err
-	}
+// Handle books the pickup of the paid order (the event, decoded once by
+// Service's Events) with no transaction open, then returns the shipment
+// insert for the runtime to commit with the inbox row.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev OrderPaid) (consumer.Writes, error) {
 	// The idempotency key is the order's: a redelivery books the same pickup.
 	pickupID, err := h.book(ctx, Pickup{Key: "pickup:" + ev.OrderID, OrderID: ev.OrderID, Address: ev.Address})
 	if err != nil {
@@ -93,24 +90,26 @@ var migrationFiles embed.FS
 // Service describes the shipping service to the kit. Its queues are derived:
 // shipping-service.order-paid, shipping-service.dlx, ….
 func Service() service.Options {
-	return service.WithSettings(service.Options{
+	return service.ConsumeWithSettings(service.Options{
 		Name:       "shipping-service",
 		Event:      "order-paid",
 		Exchange:   "payments",
 		RoutingKey: "order.paid",
 		Migrations: []migrations.Set{migrations.NewSet("shipping", migrations.Must(migrationFiles, "migrations"))},
+		LogAttrs:   service.JSONAttrs("order_id"),
+	},
 		// Each body is decoded once; in the buffered mode, one order's
-		// events are processed in order.
-		Decoder: consumer.Events[OrderPaid]{
+		// events are processed in order. The handler is typed to the same
+		// event: one of another would not compile.
+		consumer.Events[OrderPaid]{
 			Decode:      DecodeOrderPaid,
 			OrderingKey: func(e OrderPaid) string { return e.OrderID },
 		},
-		LogAttrs: service.JSONAttrs("order_id"),
-	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
-		carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
-		book := tracing.Call(k.Tracer, "carrier book", carrier.Book) // a span under the message's
-		return &Handler{book: faults.After(k.Crasher, "after-carrier-book", book)}, nil
-	})
+		func(k *service.Kit, s *Settings) (consumer.HandlerOf[OrderPaid], error) {
+			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
+			book := tracing.Call(k.Tracer, "carrier book", carrier.Book) // a span under the message's
+			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", book)}, nil
+		})
 }
 
 // Check validates the settings against the kit's configuration.

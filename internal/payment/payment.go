@@ -108,13 +108,10 @@ func DecodeOrder(body []byte) (orders.OrderPlaced, error) {
 // for the same charge, and the gateway replays its first answer.
 func IdempotencyKey(orderID string) string { return "order-charge:" + orderID }
 
-// Handle validates the event and charges the order, with no transaction open,
-// then returns the payment insert for the runtime to commit with the inbox row.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message) (consumer.Writes, error) {
-	ev, err := consumer.EventOf[orders.OrderPlaced](msg) // decoded once, by the service's Decoder
-	if err != nil {
-		return nil, err
-	}
+// Handle charges the order the event names (decoded once, by the service's
+// Events), with no transaction open, then returns the payment insert for the
+// runtime to commit with the inbox row.
+func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.OrderPlaced) (consumer.Writes, error) {
 	// The same order under a new message id (a producer retry) is found here
 	// once paid, without asking the gateway: a gateway forgets its keys (Stripe
 	// after 24 hours) and would charge the card again. A plain read, no lock:

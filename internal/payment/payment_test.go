@@ -706,7 +706,7 @@ func TestPaymentWritesMayRunTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := servicetest.CheckWrites(t, s.db, h, msg)
+		out, err := servicetest.CheckWrites(t, s.db, consumer.Typed(h), msg)
 		if err != nil || out != c.want {
 			t.Fatalf("order %s: %q, %v; want %q", c.order.OrderID, out, err, c.want)
 		}

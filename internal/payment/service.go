@@ -30,7 +30,7 @@ const AfterGatewayCharge faults.Point = "after-gateway-charge"
 // Service describes the payment service to the kit: it consumes OrderPlaced
 // from the orders exchange under the names it was released with.
 func Service() service.Options {
-	return service.WithSettings(service.Options{
+	return service.ConsumeWithSettings(service.Options{
 		Name:               "payment-service",
 		Event:              "order-placed",
 		Exchange:           "orders",
@@ -41,23 +41,25 @@ func Service() service.Options {
 		Migrations:         []migrations.Set{Migrations},
 		// OrderPaid and PaymentDeclined leave through the outbox (events.go).
 		Publishes: []string{ExchangePayments},
+		// Read from the body as it is: a dead letter's log lines and `dlq
+		// list` name its order even when it is not a valid OrderPlaced.
+		LogAttrs: service.JSONAttrs("order_id"),
+	},
 		// Each body is decoded once: a message without a message_id property
 		// is deduped by its event_id, and the buffered mode processes the
-		// events of one order one at a time.
-		Decoder: consumer.Events[orders.OrderPlaced]{
+		// events of one order one at a time. The handler is typed to the
+		// same event: one of another would not compile.
+		consumer.Events[orders.OrderPlaced]{
 			Decode:      DecodeOrder,
 			ID:          func(e orders.OrderPlaced) string { return e.EventID },
 			OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
 		},
-		// Read from the body as it is: a dead letter's log lines and `dlq
-		// list` name its order even when it is not a valid OrderPlaced.
-		LogAttrs: service.JSONAttrs("order_id"),
-	}, func(k *service.Kit, s *Settings) (consumer.Handler, error) {
-		// One keep-alive connection per worker: each may be in a gateway call.
-		client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-		charge := tracing.Call(k.Tracer, "gateway charge", client.Charge) // a span under the message's
-		return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, charge)), k.Reader, k.Outbox), nil
-	})
+		func(k *service.Kit, s *Settings) (consumer.HandlerOf[orders.OrderPlaced], error) {
+			// One keep-alive connection per worker: each may be in a gateway call.
+			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
+			charge := tracing.Call(k.Tracer, "gateway charge", client.Charge) // a span under the message's
+			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, charge)), k.Reader, k.Outbox), nil
+		})
 }
 
 // Check validates the settings against each other and the kit's.

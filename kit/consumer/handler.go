@@ -133,6 +133,30 @@ func NoWrites(outcome Outcome) Writes {
 	return func(context.Context, *gorm.DB) (Outcome, error) { return outcome, nil }
 }
 
+// HandlerOf is a Handler typed to the event it handles: Handle gets the event
+// the service's Events[E] made of the message's body with the message. Wired
+// with service.Consume, a HandlerOf of one event type and an Events of
+// another do not compile together (read with EventOf, that mismatch was
+// found at run time, and every message was dead-lettered).
+type HandlerOf[E any] interface {
+	Handle(ctx context.Context, msg Message, ev E) (Writes, error)
+}
+
+// Typed is the Handler that runs h with each message's decoded event. A
+// message that carries none of type E (no Decoder, or one of another type)
+// is refused as EventOf refuses it.
+func Typed[E any](h HandlerOf[E]) Handler { return typed[E]{h} }
+
+type typed[E any] struct{ h HandlerOf[E] }
+
+func (t typed[E]) Handle(ctx context.Context, msg Message) (Writes, error) {
+	ev, err := EventOf[E](msg)
+	if err != nil {
+		return nil, err
+	}
+	return t.h.Handle(ctx, msg, ev)
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(ctx context.Context, msg Message) (Writes, error)
 

@@ -58,6 +58,9 @@ type Options struct {
 	// kit's inbox schema, each with its own version table.
 	Migrations []migrations.Set
 	// NewHandler builds the handler once configuration and database are ready.
+	// Consume and ConsumeWithSettings set it with Decoder, for a handler
+	// typed to the Decoder's event (consumer.HandlerOf): prefer them, a
+	// mismatch of the two set by hand is found only at run time.
 	NewHandler func(k *Kit) (consumer.Handler, error)
 	// Decoder decodes each body once, before the handler runs
 	// (consumer.Events): the handler gets the event as msg.Event, a body the

@@ -41,3 +41,58 @@ func WithSettings[S any](opts Options, newHandler func(k *Kit, s *S) (consumer.H
 	}
 	return opts
 }
+
+// Consume wires a handler typed to its event with the Events that decodes
+// it: E is one type for both, so that a handler of another event does not
+// compile. It sets opts.Decoder and opts.NewHandler, which must be unset:
+//
+//	return service.Consume(service.Options{Name: "refund-service", …},
+//		consumer.Events[RefundRequested]{Decode: DecodeRefundRequested, ID: …},
+//		func(k *service.Kit) (consumer.HandlerOf[RefundRequested], error) {
+//			return &Handler{}, nil
+//		})
+func Consume[E any](opts Options, events consumer.Events[E], newHandler func(k *Kit) (consumer.HandlerOf[E], error)) Options {
+	if opts = withEvents(opts, events); opts.invalid != "" {
+		return opts
+	}
+	opts.NewHandler = func(k *Kit) (consumer.Handler, error) { return typedHandler[E](opts.Name)(newHandler(k)) }
+	return opts
+}
+
+// ConsumeWithSettings is Consume for a service with typed settings S, loaded
+// and checked as WithSettings does. It sets opts.Decoder, opts.Settings,
+// opts.Check and opts.NewHandler, which must be unset.
+func ConsumeWithSettings[E, S any](opts Options, events consumer.Events[E],
+	newHandler func(k *Kit, s *S) (consumer.HandlerOf[E], error)) Options {
+	if opts = withEvents(opts, events); opts.invalid != "" {
+		return opts
+	}
+	return WithSettings(opts, func(k *Kit, s *S) (consumer.Handler, error) {
+		return typedHandler[E](opts.Name)(newHandler(k, s))
+	})
+}
+
+func withEvents[E any](opts Options, events consumer.Events[E]) Options {
+	switch {
+	case opts.Decoder != nil || opts.NewHandler != nil:
+		opts.invalid = "Consume sets Decoder and NewHandler: leave them unset"
+	case events.Decode == nil:
+		opts.invalid = fmt.Sprintf("Consume: the Events[%T] have no Decode", *new(E))
+	default:
+		opts.Decoder = events
+	}
+	return opts
+}
+
+// typedHandler turns what a typed constructor returned into a Handler.
+func typedHandler[E any](service string) func(consumer.HandlerOf[E], error) (consumer.Handler, error) {
+	return func(h consumer.HandlerOf[E], err error) (consumer.Handler, error) {
+		switch {
+		case err != nil:
+			return nil, err
+		case h == nil:
+			return nil, fmt.Errorf("service %s: the handler's constructor returned no handler and no error", service)
+		}
+		return consumer.Typed(h), nil
+	}
+}

@@ -1,0 +1,97 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/inbox-template/payment-service/kit/consumer"
+)
+
+// A handler typed to one event and Events of another do not compile
+// together, whichever of the two the constructor's type follows; the same
+// program with one event type compiles (so the failure is the types').
+func TestConsumeTypesTheHandlerToItsEvent(t *testing.T) {
+	if out, err := exec.Command("go", "build", "-o", "/dev/null", "./testdata/typed/match").CombinedOutput(); err != nil {
+		t.Fatalf("the well-typed program does not compile: %v\n%s", err, out)
+	}
+	out, err := exec.Command("go", "build", "-o", "/dev/null", "./testdata/typed/mismatch").CombinedOutput()
+	if err == nil {
+		t.Fatal("a handler of OrderPaid wired with the Events of OrderPlaced compiled")
+	}
+	for _, want := range []string{
+		"handler does not implement consumer.HandlerOf[OrderPlaced]",
+		"does not match inferred type func(k *service.Kit) (consumer.HandlerOf[OrderPlaced], error)",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the compiler's refusal lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+type placed struct{ ID string }
+
+type placedHandler struct{ got *placed }
+
+func (h placedHandler) Handle(_ context.Context, _ consumer.Message, ev placed) (consumer.Writes, error) {
+	*h.got = ev
+	return consumer.NoWrites(consumer.OutcomeProcessed), nil
+}
+
+var placedEvents = consumer.Events[placed]{
+	Decode: func(b []byte) (placed, error) { return placed{ID: string(b)}, nil },
+	ID:     func(e placed) string { return e.ID },
+}
+
+// Consume sets the Decoder and a handler that gets the decoded event; it
+// refuses options that set either already, Events without Decode, and a
+// constructor that returns no handler.
+func TestConsume(t *testing.T) {
+	var got placed
+	opts := Consume(shippingBase(), placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return placedHandler{&got}, nil })
+	if err := opts.validate(); err != nil {
+		t.Fatal(err)
+	}
+	h, err := opts.NewHandler(&Kit{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := consumer.Decode(opts.Decoder, consumer.Message{Body: []byte("order-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.Handle(context.Background(), msg); err != nil || got.ID != "order-1" || msg.ID != "order-1" {
+		t.Errorf("handled %+v (message id %q), %v; want the event order-1", got, msg.ID, err)
+	}
+
+	withDecoder := shippingBase()
+	withDecoder.Decoder = placedEvents
+	noDecode := consumer.Events[placed]{}
+	for name, o := range map[string]Options{
+		"a Decoder already":   Consume(withDecoder, placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return placedHandler{&got}, nil }),
+		"Events no Decode":    Consume(shippingBase(), noDecode, func(*Kit) (consumer.HandlerOf[placed], error) { return placedHandler{&got}, nil }),
+		"settings, no Decode": ConsumeWithSettings(shippingBase(), noDecode, func(*Kit, *shippingSettings) (consumer.HandlerOf[placed], error) { return placedHandler{&got}, nil }),
+	} {
+		if err := o.validate(); err == nil {
+			t.Errorf("%s: options accepted", name)
+		}
+	}
+
+	nilHandler := Consume(shippingBase(), placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return nil, nil })
+	if _, err := nilHandler.NewHandler(&Kit{}); err == nil || !strings.Contains(err.Error(), "returned no handler") {
+		t.Errorf("a constructor returning no handler: %v", err)
+	}
+	failing := Consume(shippingBase(), placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return nil, errors.New("no bank") })
+	if _, err := failing.NewHandler(&Kit{}); err == nil || err.Error() != "no bank" {
+		t.Errorf("a constructor's error: %v", err)
+	}
+}
+
+// shippingBase is shippingOptions without a handler or settings.
+func shippingBase() Options {
+	o := shippingOptions(nil)
+	o.Settings, o.Check, o.NewHandler, o.OrderingKey = nil, nil, nil, nil
+	return o
+}
