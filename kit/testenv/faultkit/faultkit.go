@@ -20,6 +20,7 @@
 package faultkit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -490,28 +491,61 @@ func (s *Stack) Pending() int {
 	return s.queued() + s.stored()
 }
 
+// queueRow is one queue of the vhost as rabbitmqctl list_queues shows it.
+type queueRow struct {
+	name string
+	// counted: the broker listed the queue's counts. A quorum queue without
+	// a leader (an election under way) lists none: it is not known to be
+	// empty.
+	counted                             bool
+	messages, ready, unacked, consumers int
+	leader                              string
+}
+
+// listQueues lists the vhost's queues (one rabbitmqctl call, an Erlang VM's
+// start: about a second of CPU), read from its JSON.
+func (s *Stack) listQueues() []queueRow {
+	s.t.Helper()
+	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--formatter", "json",
+		"name", "messages", "messages_ready", "messages_unacknowledged", "consumers", "leader")
+	var raw []map[string]any
+	// The JSON alone: the call's output may hold a warning besides.
+	i, j := strings.Index(out, "["), strings.LastIndex(out, "]")
+	if i < 0 || j < i || json.Unmarshal([]byte(out[i:j+1]), &raw) != nil {
+		s.t.Fatalf("rabbitmqctl list_queues -p %s: no list of queues in its output:\n%s", s.vhost(), out)
+	}
+	rows := make([]queueRow, 0, len(raw))
+	for _, q := range raw {
+		r := queueRow{name: fmt.Sprint(q["name"]), leader: fmt.Sprint(q["leader"])}
+		counts := []*int{&r.messages, &r.ready, &r.unacked, &r.consumers}
+		r.counted = true
+		for k, key := range []string{"messages", "messages_ready", "messages_unacknowledged", "consumers"} {
+			f, ok := q[key].(float64)
+			if !ok {
+				r.counted = false
+				continue
+			}
+			*counts[k] = int(f)
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
 // queued counts the messages ready or unacked in the vhost's queues but the
-// dead-letter queues and the sinks: a rabbitmqctl call, an Erlang VM's
-// start (about a second of CPU).
+// dead-letter queues and the sinks; a queue listed without counts counts as
+// one pending.
 func (s *Stack) queued() int {
 	s.t.Helper()
-	// messages counts the ready and the unacknowledged ones.
-	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages")
 	n := 0
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || strings.HasSuffix(f[0], ".dlq") || slices.Contains(s.cfg.Sinks, f[0]) {
-			continue
+	for _, q := range s.listQueues() {
+		switch {
+		case strings.HasSuffix(q.name, ".dlq") || slices.Contains(s.cfg.Sinks, q.name):
+		case !q.counted:
+			n++
+		default:
+			n += q.messages // the ready and the unacknowledged ones
 		}
-		// A quorum queue without a leader (an election under way) lists
-		// no count: it is not known to be empty, so it counts as pending.
-		var messages int
-		if len(f) != 2 {
-			messages = 1
-		} else if _, err := fmt.Sscan(f[1], &messages); err != nil {
-			messages = 1
-		}
-		n += messages
 	}
 	return n
 }
@@ -532,14 +566,18 @@ func (s *Stack) stored() int {
 func (s *Stack) pendingDetail() string {
 	s.t.Helper()
 	var b strings.Builder
-	b.WriteString("queues holding messages (name, messages, ready, unacked, leader):\n")
-	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_ready", "messages_unacknowledged", "leader")
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		switch f := strings.Fields(line); {
-		case len(f) == 1:
-			fmt.Fprintf(&b, "  %s  (no count: no leader)\n", f[0])
-		case len(f) >= 2 && f[1] != "0":
-			fmt.Fprintf(&b, "  %s\n", strings.Join(f, "  "))
+	b.WriteString("queues holding messages (name, messages, ready, unacked, consumers, leader):\n")
+	for _, q := range s.listQueues() {
+		switch {
+		case !q.counted:
+			fmt.Fprintf(&b, "  %s  (no count: no leader)\n", q.name)
+		case q.messages > 0:
+			fmt.Fprintf(&b, "  %s  %d  %d  %d  %d  %s", q.name, q.messages, q.ready, q.unacked, q.consumers, q.leader)
+			if q.consumers == 0 && !strings.HasSuffix(q.name, ".dlq") && !strings.Contains(q.name, ".retry.") &&
+				!slices.Contains(s.cfg.Sinks, q.name) {
+				b.WriteString("  (no consumer: if no replica reads it, as a downstream service's queue, name it in Config.Sinks)")
+			}
+			b.WriteString("\n")
 		}
 	}
 	fmt.Fprintf(&b, "buffered inbox not processed: %d; outbox pending: %d",
@@ -554,15 +592,9 @@ func (s *Stack) pendingDetail() string {
 func (s *Stack) strandedRetryQueues() []string {
 	s.t.Helper()
 	var out []string
-	lines := s.ctl("list_queues", "-p", s.vhost(), "-q", "--no-table-headers", "name", "messages", "messages_ready", "messages_unacknowledged")
-	for _, line := range strings.Split(strings.TrimSpace(lines), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 4 || !strings.Contains(f[0], ".retry.") {
-			continue
-		}
-		var all, ready, unacked int
-		if _, err := fmt.Sscan(f[1]+" "+f[2]+" "+f[3], &all, &ready, &unacked); err == nil && all > ready+unacked {
-			out = append(out, f[0])
+	for _, q := range s.listQueues() {
+		if q.counted && strings.Contains(q.name, ".retry.") && q.messages > q.ready+q.unacked {
+			out = append(out, q.name)
 		}
 	}
 	return out

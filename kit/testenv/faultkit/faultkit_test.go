@@ -40,13 +40,13 @@ func TestPendingDetailNamesTheQueuesThatHoldMessages(t *testing.T) {
 	}
 	conn.Close(t.Context())
 	testenv.WithChannel(t, vhost, func(ch *amqp.Channel) error {
-		for _, q := range []string{"work.retry.200ms", "empty"} {
+		for _, q := range []string{"work.retry.200ms", "empty", "downstream"} {
 			if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
 				return err
 			}
 		}
-		for range 2 {
-			if err := ch.Publish("", "work.retry.200ms", false, false, amqp.Publishing{Body: []byte("x")}); err != nil {
+		for _, q := range []string{"work.retry.200ms", "work.retry.200ms", "downstream"} {
+			if err := ch.Publish("", q, false, false, amqp.Publishing{Body: []byte("x")}); err != nil {
 				return err
 			}
 		}
@@ -56,10 +56,26 @@ func TestPendingDetailNamesTheQueuesThatHoldMessages(t *testing.T) {
 	var got string
 	testenv.Eventually(t, 30*time.Second, "the two messages listed", func() (bool, error) {
 		got = s.pendingDetail()
-		return strings.Contains(got, "work.retry.200ms  2  2  0  "), nil
+		return strings.Contains(got, "work.retry.200ms  2  2  0  0  ") && strings.Contains(got, "downstream  1  1  0  0  "), nil
 	})
 	if strings.Contains(got, "empty") {
 		t.Errorf("an empty queue is listed:\n%s", got)
+	}
+	// A queue no replica consumes is named as a possible sink; a retry
+	// queue, which none consumes either, is not.
+	if !strings.Contains(got, "downstream  1  1  0  0  ") || !strings.Contains(got, "name it in Config.Sinks") ||
+		strings.Count(got, "Config.Sinks") != 1 {
+		t.Errorf("the queue without a consumer is not named as a possible sink, or another is:\n%s", got)
+	}
+	if n := s.queued(); n != 3 {
+		t.Errorf("queued %d, want the 3 messages of the retry queue and the downstream one", n)
+	}
+	s.cfg.Sinks = []string{"downstream"}
+	if n := s.queued(); n != 2 {
+		t.Errorf("queued %d with downstream a sink, want the retry queue's 2", n)
+	}
+	if d := s.pendingDetail(); strings.Contains(d, "Config.Sinks") {
+		t.Errorf("a sink is named as a possible sink:\n%s", d)
 	}
 	if !strings.HasSuffix(got, "buffered inbox not processed: 0; outbox pending: 2") {
 		t.Errorf("the stored backlog is not counted by table:\n%s", got)

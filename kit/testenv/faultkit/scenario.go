@@ -263,7 +263,9 @@ var DatabaseSessionsTerminated = Scenario{
 // Scenarios is the catalogue every service runs in the inline mode: a crash
 // at each of the kit's crash points and at each of the service's own
 // points, two replicas killed at random, the broker dropping connections
-// and the database terminating sessions.
+// and the database terminating sessions. A service that publishes names
+// the relay's point among its own ("after-outbox-publish"), and its
+// unconsumed event queues in Config.Sinks.
 func Scenarios(ownPoints ...string) []Scenario {
 	return catalogue(append([]string{"after-inbox-insert", "after-commit", "after-ack"}, ownPoints...))
 }
