@@ -124,7 +124,7 @@ func summary(took []time.Duration) string {
 // The claim stays flat with a 200,000-message backlog on one key and 10,000
 // other keys: the key table's pointer finds each head on the unique index, so
 // where the hot key's head stands in its backlog does not matter. The numbers
-// are logged (go test -v -run ClaimStaysFlat ./kit/buffered), not
+// are logged (go test -v -run ClaimStaysFlat ./buffered, in kit/), not
 // asserted: a timed assertion would fail on a busy CI machine.
 func TestClaimStaysFlatWithAHotKeyBacklog(t *testing.T) {
 	s, db := setup(t)
@@ -164,7 +164,7 @@ func TestClaimStaysFlatWithAHotKeyBacklog(t *testing.T) {
 // the NOT EXISTS claim that scans the hot key's backlog (the approach the
 // key table replaces). Not part of make test:
 //
-//	go test -run '^$' -bench Claim -benchtime 3x -timeout 30m ./kit/buffered
+//	go test -run '^$' -bench Claim -benchtime 3x -timeout 30m ./buffered   (in kit/)
 func BenchmarkClaim(b *testing.B) {
 	s, db := setup(b)
 	fillBacklog(b, db)

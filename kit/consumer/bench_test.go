@@ -11,7 +11,7 @@ import (
 // commit, against the real broker and database. b.N is ignored: each run
 // drains -drain messages and reports msg/s.
 //
-//	go test -run '^$' -bench Drain -benchtime 1x ./kit/consumer
+//	go test -run '^$' -bench Drain -benchtime 1x ./consumer   (in kit/)
 func BenchmarkDrain(b *testing.B) {
 	const n = 4000
 	configs := []struct {

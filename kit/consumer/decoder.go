@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -14,19 +15,27 @@ import (
 type Decoder interface {
 	decode(body []byte) (decoded, error)
 	ordered() bool
+	eventType() reflect.Type
 }
 
-// Events describes the event type E a handler consumes.
+// EventType is the type of the events d decodes, nil for no Decoder.
+func EventType(d Decoder) reflect.Type {
+	if d == nil {
+		return nil
+	}
+	return d.eventType()
+}
+
+// Events describes the event type E a handler consumes, given to
+// service.Consume with the handler's constructor (a HandlerOf[E]: the
+// handler gets each event decoded, and one of another type does not
+// compile):
 //
-//	Decoder: consumer.Events[billing.InvoiceDue]{
+//	service.Consume(opts, consumer.Events[billing.InvoiceDue]{
 //		Decode:      decodeInvoiceDue,
 //		ID:          func(e billing.InvoiceDue) string { return e.EventID },
 //		OrderingKey: func(e billing.InvoiceDue) string { return e.InvoiceID },
-//	},
-//
-// and in the handler:
-//
-//	ev, err := consumer.EventOf[billing.InvoiceDue](msg)
+//	}, newHandler)
 type Events[E any] struct {
 	// Decode parses and validates a body. It runs before the handler, once
 	// the body passed the size and content-type checks. A body it refuses is
@@ -87,6 +96,8 @@ func (e Events[E]) refusedID(ev E) (id string) {
 
 func (e Events[E]) ordered() bool { return e.OrderingKey != nil }
 
+func (e Events[E]) eventType() reflect.Type { return reflect.TypeFor[E]() }
+
 // Ordered reports whether d names ordering keys.
 func Ordered(d Decoder) bool { return d != nil && d.ordered() }
 
@@ -123,7 +134,7 @@ func EventOf[E any](msg Message) (E, error) {
 	ev, ok := msg.Event.(E)
 	if !ok {
 		return ev, Permanent(wire.ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
-			"give the service's Options a Decoder, consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
+			"wire the handler with service.Consume and consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
 	}
 	return ev, nil
 }

@@ -33,9 +33,9 @@ type Message struct {
 	Attempt     int       // 1 on first delivery, counted in our own header across retries
 	Redelivered bool      // the broker delivered it before (a crash, a lost connection)
 	PublishedAt time.Time // the timestamp_in_ms header, else the AMQP timestamp; zero when the producer set neither
-	// Event is what the service's Decoder (Config.Decoder) made of Body, the
-	// handler's to read with EventOf: consumer.EventOf[billing.InvoiceDue](msg). Nil
-	// without a Decoder.
+	// Event is what the service's Decoder (Config.Decoder) made of Body: a
+	// HandlerOf gets it as its argument, an untyped Handler reads it with
+	// EventOf. Nil without a Decoder.
 	Event any
 	// ran is set once the handler was called on this delivery: every copy
 	// the runtime makes of it from then on carries wire.HeaderMayHaveRun.

@@ -17,7 +17,9 @@ import (
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
-// Config tunes a Runtime. Zero values are replaced by those of Defaults.
+// Config tunes a Runtime. Zero values are replaced by those of Defaults,
+// but for Prefetch and Workers when only one is set: the other follows it
+// (Workers at most Prefetch).
 type Config struct {
 	Name      string // consumer name: inbox column, metric label, connection name
 	AMQPURL   string
@@ -135,11 +137,13 @@ func Defaults() Config {
 
 func (c *Config) setDefaults() {
 	d := Defaults()
-	if c.Prefetch == 0 {
-		c.Prefetch = d.Prefetch
-	}
-	if c.Workers == 0 {
-		c.Workers = d.Workers
+	switch { // one of the two set: the other follows it
+	case c.Prefetch == 0 && c.Workers == 0:
+		c.Prefetch, c.Workers = d.Prefetch, d.Workers
+	case c.Prefetch == 0:
+		c.Prefetch = max(d.Prefetch, c.Workers)
+	case c.Workers == 0:
+		c.Workers = min(d.Workers, c.Prefetch)
 	}
 	if c.Committers == 0 {
 		c.Committers = d.Committers

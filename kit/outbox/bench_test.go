@@ -18,7 +18,7 @@ import (
 // process's CPU per event: the relay's and the loop's polling for the count
 // of rows sent (PostgreSQL and RabbitMQ are other processes).
 //
-//	go test -run '^$' -bench RelayDrain -benchtime 3x ./kit/outbox
+//	go test -run '^$' -bench RelayDrain -benchtime 3x ./outbox   (in kit/)
 func BenchmarkRelayDrain(b *testing.B) {
 	const backlog = 2000
 	for _, c := range []struct {

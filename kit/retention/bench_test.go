@@ -17,7 +17,7 @@ import (
 // older than the window, with batches of 1000 and of 10000. It is not part of
 // the test suite; run it alone, once per batch size (it seeds for minutes):
 //
-//	go test -run '^$' -bench PruneMillion -benchtime 1x ./kit/retention
+//	go test -run '^$' -bench PruneMillion -benchtime 1x ./retention   (in kit/)
 //
 // Besides ns/op it reports rows/s, the longest single batch and the mean one.
 func BenchmarkPruneMillion(b *testing.B) {

@@ -63,7 +63,8 @@ type Options struct {
 	// mismatch of the two set by hand is found only at run time.
 	NewHandler func(k *Kit) (consumer.Handler, error)
 	// Decoder decodes each body once, before the handler runs
-	// (consumer.Events): the handler gets the event as msg.Event, a body the
+	// (consumer.Events; Consume sets it): the handler gets the event (as
+	// HandlerOf's argument; an untyped handler as msg.Event), a body the
 	// Decoder refuses is dead-lettered with its reason before any handler
 	// runs, and the Decoder's ID and OrderingKey replace KeyFromBody and
 	// OrderingKey below.
@@ -114,6 +115,9 @@ type Options struct {
 	// typed: WithSettings built these options; the handler gets each load's
 	// settings from its Config, never through Settings.
 	typed bool
+	// event is the handler's event type when Consume wired it: the Decoder
+	// must still decode that type.
+	event reflect.Type
 }
 
 // Requirements are kit settings a service pins (Options.Requires).
@@ -189,6 +193,9 @@ func (o *Options) validate() error {
 		return errors.New("service options: " + o.invalid)
 	case o.NewHandler == nil:
 		return errors.New("service options: NewHandler is nil")
+	case o.event != nil && consumer.EventType(o.Decoder) != o.event:
+		return fmt.Errorf("service options: the handler was wired for %s events, but the Decoder decodes %v: "+
+			"the Decoder was replaced after Consume; give Consume the Events instead", o.event, consumer.EventType(o.Decoder))
 	case o.Settings != nil && !pointerToStruct(o.Settings):
 		return fmt.Errorf("service options: Settings must be a pointer to a struct (&Settings{}), got %T", o.Settings)
 	case slices.Contains(o.Publishes, ""):

@@ -2,6 +2,7 @@ package service
 
 import (
 	"fmt"
+	"reflect"
 
 	"github.com/inbox-template/payment-service/kit/consumer"
 )
@@ -44,55 +45,76 @@ func WithSettings[S any](opts Options, newHandler func(k *Kit, s *S) (consumer.H
 
 // Consume wires a handler typed to its event with the Events that decodes
 // it: E is one type for both, so that a handler of another event does not
-// compile. It sets opts.Decoder and opts.NewHandler, which must be unset:
+// compile. It sets opts.Decoder and opts.NewHandler, which must be unset
+// (and so must KeyFromBody and OrderingKey: the Events' ID and OrderingKey
+// replace them); a Decoder replaced afterwards by one of another event is
+// refused at start:
 //
 //	return service.Consume(service.Options{Name: "refund-service", …},
 //		consumer.Events[RefundRequested]{Decode: DecodeRefundRequested, ID: …},
-//		func(k *service.Kit) (consumer.HandlerOf[RefundRequested], error) {
-//			return &Handler{}, nil
-//		})
-func Consume[E any](opts Options, events consumer.Events[E], newHandler func(k *Kit) (consumer.HandlerOf[E], error)) Options {
-	if opts = withEvents(opts, events); opts.invalid != "" {
+//		func(k *service.Kit) (*Handler, error) { return &Handler{}, nil })
+func Consume[E any, H consumer.HandlerOf[E]](opts Options, events consumer.Events[E], newHandler func(k *Kit) (H, error)) Options {
+	if opts = withEvents("Consume", opts, events); opts.invalid != "" {
 		return opts
 	}
-	opts.NewHandler = func(k *Kit) (consumer.Handler, error) { return typedHandler[E](opts.Name)(newHandler(k)) }
+	opts.NewHandler = func(k *Kit) (consumer.Handler, error) { return typedHandler[E, H](opts.Name)(newHandler(k)) }
 	return opts
 }
 
 // ConsumeWithSettings is Consume for a service with typed settings S, loaded
 // and checked as WithSettings does. It sets opts.Decoder, opts.Settings,
 // opts.Check and opts.NewHandler, which must be unset.
-func ConsumeWithSettings[E, S any](opts Options, events consumer.Events[E],
-	newHandler func(k *Kit, s *S) (consumer.HandlerOf[E], error)) Options {
-	if opts = withEvents(opts, events); opts.invalid != "" {
+func ConsumeWithSettings[E, S any, H consumer.HandlerOf[E]](opts Options, events consumer.Events[E],
+	newHandler func(k *Kit, s *S) (H, error)) Options {
+	if opts.Settings != nil || opts.Check != nil {
+		opts.invalid = "ConsumeWithSettings sets Settings, Check, Decoder and NewHandler: leave them unset"
+		return opts
+	}
+	if opts = withEvents("ConsumeWithSettings", opts, events); opts.invalid != "" {
 		return opts
 	}
 	return WithSettings(opts, func(k *Kit, s *S) (consumer.Handler, error) {
-		return typedHandler[E](opts.Name)(newHandler(k, s))
+		return typedHandler[E, H](opts.Name)(newHandler(k, s))
 	})
 }
 
-func withEvents[E any](opts Options, events consumer.Events[E]) Options {
+func withEvents[E any](fn string, opts Options, events consumer.Events[E]) Options {
 	switch {
 	case opts.Decoder != nil || opts.NewHandler != nil:
-		opts.invalid = "Consume sets Decoder and NewHandler: leave them unset"
+		opts.invalid = fn + " sets Decoder and NewHandler: leave them unset"
+	case opts.KeyFromBody != nil || opts.OrderingKey != nil:
+		opts.invalid = fmt.Sprintf("%s: KeyFromBody and OrderingKey are the Events' ID and OrderingKey: give them to consumer.Events[%s]",
+			fn, reflect.TypeFor[E]())
 	case events.Decode == nil:
-		opts.invalid = fmt.Sprintf("Consume: the Events[%T] have no Decode", *new(E))
+		opts.invalid = fmt.Sprintf("%s: the Events[%s] have no Decode", fn, reflect.TypeFor[E]())
 	default:
-		opts.Decoder = events
+		opts.Decoder, opts.event = events, reflect.TypeFor[E]()
 	}
 	return opts
 }
 
 // typedHandler turns what a typed constructor returned into a Handler.
-func typedHandler[E any](service string) func(consumer.HandlerOf[E], error) (consumer.Handler, error) {
-	return func(h consumer.HandlerOf[E], err error) (consumer.Handler, error) {
+func typedHandler[E any, H consumer.HandlerOf[E]](service string) func(H, error) (consumer.Handler, error) {
+	return func(h H, err error) (consumer.Handler, error) {
 		switch {
 		case err != nil:
 			return nil, err
-		case h == nil:
+		case isNil(h):
 			return nil, fmt.Errorf("service %s: the handler's constructor returned no handler and no error", service)
 		}
-		return consumer.Typed(h), nil
+		return consumer.Typed[E](h), nil
 	}
+}
+
+// isNil reports whether v is nil, or an interface holding a nil pointer,
+// map, function or channel.
+func isNil(v any) bool {
+	r := reflect.ValueOf(v)
+	switch r.Kind() {
+	case reflect.Invalid:
+		return true
+	case reflect.Pointer, reflect.Map, reflect.Func, reflect.Chan, reflect.Interface, reflect.Slice:
+		return r.IsNil()
+	}
+	return false
 }

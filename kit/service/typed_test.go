@@ -11,8 +11,9 @@ import (
 )
 
 // A handler typed to one event and Events of another do not compile
-// together, whichever of the two the constructor's type follows; the same
-// program with one event type compiles (so the failure is the types').
+// together, whichever type the constructor returns (the Events' interface,
+// the handler's, the handler itself); the same program with one event type
+// compiles (so the failure is the types').
 func TestConsumeTypesTheHandlerToItsEvent(t *testing.T) {
 	if out, err := exec.Command("go", "build", "-o", "/dev/null", "./testdata/typed/match").CombinedOutput(); err != nil {
 		t.Fatalf("the well-typed program does not compile: %v\n%s", err, out)
@@ -22,8 +23,9 @@ func TestConsumeTypesTheHandlerToItsEvent(t *testing.T) {
 		t.Fatal("a handler of OrderPaid wired with the Events of OrderPlaced compiled")
 	}
 	for _, want := range []string{
-		"handler does not implement consumer.HandlerOf[OrderPlaced]",
-		"does not match inferred type func(k *service.Kit) (consumer.HandlerOf[OrderPlaced], error)",
+		"main.go:27:72: cannot use handler{} (value of struct type handler) as consumer.HandlerOf[OrderPlaced] value",
+		"main.go:28:21: in call to service.Consume, H (type consumer.HandlerOf[OrderPaid]) does not satisfy consumer.HandlerOf[E]",
+		"main.go:31:21: in call to service.Consume, H (type handler) does not satisfy consumer.HandlerOf[E]",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the compiler's refusal lacks %q:\n%s", want, out)
@@ -78,10 +80,34 @@ func TestConsume(t *testing.T) {
 			t.Errorf("%s: options accepted", name)
 		}
 	}
+	// Each refusal names the function that was called wrong.
+	withSettings := shippingBase()
+	withSettings.Settings = &shippingSettings{}
+	withKey := shippingBase()
+	withKey.KeyFromBody = JSONField("id")
+	for want, o := range map[string]Options{
+		"ConsumeWithSettings sets Settings":                                       ConsumeWithSettings(withSettings, placedEvents, func(*Kit, *shippingSettings) (placedHandler, error) { return placedHandler{&got}, nil }),
+		"Consume: KeyFromBody and OrderingKey are the Events' ID and OrderingKey": Consume(withKey, placedEvents, func(*Kit) (placedHandler, error) { return placedHandler{&got}, nil }),
+	} {
+		if err := o.validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want a refusal saying %q, got %v", want, err)
+		}
+	}
 
 	nilHandler := Consume(shippingBase(), placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return nil, nil })
 	if _, err := nilHandler.NewHandler(&Kit{}); err == nil || !strings.Contains(err.Error(), "returned no handler") {
 		t.Errorf("a constructor returning no handler: %v", err)
+	}
+	nilPointer := Consume(shippingBase(), placedEvents, func(*Kit) (*placedHandler, error) { return nil, nil })
+	if _, err := nilPointer.NewHandler(&Kit{}); err == nil || !strings.Contains(err.Error(), "returned no handler") {
+		t.Errorf("a constructor returning a nil *placedHandler: %v", err)
+	}
+	// A Decoder of another event put in after Consume is refused at start:
+	// every message would be refused at run time.
+	replaced := Consume(shippingBase(), placedEvents, func(*Kit) (placedHandler, error) { return placedHandler{&got}, nil })
+	replaced.Decoder = consumer.Events[string]{Decode: func(b []byte) (string, error) { return string(b), nil }}
+	if err := replaced.validate(); err == nil || !strings.Contains(err.Error(), "wired for service.placed events, but the Decoder decodes string") {
+		t.Errorf("a Decoder of another event after Consume: %v", err)
 	}
 	failing := Consume(shippingBase(), placedEvents, func(*Kit) (consumer.HandlerOf[placed], error) { return nil, errors.New("no bank") })
 	if _, err := failing.NewHandler(&Kit{}); err == nil || err.Error() != "no bank" {

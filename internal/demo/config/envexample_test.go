@@ -70,8 +70,9 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # read it and says what it is for.
 #
 # Generated from the programs' configuration (the desc and default tags of the
-# service.Config in kit/service, of each handler's Settings and of
-# internal/demo/config): do not edit by hand; after changing a setting run
+# service.Config in kit/service, whose runtime settings default to the kit's
+# consumer.Defaults, of each handler's Settings and of internal/demo/config):
+# do not edit by hand; after changing a setting run
 #   go test ./internal/demo/config -run EnvExample -update
 #
 # Docker Compose: ` + "`cp .env.example .env`" + `, edit, ` + "`docker compose up`" + `. Compose reads

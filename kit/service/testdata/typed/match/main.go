@@ -1,4 +1,5 @@
-// Package main wires a handler with the Events of its own event: it
+// Package main wires a handler with the Events of its own event, through a
+// constructor of the interface and one of the handler's own type: it
 // compiles (TestConsumeTypesTheHandlerToItsEvent).
 package main
 
@@ -21,4 +22,7 @@ func main() {
 	_ = service.Consume(service.Options{Name: "x"},
 		consumer.Events[OrderPlaced]{Decode: func([]byte) (OrderPlaced, error) { return OrderPlaced{}, nil }},
 		func(*service.Kit) (consumer.HandlerOf[OrderPlaced], error) { return handler{}, nil })
+	_ = service.Consume(service.Options{Name: "x"},
+		consumer.Events[OrderPlaced]{Decode: func([]byte) (OrderPlaced, error) { return OrderPlaced{}, nil }},
+		func(*service.Kit) (*handler, error) { return &handler{}, nil })
 }

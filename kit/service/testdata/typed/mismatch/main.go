@@ -1,6 +1,7 @@
 // Package main wires a handler of OrderPaid with the Events of OrderPlaced,
-// twice: through a constructor of the Events' type, and through one of the
-// handler's. Neither may compile (TestConsumeTypesTheHandlerToItsEvent).
+// three ways: through a constructor of the Events' type, through one of the
+// handler's, and through one of the handler's own type. None may compile
+// (TestConsumeTypesTheHandlerToItsEvent).
 package main
 
 import (
@@ -27,4 +28,7 @@ func main() {
 	_ = service.Consume(service.Options{Name: "x"},
 		consumer.Events[OrderPlaced]{Decode: func([]byte) (OrderPlaced, error) { return OrderPlaced{}, nil }},
 		func(*service.Kit) (consumer.HandlerOf[OrderPaid], error) { return handler{}, nil })
+	_ = service.Consume(service.Options{Name: "x"},
+		consumer.Events[OrderPlaced]{Decode: func([]byte) (OrderPlaced, error) { return OrderPlaced{}, nil }},
+		func(*service.Kit) (handler, error) { return handler{}, nil })
 }
