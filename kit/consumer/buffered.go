@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,12 +64,8 @@ func (c *BufferedConfig) setDefaults(handlerTimeout time.Duration) {
 	if len(c.RetryDelays) == 0 {
 		c.RetryDelays = d.RetryDelays
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = d.MaxAttempts
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = d.PollInterval
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, d.MaxAttempts)
+	c.PollInterval = cmp.Or(c.PollInterval, d.PollInterval)
 	if c.Lease == 0 {
 		if handlerTimeout <= 0 {
 			handlerTimeout = time.Minute

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -145,39 +146,23 @@ func (c *Config) setDefaults() {
 	case c.Workers == 0:
 		c.Workers = min(d.Workers, c.Prefetch)
 	}
-	if c.Committers == 0 {
-		c.Committers = d.Committers
-	}
+	c.Committers = cmp.Or(c.Committers, d.Committers)
 	if c.GroupCommitMax == 0 { // a wait of 0 is a setting of its own
 		c.GroupCommitMax, c.GroupCommitWait = d.GroupCommitMax, d.GroupCommitWait
 	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = d.MaxBodyBytes
-	}
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, d.MaxBodyBytes)
 	if len(c.ContentTypes) == 0 {
 		c.ContentTypes = d.ContentTypes
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = d.MaxAttempts
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, d.MaxAttempts)
 	if len(c.Topology.RetryDelays) == 0 {
 		c.Topology.RetryDelays = d.Topology.RetryDelays
 	}
-	if c.PauseAfterFailures == 0 {
-		c.PauseAfterFailures = d.PauseAfterFailures
-	}
-	if c.MaxHolds == 0 {
-		c.MaxHolds = d.MaxHolds
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = d.ShutdownTimeout
-	}
-	if c.ReconnectMaxWait == 0 {
-		c.ReconnectMaxWait = d.ReconnectMaxWait
-	}
-	if c.Heartbeat == 0 {
-		c.Heartbeat = d.Heartbeat
-	}
+	c.PauseAfterFailures = cmp.Or(c.PauseAfterFailures, d.PauseAfterFailures)
+	c.MaxHolds = cmp.Or(c.MaxHolds, d.MaxHolds)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, d.ShutdownTimeout)
+	c.ReconnectMaxWait = cmp.Or(c.ReconnectMaxWait, d.ReconnectMaxWait)
+	c.Heartbeat = cmp.Or(c.Heartbeat, d.Heartbeat)
 	if c.DatabaseCheck == nil {
 		c.DatabaseCheck = func(context.Context) error { return nil }
 	}

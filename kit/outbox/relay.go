@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -70,30 +71,16 @@ func RelayDefaults() RelayConfig {
 
 func (c *RelayConfig) setDefaults() {
 	d := RelayDefaults()
-	if c.Heartbeat == 0 {
-		c.Heartbeat = d.Heartbeat
-	}
-	if c.Batch == 0 {
-		c.Batch = d.Batch
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = d.PollInterval
-	}
-	if c.Lease == 0 {
-		c.Lease = d.Lease
-	}
+	c.Heartbeat = cmp.Or(c.Heartbeat, d.Heartbeat)
+	c.Batch = cmp.Or(c.Batch, d.Batch)
+	c.PollInterval = cmp.Or(c.PollInterval, d.PollInterval)
+	c.Lease = cmp.Or(c.Lease, d.Lease)
 	if len(c.RetryDelays) == 0 {
 		c.RetryDelays = d.RetryDelays
 	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = d.MaxAttempts
-	}
-	if c.ReconnectMaxWait == 0 {
-		c.ReconnectMaxWait = d.ReconnectMaxWait
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = d.PublishTimeout
-	}
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, d.MaxAttempts)
+	c.ReconnectMaxWait = cmp.Or(c.ReconnectMaxWait, d.ReconnectMaxWait)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, d.PublishTimeout)
 }
 
 // defaultPublishTimeout bounds the wait for a row's confirm; the lease must
