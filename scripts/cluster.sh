@@ -9,6 +9,7 @@
 #   scripts/cluster.sh urls      print the URLs again
 #   scripts/cluster.sh status    the cluster's view (rabbitmqctl cluster_status on a live node)
 #   scripts/cluster.sh kill N    SIGKILL node N (1-3): a crash, not a stop
+#   scripts/cluster.sh leader VHOST QUEUE  the node (1-3) that leads QUEUE, 0 if none does
 #   scripts/cluster.sh start N   start node N again (it rejoins with its data)
 #   scripts/cluster.sh ctl ARG…  rabbitmqctl ARG… on the first live node (the next if it dies meanwhile)
 #   scripts/cluster.sh down      stop every node and remove $CLUSTER_DIR
@@ -17,6 +18,13 @@
 # Debian's rabbitmq-server package. CLUSTER_NICE (default 0) is the nodes'
 # and this script's rabbitmqctl calls' niceness: CI gives them -5, so that a
 # node boots in seconds on a machine that the other tests keep busy.
+#
+# What a fault round asks often (is a node up, which node leads a queue) goes
+# through erl_call (Erlang's own, in erlang-base: a C program that calls a
+# function on the node), not rabbitmqctl: each rabbitmqctl call boots an
+# Erlang VM, about 1.5 s of CPU, and a round made a dozen of them; on a
+# machine kept busy by the load of the fault tests one call took 30 s, and a
+# round 80 to 120 s (0.1 to 0.3 s by erl_call).
 set -euo pipefail
 
 CLUSTER_DIR=${CLUSTER_DIR:-/tmp/rabbitmq-cluster}
@@ -32,7 +40,48 @@ port() { echo $((CLUSTER_BASE_PORT + $1 - 1)); }
 url() { echo "amqp://guest:guest@127.0.0.1:$(port "$1")/"; }
 ctl() { local n=$1; shift; nice -n "$CLUSTER_NICE" rabbitmqctl -q -n "$(node "$n")" "$@"; }
 pidfile() { echo "$CLUSTER_DIR/node$1/pid"; }
-alive() { ctl "$1" await_startup --timeout 2 >/dev/null 2>&1; }
+# rpc N ARG…: erl_call on node N (ARG… as erl_call takes them), given 10 s.
+rpc() {
+  local n=$1
+  shift
+  erl_call -c "$(cat /var/lib/rabbitmq/.erlang.cookie)" -n "$(node "$n")" -timeout 10 "$@"
+}
+# node_pid N prints the OS pid of node N's VM: the one in its pid file, else
+# (a pid file not yet written, or lost) the rabbitmq user's VM whose
+# environment names the node; fails if none runs.
+node_pid() {
+  local pid p
+  pid=$(cat "$(pidfile "$1")" 2>/dev/null) || pid=""
+  if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+    echo "$pid"
+    return
+  fi
+  for p in $(pgrep -u rabbitmq -x beam.smp); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(node "$1")"; then
+      echo "$p"
+      return
+    fi
+  done
+  return 1
+}
+# alive N: node N has booted (what rabbitmqctl await_startup waits for).
+alive() { [[ $(rpc "$1" -a 'rabbit_boot_state get []' 2>/dev/null) == ready ]]; }
+# await_ready N DIR: waits until node N has booted, at most 300 s; fails
+# at once if its process is gone (the pid in its pid file, which the node
+# writes as it boots: start_node removes a killed node's first). This and
+# not rabbitmqctl wait PIDFILE, which read the file as the node wrote it and
+# failed the start ({garbage_in_pid_file, …}).
+await_ready() {
+  local n=$1 dir=$2 pid deadline=$((SECONDS + 300))
+  until alive "$n"; do
+    pid=$(cat "$(pidfile "$n")" 2>/dev/null) || pid=""
+    if [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+      die "node $n exited while it booted: see $dir/log"
+    fi
+    ((SECONDS < deadline)) || die "node $n did not boot within 300 s: see $dir/log"
+    sleep 0.5
+  done
+}
 
 check_n() {
   [[ "${1:-}" =~ ^[1-3]$ ]] || die "node number must be 1, 2 or 3, got '${1:-}'"
@@ -42,6 +91,12 @@ start_node() {
   local n=$1 dir="$CLUSTER_DIR/node$1" p
   p=$(port "$n")
   if alive "$n"; then return; fi
+  if node_pid "$n" >/dev/null; then
+    # Booting (a start before this one, cut short): a second VM of the same
+    # name would fail, and take the first one's pid file with it.
+    await_ready "$n" "$dir"
+    return
+  fi
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     die "port $p is taken by something else: set CLUSTER_BASE_PORT"
   fi
@@ -50,6 +105,7 @@ start_node() {
   echo '[].' >"$dir/enabled_plugins"
   : >"$dir/rabbitmq-env.conf" # not the machine's: it names the default node
   chown -R rabbitmq:rabbitmq "$CLUSTER_DIR"
+  rm -f "$(pidfile "$n")" # a killed node's: await_ready reads the new one
   nice -n "$CLUSTER_NICE" runuser -u rabbitmq -- env -i PATH="$PATH" HOME=/var/lib/rabbitmq \
     RABBITMQ_NODENAME="$(node "$n")" RABBITMQ_NODE_PORT="$p" RABBITMQ_DIST_PORT=$((p + 20000)) \
     RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" RABBITMQ_CONFIG_FILE="$dir/rabbitmq.conf" \
@@ -57,8 +113,7 @@ start_node() {
     RABBITMQ_LOG_BASE="$dir/log" RABBITMQ_PID_FILE="$(pidfile "$n")" ERL_EPMD_ADDRESS=127.0.0.1 \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} +sbwt none +sbwtdcpu none +sbwtdio none" \
     "$RABBITMQ_BIN/rabbitmq-server" -detached
-  ctl "$n" wait --timeout 300 "$(pidfile "$n")" >/dev/null ||
-    die "node $n did not start: see $dir/log"
+  await_ready "$n" "$dir"
 }
 
 joined() { ctl 1 cluster_status --formatter json 2>/dev/null | grep -q "\"$(node "$1")\""; }
@@ -73,7 +128,7 @@ up() {
       ctl "$n" start_app
     fi
   done
-  for n in $(seq "$NODES"); do ctl "$n" await_startup --timeout 300; done
+  for n in $(seq "$NODES"); do await_ready "$n" "$CLUSTER_DIR/node$n"; done
   urls
 }
 
@@ -81,7 +136,7 @@ urls() { for n in $(seq "$NODES"); do url "$n"; done; }
 
 kill_node() {
   local pid
-  pid=$(cat "$(pidfile "$1")" 2>/dev/null) || die "node $1 has no pid file: is the cluster up?"
+  pid=$(node_pid "$1") || die "node $1 runs no process: is the cluster up?"
   kill -KILL "$pid" 2>/dev/null || true
   for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.1; done
   die "node $1 (pid $pid) did not die"
@@ -91,7 +146,7 @@ down() {
   for n in $(seq "$NODES"); do
     if alive "$n"; then ctl "$n" stop >/dev/null 2>&1 || true; fi
     local pid
-    pid=$(cat "$(pidfile "$n")" 2>/dev/null) || continue
+    pid=$(node_pid "$n") || continue
     kill -KILL "$pid" 2>/dev/null || true
   done
   rm -rf "$CLUSTER_DIR"
@@ -120,6 +175,29 @@ ctl_live() {
   die "no node is up"
 }
 
+# leader VHOST QUEUE prints the node (1-3) that leads quorum queue QUEUE of
+# VHOST, as rabbitmqctl list_queues' leader column has it (the queue
+# record's leader), asked of the first live node; 0 if no node leads it (an
+# election under way) or the queue does not exist.
+leader() {
+  local vhost=$1 queue=$2 n out
+  [[ $vhost =~ ^[A-Za-z0-9_.:-]+$ && $queue =~ ^[A-Za-z0-9_.:-]+$ ]] ||
+    die "leader: the vhost and the queue must be names of letters, digits and _.:- (got '$vhost' '$queue')"
+  for n in $(seq "$NODES"); do
+    alive "$n" || continue
+    out=$(rpc "$n" -e <<<"case rabbit_amqqueue:lookup(rabbit_misc:r(<<\"$vhost\">>, queue, <<\"$queue\">>)) of
+      {ok, Q} -> case amqqueue:get_pid(Q) of {_, Node} when is_atom(Node) -> Node; _ -> none end;
+      _ -> none end.") || continue # it went down during the call: the next
+    if [[ $out =~ cluster([1-3])@localhost ]]; then
+      echo "${BASH_REMATCH[1]}"
+    else
+      echo 0
+    fi
+    return
+  done
+  die "no node is up"
+}
+
 status() {
   for n in $(seq "$NODES"); do
     if alive "$n"; then ctl "$n" cluster_status; return; fi
@@ -132,8 +210,9 @@ case "${1:-}" in
   urls) urls ;;
   status) status ;;
   kill) check_n "${2:-}"; kill_node "$2" ;;
-  start) check_n "${2:-}"; start_node "$2"; ctl "$2" await_startup --timeout 300 ;;
+  start) check_n "${2:-}"; start_node "$2" ;;
+  leader) [[ $# -eq 3 ]] || die "usage: cluster.sh leader VHOST QUEUE"; leader "$2" "$3" ;;
   ctl) shift; ctl_live "$@" ;;
   down) down ;;
-  *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -145,20 +146,18 @@ func (c *Cluster) Ctl(args ...string) string {
 }
 
 // Leader is the node (1 to 3) that leads quorum queue q of the vhost, 0 if
-// none does (an election under way).
+// none does (an election under way). It asks a live node by erl_call
+// (scripts/cluster.sh leader), not rabbitmqctl: a fault round asks it every
+// second while the load keeps the machine busy, where each rabbitmqctl call
+// boots an Erlang VM.
 func (c *Cluster) Leader(q string) int {
 	c.t.Helper()
-	for _, line := range strings.Split(c.Ctl("list_queues", "-p", c.vhost, "--no-table-headers", "name", "leader"), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && f[0] == q {
-			for n := 1; n <= 3; n++ {
-				if f[1] == fmt.Sprintf("cluster%d@localhost", n) {
-					return n
-				}
-			}
-		}
+	out := strings.TrimSpace(c.run("leader", c.vhost, q))
+	n, err := strconv.Atoi(out)
+	if err != nil || n < 0 || n > 3 {
+		c.t.Fatalf("%s leader %s %s printed %q, want a node number or 0", c.script, c.vhost, q, out)
 	}
-	return 0
+	return n
 }
 
 // Members is the number of nodes that hold a replica of quorum queue q.

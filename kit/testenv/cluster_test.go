@@ -9,33 +9,43 @@ import (
 	"testing"
 )
 
-// fakeCtl puts a rabbitmqctl first on PATH that answers as the cluster's
-// nodes do: node 1 passes its first liveness check (await_startup), then
-// fails every command with rc; after that, its liveness checks fail if
-// node1Dies (another test's fault round killed it between the check and
-// the call) and pass if not (the command's own failure). Node 2 answers.
-// Each call is appended to the returned file.
+// fakeCtl puts a rabbitmqctl and an erl_call first on PATH that answer as
+// the cluster's nodes do. The liveness check (erl_call: the node's boot
+// state) of node 1 passes the first time, and after that fails if node1Dies
+// (another test's fault round killed it between the check and the call) and
+// passes if not (the command's own failure); node 1's rabbitmqctl fails
+// every command with rc. Node 2 is up and answers. Each rabbitmqctl call is
+// appended to the returned file.
 func fakeCtl(t *testing.T, rc string, node1Dies bool) (calls string) {
 	dir := t.TempDir()
 	calls = filepath.Join(dir, "calls")
-	later := "0"
+	later := "echo ready"
 	if node1Dies {
-		later = "69"
+		later = "exit 1"
 	}
-	stub := `#!/bin/bash
+	ctl := `#!/bin/bash
 node=$3; shift 3
 echo "$node $*" >>` + calls + `
-case "$node:$1" in
-  cluster1@localhost:await_startup)
-    [[ -e ` + dir + `/checked ]] && exit ` + later + `
-    touch ` + dir + `/checked; exit 0 ;;
-  cluster1@localhost:*) echo "refused by $node" >&2; exit ` + rc + ` ;;
-  cluster2@localhost:*) echo "answered by $node: $*"; exit 0 ;;
+case "$node" in
+  cluster1@localhost) echo "refused by $node" >&2; exit ` + rc + ` ;;
+  cluster2@localhost) echo "answered by $node: $*"; exit 0 ;;
 esac
 exit 1
 `
-	if err := os.WriteFile(filepath.Join(dir, "rabbitmqctl"), []byte(stub), 0o755); err != nil {
-		t.Fatal(err)
+	erlCall := `#!/bin/bash
+while (($#)); do [[ $1 == -n ]] && node=$2; shift; done
+case "$node" in
+  cluster1@localhost)
+    if [[ -e ` + dir + `/checked ]]; then ` + later + `; exit 0; fi
+    touch ` + dir + `/checked; echo ready ;;
+  cluster2@localhost) echo ready ;;
+  *) echo "erl_call: failed to connect to node $node" >&2; exit 1 ;;
+esac
+`
+	for name, body := range map[string]string{"rabbitmqctl": ctl, "erl_call": erlCall} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	t.Setenv("CLUSTER_NICE", "0")
@@ -77,5 +87,35 @@ func assertNoFilesLeft(t *testing.T) {
 	t.Helper()
 	if left, _ := os.ReadDir(os.Getenv("TMPDIR")); len(left) > 0 {
 		t.Fatalf("ctl left %d files in TMPDIR", len(left))
+	}
+}
+
+// The leader of a queue comes from the first live node's record of the
+// queue (erl_call, faked here: node 1 is down, node 2 answers the lookup):
+// its node's number, 0 where the queue has none or does not exist.
+func TestClusterLeaderIsTheNumberOfTheNodeThatLeads(t *testing.T) {
+	dir := t.TempDir()
+	erlCall := `#!/bin/bash
+while (($#)); do case $1 in -n) node=$2 ;; -a) call=$2 ;; -e) expr=$(cat) ;; esac; shift; done
+[[ $node == cluster2@localhost ]] || { echo "erl_call: failed to connect to node $node" >&2; exit 1; }
+[[ -n ${call:-} ]] && { echo ready; exit 0; }
+case "$expr" in
+  *'<<"v">>, queue, <<"led">>'*) echo '{ok, cluster3@localhost}' ;;
+  *) echo '{ok, none}' ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "erl_call"), []byte(erlCall), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+	c := &Cluster{t: t, script: clusterScript(t), vhost: "v"}
+	if n := c.Leader("led"); n != 3 {
+		t.Errorf("Leader(led) = %d, want 3", n)
+	}
+	if n := c.Leader("unled"); n != 0 {
+		t.Errorf("Leader(unled) = %d, want 0", n)
+	}
+	if out, err := exec.Command("bash", clusterScript(t), "leader", "v", `a"b`).CombinedOutput(); err == nil || !strings.Contains(string(out), "must be names of") {
+		t.Errorf("leader of a queue named with a quote: %v, %s; want it refused", err, out)
 	}
 }
