@@ -199,7 +199,7 @@ go_scenario() {
   # test fails first, with the test's own account of what it waited for.
   timeout=${GO_TEST_TIMEOUT:-$timeout}
   command -v go >/dev/null || die "go is needed in local mode"
-  # The test's vhosts and databases are named t_<run>_…: this pid in the run's
+  # The test's vhosts and databases are named <prefix>_<run>_…: this pid in the run's
   # name lets the EXIT trap, and scripts/faults-cleanup.sh later, tell this
   # run's leftovers.
   export TEST_RUN_ID=${TEST_RUN_ID:-faults$$}
@@ -245,11 +245,11 @@ local_cleanup() {
   wait "$GO_TEST_PID" 2>/dev/null
   if [[ $TEST_RUN_ID == "faults$$" ]]; then
     local vh db
-    for vh in $(rmq -q list_vhosts name 2>/dev/null | grep "^t_${TEST_RUN_ID}_"); do
+    for vh in $(rmq -q list_vhosts name 2>/dev/null | grep "^${TEST_NAME_PREFIX:-t}_${TEST_RUN_ID}_"); do
       rmq -q delete_vhost "$vh" >/dev/null 2>&1
     done
     for db in $(timeout 30 psql -h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}" -d postgres -Atqc \
-      "SELECT datname FROM pg_database WHERE datname LIKE 't\_${TEST_RUN_ID}\_%'" 2>/dev/null); do
+      "SELECT datname FROM pg_database WHERE datname LIKE '${TEST_NAME_PREFIX:-t}\_${TEST_RUN_ID}\_%'" 2>/dev/null); do
       timeout 30 psql -h "${PGHOST:-127.0.0.1}" -U "${PGUSER:-postgres}" -d postgres -qc "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" >/dev/null 2>&1
     done
     say "interrupted: the run's processes ended, its vhosts and databases removed"
@@ -260,7 +260,7 @@ local_cleanup() {
     # killed, and remove its vhost from the cluster.
     timeout 180 bash "$KIT_ROOT/scripts/cluster.sh" up >/dev/null 2>&1 || warn "scripts/cluster.sh up failed: see scripts/cluster.sh status"
     if [[ $TEST_RUN_ID == "faults$$" ]]; then
-      for vh in $(timeout 60 bash "$KIT_ROOT/scripts/cluster.sh" ctl list_vhosts name 2>/dev/null | grep "^t_${TEST_RUN_ID}_"); do
+      for vh in $(timeout 60 bash "$KIT_ROOT/scripts/cluster.sh" ctl list_vhosts name 2>/dev/null | grep "^${TEST_NAME_PREFIX:-t}_${TEST_RUN_ID}_"); do
         timeout 60 bash "$KIT_ROOT/scripts/cluster.sh" ctl delete_vhost "$vh" >/dev/null 2>&1
       done
     fi

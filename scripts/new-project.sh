@@ -548,7 +548,7 @@ EOF2
 #!/usr/bin/env bash
 # CI entry point: make sure PostgreSQL and RabbitMQ are up, then run the
 # README's test command. The tests create (and drop) their own databases and
-# vhosts, named t_<run>_…: at the end this run removes what it left.
+# vhosts, named <prefix>_<run>_…: at the end this run removes what it left.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CI=true
@@ -566,8 +566,8 @@ fi
 TEST_RUN_ID="ci$(date +%s)$$"
 export TEST_RUN_ID
 cleanup_run() {
-  for vh in $(rabbitmqctl -q list_vhosts name | grep "^t_${TEST_RUN_ID}_" || true); do rabbitmqctl -q delete_vhost "$vh" || true; done
-  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "select datname from pg_database where datname like 't\_${TEST_RUN_ID}\_%'"); do
+  for vh in $(rabbitmqctl -q list_vhosts name | grep "^${TEST_NAME_PREFIX:-t}_${TEST_RUN_ID}_" || true); do rabbitmqctl -q delete_vhost "$vh" || true; done
+  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "select datname from pg_database where datname like '${TEST_NAME_PREFIX:-t}\_${TEST_RUN_ID}\_%'"); do
     psql -h 127.0.0.1 -U postgres -d postgres -qc "drop database if exists \"$db\" with (force)" || true
   done
 }

@@ -68,7 +68,7 @@ func (c *Cluster) Round() (end func()) {
 
 func newCluster(t testing.TB, how int) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, script: clusterScript(t), vhost: Name("t"), down: map[int]bool{}}
+	c := &Cluster{t: t, script: clusterScript(t), vhost: Name(namePrefix(t)), down: map[int]bool{}}
 	f := lockFile(t, ".lock", how)
 	t.Cleanup(func() { f.Close() })
 	if how == syscall.LOCK_SH {

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,10 +29,28 @@ const (
 	AMQPEnv     = "TEST_AMQP_URL"     // default amqp://guest:guest@127.0.0.1:5672/
 	CtlEnv      = "TEST_RABBITMQCTL"  // command used to add vhosts; default rabbitmqctl
 	// RunEnv names one run of the suite (CI sets it): every database and vhost
-	// the run creates starts with t_<run>_, so that a run cleans up its own
-	// leftovers and never another's on a shared server.
+	// the run creates starts with <prefix>_<run>_, so that a run cleans up its
+	// own leftovers and never another's on a shared server.
 	RunEnv = "TEST_RUN_ID"
+	// PrefixEnv is the first part of the name of every database and vhost the
+	// tests create: t unless set (a lowercase letter, then up to 11 lowercase
+	// letters and digits). Teams whose suites share servers each choose one;
+	// CI's cleanup (.ci/run) removes <prefix>_<run>_… only.
+	PrefixEnv = "TEST_NAME_PREFIX"
 )
+
+var validPrefix = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+
+// namePrefix is TEST_NAME_PREFIX, or t; a test fails at once on a value that
+// cannot begin a database name and a vhost name alike.
+func namePrefix(t testing.TB) string {
+	t.Helper()
+	p := getenv(PrefixEnv, "t")
+	if !validPrefix.MatchString(p) {
+		t.Fatalf("%s=%q: want a lowercase letter, then up to 11 lowercase letters and digits (it begins the name of each test database and vhost)", PrefixEnv, p)
+	}
+	return p
+}
 
 func getenv(name, def string) string {
 	if v := os.Getenv(name); v != "" {
@@ -55,7 +74,7 @@ func Name(prefix string) string {
 func Postgres(t testing.TB) string {
 	t.Helper()
 	admin := getenv(PostgresEnv, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	name := Name("t")
+	name := Name(namePrefix(t))
 	exec := func(sql string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -99,7 +118,7 @@ func VHost(t testing.TB) string {
 	if vhost != "" {
 		t.Cleanup(func() { releaseVHost(t, vhost) })
 	} else {
-		vhost = Name("t")
+		vhost = Name(namePrefix(t))
 		Ctl(t, "add_vhost", vhost)
 		t.Cleanup(func() { Ctl(t, "delete_vhost", vhost) })
 		Ctl(t, "set_permissions", "-p", vhost, user, ".*", ".*", ".*")

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -86,5 +87,48 @@ func TestReachesGivesUpBeforeTheTestsDeadline(t *testing.T) {
 	}
 	if waited := c.t.Sub(time.Unix(0, 0)); waited < 100*time.Second || waited > 102*time.Second {
 		t.Fatalf("reach gave up after %s of the clock, want about 100 s", waited)
+	}
+}
+
+// fatalTB records a Fatalf and stops there (by panicking, recovered by the
+// caller) instead of failing the test that uses it.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+type stopped struct{}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	panic(stopped{})
+}
+
+func TestNamesTakeTheChosenPrefix(t *testing.T) {
+	t.Setenv(RunEnv, "run1")
+	t.Setenv(PrefixEnv, "acme2")
+	if n := Name(namePrefix(t)); !strings.HasPrefix(n, "acme2_run1_") {
+		t.Errorf("a name under %s=acme2 is %q, want acme2_run1_…", PrefixEnv, n)
+	}
+	t.Setenv(PrefixEnv, "")
+	if p := namePrefix(t); p != "t" {
+		t.Errorf("the prefix unset is %q, want t", p)
+	}
+	for _, bad := range []string{"Acme", "1acme", "ac-me", "ac_me", "abcdefghijklm"} {
+		t.Setenv(PrefixEnv, bad)
+		f := &fatalTB{TB: t}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					if _, ok := r.(stopped); !ok {
+						panic(r)
+					}
+				}
+			}()
+			namePrefix(f)
+		}()
+		if !strings.Contains(f.msg, PrefixEnv+`="`+bad+`"`) {
+			t.Errorf("%s=%q: the test was told %q, want it refused naming the variable and the value", PrefixEnv, bad, f.msg)
+		}
 	}
 }

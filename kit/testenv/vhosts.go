@@ -47,8 +47,9 @@ func pooledVHost(t testing.TB, user string) string {
 	}
 	if len(vhostPool.free) == 0 {
 		batch := make([]string, vhostBatch)
+		prefix := namePrefix(t)
 		for i := range batch {
-			batch[i] = Name("t")
+			batch[i] = Name(prefix)
 		}
 		if err := vhostEval(vhostPool.released, batch, user); err != nil {
 			// Part of the batch may exist: RunMain deletes it with the rest.
