@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -114,13 +115,13 @@ func (p *processor) run(ctx context.Context) {
 // claimLoop claims as many due messages as workers are free, and waits for
 // work when there is none.
 func (p *processor) claimLoop(ctx context.Context, jobs chan<- buffered.Claimed, free chan struct{}) {
-	backoff := newBackoff(time.Second, p.rt.cfg.ReconnectMaxWait)
+	backoff := amqpsession.NewBackoff(time.Second, p.rt.cfg.ReconnectMaxWait)
 	lastPause := time.Time{}
 	skipped := 0 // claims in a row that found due keys they could not take
 	for {
 		if cause := p.pauseReq.Swap(nil); cause != nil {
 			if time.Since(lastPause) > time.Minute {
-				backoff.reset()
+				backoff.Reset()
 			}
 			if !p.pause(ctx, *cause, backoff) {
 				return
@@ -253,12 +254,12 @@ func (p *processor) requestPause(cause Cause) {
 
 // pause stops claiming for a growing backoff, and for the database until its
 // check passes; workers in flight finish meanwhile.
-func (p *processor) pause(ctx context.Context, cause Cause, b *backoff) bool {
+func (p *processor) pause(ctx context.Context, cause Cause, b *amqpsession.Backoff) bool {
 	r := p.rt
 	r.metrics.pauses.WithLabelValues(r.cfg.Name, string(cause)).Inc()
 	p.pausedFor.Store(&cause)
 	defer p.pausedFor.Store(nil)
-	wait := b.next()
+	wait := b.Next()
 	p.log.Error("processing paused: not the messages' fault; their attempts are given back",
 		"cause", cause, "wait", wait.String())
 	if err := r.waitToResume(ctx, cause, wait, b); err != nil {

@@ -37,7 +37,7 @@ func TestConsumerFailsOverToAnotherClusterNode(t *testing.T) {
 		return nil
 	})
 	r := e.start(h, nil)
-	node := r.node
+	node := r.node.Last()
 	e.publishMany(40, "before")
 	testenv.Eventually(t, 30*time.Second, "four deliveries held by the workers", func() (bool, error) {
 		return holding.Load() >= 4, nil

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
@@ -209,8 +209,8 @@ func (c *Config) Validate() error {
 // Runtime consumes one queue with a Handler. Create it with New and call Run.
 type Runtime struct {
 	cfg      Config
-	nodes    *rabbit.Nodes // the broker's nodes (AMQP_URL)
-	node     string        // the last session's node; Run's goroutine only
+	nodes    *rabbit.Nodes     // the broker's nodes (AMQP_URL)
+	node     amqpsession.Nodes // the last session's node; Run's goroutine only
 	inbox    *inbox.Inbox
 	mode     mode // the inline or the buffered inbox
 	inFlight inFlight
@@ -400,49 +400,46 @@ func (r *Runtime) Run(ctx context.Context) error {
 	r.mode.start(ctx, commitCtx, &committers, &processing)
 	defer processing.Wait()
 	defer stop() // before the wait
-	backoff := newBackoff(200*time.Millisecond, r.cfg.ReconnectMaxWait)
-	for {
-		started := time.Now()
+	backoff := amqpsession.NewBackoff(amqpsession.FirstWait, r.cfg.ReconnectMaxWait)
+	session := func(ctx context.Context) error {
 		err := r.session(ctx)
 		r.setReady(false)
-		if ctx.Err() != nil {
-			return nil
-		}
+		return err
+	}
+	return amqpsession.Loop(ctx, backoff, session, func(err error) error {
 		if mismatch := (*rabbit.MismatchError)(nil); errors.As(err, &mismatch) {
 			r.log.Error("the broker holds the topology with other arguments: stopping", "err", err)
 			return err
-		}
-		if time.Since(started) > time.Minute {
-			backoff.reset()
 		}
 		var paused errPausedSession
 		if errors.As(err, &paused) {
 			r.metrics.pauses.WithLabelValues(r.cfg.Name, string(paused.cause)).Inc()
 			r.pausedFor.Store(&paused.cause)
-			wait := backoff.next()
+			wait := backoff.Next()
 			r.log.Error("paused: not the messages' fault; held ones were put back without spending an attempt",
 				"cause", paused.cause, "wait", wait.String())
 			if err := r.waitToResume(ctx, paused.cause, wait, backoff); err != nil {
-				return nil
+				return err
 			}
 			r.pausedFor.Store(nil)
 			r.log.Info("resuming", "cause", paused.cause)
-			continue
-		}
-		r.metrics.reconnects.WithLabelValues(r.cfg.Name).Inc()
-		wait := backoff.next()
-		r.log.Warn("broker session ended; reconnecting", "err", err, "wait", wait.String())
-		if !sleep(ctx, wait) {
 			return nil
 		}
-	}
+		r.metrics.reconnects.WithLabelValues(r.cfg.Name).Inc()
+		wait := backoff.Next()
+		r.log.Warn("broker session ended; reconnecting", "err", err, "wait", wait.String())
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		return nil
+	})
 }
 
 // waitToResume waits out a pause: at least wait, and for the database until
 // its check passes (with growing waits in between). A dependency the runtime
 // cannot check is tried again by resuming: if it still fails, the next pause
 // waits longer.
-func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Duration, b *backoff) error {
+func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Duration, b *amqpsession.Backoff) error {
 	if !sleep(ctx, wait) {
 		return ctx.Err()
 	}
@@ -453,35 +450,12 @@ func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Durat
 			}
 			return nil
 		}
-		if !sleep(ctx, b.next()) {
+		if !sleep(ctx, b.Next()) {
 			return ctx.Err()
 		}
 	}
 	return nil
 }
 
-// backoff is capped exponential backoff with full jitter.
-type backoff struct {
-	base, max, cur time.Duration
-}
-
-func newBackoff(base, max time.Duration) *backoff { return &backoff{base: base, max: max, cur: base} }
-
-func (b *backoff) next() time.Duration {
-	d := b.cur/2 + rand.N(b.cur/2+1)
-	b.cur = min(b.cur*2, b.max)
-	return d
-}
-
-func (b *backoff) reset() { b.cur = b.base }
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// sleep waits d, or until ctx ends: it reports whether it waited all of d.
+func sleep(ctx context.Context, d time.Duration) bool { return amqpsession.Sleep(ctx, d) }

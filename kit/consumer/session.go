@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
@@ -43,10 +44,9 @@ type session struct {
 	end     chan struct{}
 	endOnce sync.Once
 	ended   error
-	// unblocked is closed when the broker unblocks the publishing connection;
-	// nil while it is not blocked.
-	blockMu   sync.Mutex
-	unblocked chan struct{}
+	// blocked follows the broker blocking the publishing connection (a
+	// resource alarm); set once the session runs.
+	blocked *amqpsession.Blocked
 	// aside are the buffered ingest's dead-letterings, done off its loop.
 	aside sync.WaitGroup
 	// stop is closed when the session stops taking deliveries.
@@ -65,36 +65,15 @@ func (s *session) lost(nodes *rabbit.Nodes) {
 	}
 }
 
-// setBlocked records the broker blocking (or unblocking) the publishing connection.
-func (s *session) setBlocked(on bool) {
-	s.blockMu.Lock()
-	defer s.blockMu.Unlock()
-	switch {
-	case on && s.unblocked == nil:
-		s.unblocked = make(chan struct{})
-	case !on && s.unblocked != nil:
-		close(s.unblocked)
-		s.unblocked = nil
-	}
-}
-
 // waitUnblocked returns at once unless the publishing connection is blocked;
 // then it waits for the alarm to clear. A publish would only wait for its
 // confirm instead, time out, and requeue its original, which a quorum queue
 // counts against the delivery limit.
 func (s *session) waitUnblocked(ctx context.Context) error {
-	s.blockMu.Lock()
-	ch := s.unblocked
-	s.blockMu.Unlock()
-	if ch == nil {
+	if s.blocked == nil {
 		return nil
 	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return s.blocked.WaitUnblocked(ctx)
 }
 
 // errRedeclare ends a session whose topology lost a queue.
@@ -147,11 +126,10 @@ func (r *Runtime) openSession() (*session, error) {
 // connected logs and counts a session on another node than the last one:
 // a failover.
 func (r *Runtime) connected(s *session) {
-	if r.node != "" && s.node != r.node {
+	if from := r.node.Connected(s.node); from != "" {
 		r.metrics.failovers.WithLabelValues(r.cfg.Name).Inc()
-		r.log.Warn("broker failover: this session is on another node", "from", r.node, "to", s.node, "nodes", r.nodes.String())
+		r.log.Warn("broker failover: this session is on another node", "from", from, "to", s.node, "nodes", r.nodes.String())
 	}
-	r.node = s.node
 }
 
 // close closes both connections, and with them their channels (the
@@ -204,8 +182,12 @@ func (r *Runtime) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var watching sync.WaitGroup
-	defer watching.Wait() // the watcher ends when the connection closes
+	var watching <-chan struct{}
+	defer func() {
+		if watching != nil {
+			<-watching // the watcher ends when the connection closes
+		}
+	}()
 	defer s.close()
 	defer s.lost(r.nodes) // before the close: a connection closed by then died under us
 	r.connected(s)
@@ -213,8 +195,8 @@ func (r *Runtime) session(ctx context.Context) error {
 	// library: an unbuffered, unread one would block its connection.
 	connClosed := s.conn.NotifyClose(make(chan *amqp.Error, 1))
 	pubConnClosed := s.pubConn.NotifyClose(make(chan *amqp.Error, 1))
-	blocked := s.pubConn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	watching.Go(func() { r.watchBlocked(s, blocked) })
+	s.blocked = amqpsession.WatchBlocked(s.pubConn, r.blockedChanged)
+	watching = s.blocked.Done()
 	consumeClosed := s.consume.NotifyClose(make(chan *amqp.Error, 1))
 	publishClosed := s.publish.NotifyClose(make(chan *amqp.Error, 1))
 	cancelled := s.consume.NotifyCancel(make(chan string, 1))
@@ -414,21 +396,17 @@ func (m *inlineMode) deliverSafely(ctx context.Context, s *session, d amqp.Deliv
 	m.deliver(ctx, s, d)
 }
 
-// watchBlocked reports the broker blocking the publishing connection (a memory
-// or disk alarm) until the connection closes the channel. Consumption goes on:
-// acks travel on the other connection; copies that cannot be published in
-// time leave their original unacked and requeued.
-func (r *Runtime) watchBlocked(s *session, blocked <-chan amqp.Blocking) {
-	defer s.setBlocked(false) // the connection is gone: release the waiters
-	for b := range blocked {
-		s.setBlocked(b.Active)
-		v := 0.0
-		if b.Active {
-			v = 1
-			r.log.Warn("the broker blocks publishing (resource alarm): retries and dead letters wait", "reason", b.Reason)
-		} else {
-			r.log.Info("the broker unblocked publishing")
-		}
-		r.metrics.blocked.WithLabelValues(r.cfg.Name).Set(v)
+// blockedChanged reports the broker blocking the publishing connection (a
+// memory or disk alarm), or unblocking it. Consumption goes on: acks travel on
+// the other connection; copies that cannot be published in time leave their
+// original unacked and requeued.
+func (r *Runtime) blockedChanged(b amqp.Blocking) {
+	v := 0.0
+	if b.Active {
+		v = 1
+		r.log.Warn("the broker blocks publishing (resource alarm): retries and dead letters wait", "reason", b.Reason)
+	} else {
+		r.log.Info("the broker unblocked publishing")
 	}
+	r.metrics.blocked.WithLabelValues(r.cfg.Name).Set(v)
 }

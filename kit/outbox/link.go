@@ -2,11 +2,11 @@ package outbox
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
@@ -17,10 +17,8 @@ type link struct {
 	conn       *amqp.Connection
 	node       string // host:port
 	connClosed chan *amqp.Error
-	// unblocked is closed when the broker unblocks the connection; nil while
-	// it is not blocked.
-	mu        sync.Mutex
-	unblocked chan struct{}
+	// blocked follows the broker blocking the connection (a resource alarm).
+	blocked *amqpsession.Blocked
 }
 
 func (r *Relay) dial() (*link, error) {
@@ -28,9 +26,8 @@ func (r *Relay) dial() (*link, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &link{conn: conn, node: node, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1))}
-	// Buffered, and drained until the library closes it with the connection.
-	go l.watchBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4)))
+	l := &link{conn: conn, node: node, connClosed: conn.NotifyClose(make(chan *amqp.Error, 1)),
+		blocked: amqpsession.WatchBlocked(conn, nil)}
 	ch, err := conn.Channel()
 	if err != nil {
 		_ = conn.Close()
@@ -46,25 +43,7 @@ func (r *Relay) dial() (*link, error) {
 	return l, nil
 }
 
-func (l *link) watchBlocked(blocked <-chan amqp.Blocking) {
-	for b := range blocked {
-		l.mu.Lock()
-		switch {
-		case b.Active && l.unblocked == nil:
-			l.unblocked = make(chan struct{})
-		case !b.Active && l.unblocked != nil:
-			close(l.unblocked)
-			l.unblocked = nil
-		}
-		l.mu.Unlock()
-	}
-}
-
-func (l *link) blockedUntil() <-chan struct{} {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.unblocked
-}
+func (l *link) blockedUntil() <-chan struct{} { return l.blocked.Until() }
 
 func (l *link) close() {
 	_ = l.conn.CloseDeadline(time.Now().Add(2 * time.Second))

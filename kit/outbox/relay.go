@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -106,8 +106,8 @@ const notifyEvery = 50 * time.Millisecond
 // one; their claims never take the same row at the same time.
 type Relay struct {
 	cfg     RelayConfig
-	nodes   *rabbit.Nodes // the broker's nodes (AMQP_URL)
-	node    string        // the last session's node; Run's goroutine only
+	nodes   *rabbit.Nodes     // the broker's nodes (AMQP_URL)
+	node    amqpsession.Nodes // the last session's node; Run's goroutine only
 	store   *Store
 	outbox  *Outbox
 	metrics *Metrics
@@ -176,30 +176,22 @@ func (r *Relay) Run(ctx context.Context) error {
 	})
 	helpers.Go(func() { r.refreshGauges(hctx) })
 	r.log.Info("relaying the outbox", "producer", r.store.Producer(), "batch", r.cfg.Batch, "poll", r.cfg.PollInterval.String())
-	wait := 200 * time.Millisecond
-	for {
-		started := time.Now()
-		err := r.session(ctx)
-		if ctx.Err() != nil {
-			r.setState("stopped")
-			return nil
-		}
+	backoff := amqpsession.NewBackoff(amqpsession.FirstWait, r.cfg.ReconnectMaxWait)
+	err := amqpsession.Loop(ctx, backoff, r.session, func(err error) error {
 		if err == nil {
 			err = errors.New("the session ended")
 		}
-		if time.Since(started) > time.Minute {
-			wait = 200 * time.Millisecond
-		}
-		d := wait/2 + rand.N(wait/2+1)
-		wait = min(2*wait, r.cfg.ReconnectMaxWait)
+		wait := backoff.Next()
 		r.setState("outbox relay not connected to the broker: " + err.Error())
 		r.metrics.reconnects.WithLabelValues(r.store.Producer()).Inc()
-		r.log.Warn("outbox relay session ended; reconnecting (nothing is lost: unsent rows wait in the table)", "err", err, "wait", d.String())
-		if !sleep(ctx, d) {
-			r.setState("stopped")
-			return nil
+		r.log.Warn("outbox relay session ended; reconnecting (nothing is lost: unsent rows wait in the table)", "err", err, "wait", wait.String())
+		if !sleep(ctx, wait) {
+			return ctx.Err()
 		}
-	}
+		return nil
+	})
+	r.setState("stopped")
+	return err
 }
 
 // leaseOutlasts says whether c's lease lasts for d more: a row is
@@ -262,13 +254,5 @@ func (r *Relay) refreshGauges(ctx context.Context) {
 	}
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+// sleep waits d, or until ctx ends: it reports whether it waited all of d.
+func sleep(ctx context.Context, d time.Duration) bool { return amqpsession.Sleep(ctx, d) }

@@ -64,11 +64,10 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	r.setState("")
 	r.log.Info("outbox relay connected", "node", l.node, "exchanges", r.cfg.Exchanges)
-	if r.node != "" && l.node != r.node {
+	if from := r.node.Connected(l.node); from != "" {
 		r.metrics.failovers.WithLabelValues(r.store.Producer()).Inc()
-		r.log.Warn("broker failover: the outbox relay's session is on another node", "from", r.node, "to", l.node, "nodes", r.nodes.String())
+		r.log.Warn("broker failover: the outbox relay's session is on another node", "from", from, "to", l.node, "nodes", r.nodes.String())
 	}
-	r.node = l.node
 	s.c = r.startCompleter(s.win)
 	err = s.run(ctx)
 	// Whatever is in flight is confirmed (or times out) and settled, detached

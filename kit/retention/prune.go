@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inbox-template/payment-service/kit/internal/wait"
 )
 
 // Result is what one prune run did.
@@ -274,19 +276,7 @@ func lockKey(consumer string) int64 {
 }
 
 // sleep waits for d or until ctx is done, and reports whether it slept fully.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
+func sleep(ctx context.Context, d time.Duration) bool { return wait.Sleep(ctx, d) }
 
 // deleteSentBatch deletes the oldest sent rows of the outbox, as deleteBatch
 // does the inbox's, and returns their ordering keys ("" for unordered rows).
