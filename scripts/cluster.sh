@@ -41,10 +41,19 @@ url() { echo "amqp://guest:guest@127.0.0.1:$(port "$1")/"; }
 ctl() { local n=$1; shift; nice -n "$CLUSTER_NICE" rabbitmqctl -q -n "$(node "$n")" "$@"; }
 pidfile() { echo "$CLUSTER_DIR/node$1/pid"; }
 # rpc N ARG…: erl_call on node N (ARG… as erl_call takes them), given 10 s.
+# It reads the nodes' cookie from its HOME, as the nodes do: on the command
+# line (-c) the cookie would show in ps to every user of the machine.
 rpc() {
   local n=$1
   shift
-  erl_call -c "$(cat /var/lib/rabbitmq/.erlang.cookie)" -n "$(node "$n")" -timeout 10 "$@"
+  HOME=/var/lib/rabbitmq erl_call -n "$(node "$n")" -timeout 10 "$@"
+}
+# is_node PID N: PID is a VM of the rabbitmq user whose environment names
+# node N (a pid file's pid may have been taken by another process since).
+is_node() {
+  [[ $1 =~ ^[0-9]+$ && $(stat -c %U "/proc/$1" 2>/dev/null) == rabbitmq ]] || return 1
+  # The process may end meanwhile: quietly not the node.
+  { tr '\0' '\n' <"/proc/$1/environ"; } 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(node "$2")"
 }
 # node_pid N prints the OS pid of node N's VM: the one in its pid file, else
 # (a pid file not yet written, or lost) the rabbitmq user's VM whose
@@ -52,12 +61,12 @@ rpc() {
 node_pid() {
   local pid p
   pid=$(cat "$(pidfile "$1")" 2>/dev/null) || pid=""
-  if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+  if is_node "$pid" "$1"; then
     echo "$pid"
     return
   fi
   for p in $(pgrep -u rabbitmq -x beam.smp); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RABBITMQ_NODENAME=$(node "$1")"; then
+    if is_node "$p" "$1"; then
       echo "$p"
       return
     fi
@@ -67,15 +76,15 @@ node_pid() {
 # alive N: node N has booted (what rabbitmqctl await_startup waits for).
 alive() { [[ $(rpc "$1" -a 'rabbit_boot_state get []' 2>/dev/null) == ready ]]; }
 # await_ready N DIR: waits until node N has booted, at most 300 s; fails
-# at once if its process is gone (the pid in its pid file, which the node
-# writes as it boots: start_node removes a killed node's first). This and
-# not rabbitmqctl wait PIDFILE, which read the file as the node wrote it and
-# failed the start ({garbage_in_pid_file, …}).
+# at once if its VM, once seen, is gone. This and not rabbitmqctl wait
+# PIDFILE, which read the file as the node wrote it and failed the start
+# ({garbage_in_pid_file, …}).
 await_ready() {
-  local n=$1 dir=$2 pid deadline=$((SECONDS + 300))
+  local n=$1 dir=$2 seen=0 deadline=$((SECONDS + 300))
   until alive "$n"; do
-    pid=$(cat "$(pidfile "$n")" 2>/dev/null) || pid=""
-    if [[ $pid =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null; then
+    if node_pid "$n" >/dev/null; then
+      seen=1
+    elif ((seen)); then
       die "node $n exited while it booted: see $dir/log"
     fi
     ((SECONDS < deadline)) || die "node $n did not boot within 300 s: see $dir/log"
@@ -88,8 +97,14 @@ check_n() {
 }
 
 start_node() {
-  local n=$1 dir="$CLUSTER_DIR/node$1" p
+  local n=$1 dir="$CLUSTER_DIR/node$1" p lock
   p=$(port "$n")
+  # One start of a node at a time (two calls, two tests): the second waits,
+  # then finds it booted. Without the lock both could launch a VM of the
+  # same name before either showed (a VM appears seconds after its launch).
+  mkdir -p "$CLUSTER_DIR"
+  exec {lock}>"$CLUSTER_DIR/node$n.start-lock"
+  flock "$lock"
   if alive "$n"; then return; fi
   if node_pid "$n" >/dev/null; then
     # Booting (a start before this one, cut short): a second VM of the same
@@ -112,7 +127,7 @@ start_node() {
     RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_MNESIA_BASE="$dir/mnesia" \
     RABBITMQ_LOG_BASE="$dir/log" RABBITMQ_PID_FILE="$(pidfile "$n")" ERL_EPMD_ADDRESS=127.0.0.1 \
     RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} +sbwt none +sbwtdcpu none +sbwtdio none" \
-    "$RABBITMQ_BIN/rabbitmq-server" -detached
+    "$RABBITMQ_BIN/rabbitmq-server" -detached {lock}>&- # the VM must not hold the lock
   await_ready "$n" "$dir"
 }
 
@@ -176,23 +191,26 @@ ctl_live() {
 }
 
 # leader VHOST QUEUE prints the node (1-3) that leads quorum queue QUEUE of
-# VHOST, as rabbitmqctl list_queues' leader column has it (the queue
-# record's leader), asked of the first live node; 0 if no node leads it (an
-# election under way) or the queue does not exist.
+# VHOST, as rabbitmqctl list_queues' leader column has it, asked of the
+# first live node; 0 if no running node leads it (an election under way) or
+# the queue does not exist. Any other answer (an error) fails.
 leader() {
   local vhost=$1 queue=$2 n out
   [[ $vhost =~ ^[A-Za-z0-9_.:-]+$ && $queue =~ ^[A-Za-z0-9_.:-]+$ ]] ||
     die "leader: the vhost and the queue must be names of letters, digits and _.:- (got '$vhost' '$queue')"
   for n in $(seq "$NODES"); do
     alive "$n" || continue
+    # rabbit_quorum_queue:info's leader, as list_queues prints it: '' while
+    # the leader the queue's record names is not running (a node just
+    # killed, an election under way).
     out=$(rpc "$n" -e <<<"case rabbit_amqqueue:lookup(rabbit_misc:r(<<\"$vhost\">>, queue, <<\"$queue\">>)) of
-      {ok, Q} -> case amqqueue:get_pid(Q) of {_, Node} when is_atom(Node) -> Node; _ -> none end;
-      _ -> none end.") || continue # it went down during the call: the next
-    if [[ $out =~ cluster([1-3])@localhost ]]; then
-      echo "${BASH_REMATCH[1]}"
-    else
-      echo 0
-    fi
+      {ok, Q} -> case rabbit_quorum_queue:info(Q, [leader]) of [{leader, L}] -> {leader, L}; I -> {unexpected, I} end;
+      {error, not_found} -> not_found end.") || continue # it went down during the call: the next
+    case $out in
+      "{ok, {leader, cluster"[1-3]"@localhost}}") out=${out#*cluster}; echo "${out%%@*}" ;;
+      "{ok, {leader, ''}}" | "{ok, not_found}") echo 0 ;;
+      *) die "leader $vhost $queue: node $n answered $out" ;;
+    esac
     return
   done
   die "no node is up"

@@ -203,6 +203,10 @@ go_scenario() {
   # name lets the EXIT trap, and scripts/faults-cleanup.sh later, tell this
   # run's leftovers.
   export TEST_RUN_ID=${TEST_RUN_ID:-faults$$}
+  # The cleanups below match the prefix in grep and SQL: a bad one is
+  # refused here, as the Go tests refuse it.
+  [[ ${TEST_NAME_PREFIX:-t} =~ ^[a-z][a-z0-9]{0,11}$ ]] ||
+    die "TEST_NAME_PREFIX='${TEST_NAME_PREFIX}': want a lowercase letter, then up to 11 lowercase letters and digits"
   say "$SCENARIO: local mode: go test -tags '$tags' -run '^$test\$/^$name\$' $pkg (output in $RUN_DIR/go-test.txt)"
   # In the background and in a process group of its own (setsid), so that a
   # signal to this script reaches its trap at once, and the trap can end the

@@ -565,6 +565,10 @@ fi
 
 TEST_RUN_ID="ci$(date +%s)$$"
 export TEST_RUN_ID
+[[ ${TEST_NAME_PREFIX:-t} =~ ^[a-z][a-z0-9]{0,11}$ ]] || {
+  echo "TEST_NAME_PREFIX='${TEST_NAME_PREFIX}': want a lowercase letter, then up to 11 lowercase letters and digits" >&2
+  exit 2
+}
 cleanup_run() {
   for vh in $(rabbitmqctl -q list_vhosts name | grep "^${TEST_NAME_PREFIX:-t}_${TEST_RUN_ID}_" || true); do rabbitmqctl -q delete_vhost "$vh" || true; done
   for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "select datname from pg_database where datname like '${TEST_NAME_PREFIX:-t}\_${TEST_RUN_ID}\_%'"); do

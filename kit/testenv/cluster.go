@@ -181,10 +181,10 @@ func (c *Cluster) run(args ...string) string {
 }
 
 // try runs scripts/cluster.sh. Its limit is above the script's own worst
-// case (a start waits up to 300 s for the node's pid and 300 s more for its
-// boot); at the limit the script's whole process group is killed, its
-// rabbitmqctl calls with it, which would otherwise keep the output pipe
-// open and the call waiting.
+// case (a start waits for another start of the node, up to 300 s, then up
+// to 300 s for its own boot); at the limit the script's whole process group
+// is killed, its rabbitmqctl and erl_call calls with it, which would
+// otherwise keep the output pipe open and the call waiting.
 func (c *Cluster) try(args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()

@@ -90,9 +90,9 @@ func assertNoFilesLeft(t *testing.T) {
 	}
 }
 
-// The leader of a queue comes from the first live node's record of the
-// queue (erl_call, faked here: node 1 is down, node 2 answers the lookup):
-// its node's number, 0 where the queue has none or does not exist.
+// The leader of a queue comes from the first live node (erl_call, faked
+// here: node 1 is down, node 2 answers): its node's number, 0 where no
+// running node leads it or the queue does not exist; an error fails.
 func TestClusterLeaderIsTheNumberOfTheNodeThatLeads(t *testing.T) {
 	dir := t.TempDir()
 	erlCall := `#!/bin/bash
@@ -100,8 +100,10 @@ while (($#)); do case $1 in -n) node=$2 ;; -a) call=$2 ;; -e) expr=$(cat) ;; esa
 [[ $node == cluster2@localhost ]] || { echo "erl_call: failed to connect to node $node" >&2; exit 1; }
 [[ -n ${call:-} ]] && { echo ready; exit 0; }
 case "$expr" in
-  *'<<"v">>, queue, <<"led">>'*) echo '{ok, cluster3@localhost}' ;;
-  *) echo '{ok, none}' ;;
+  *'<<"v">>, queue, <<"led">>'*) echo '{ok, {leader, cluster3@localhost}}' ;;
+  *'<<"v">>, queue, <<"unled">>'*) echo "{ok, {leader, ''}}" ;;
+  *'<<"v">>, queue, <<"gone">>'*) echo '{ok, not_found}' ;;
+  *) echo '{error, "*** eval: undef"}' ;;
 esac
 `
 	if err := os.WriteFile(filepath.Join(dir, "erl_call"), []byte(erlCall), 0o755); err != nil {
@@ -112,8 +114,13 @@ esac
 	if n := c.Leader("led"); n != 3 {
 		t.Errorf("Leader(led) = %d, want 3", n)
 	}
-	if n := c.Leader("unled"); n != 0 {
-		t.Errorf("Leader(unled) = %d, want 0", n)
+	for _, q := range []string{"unled", "gone"} { // its leader's node down; no such queue
+		if n := c.Leader(q); n != 0 {
+			t.Errorf("Leader(%s) = %d, want 0", q, n)
+		}
+	}
+	if out, err := exec.Command("bash", clusterScript(t), "leader", "v", "broken").CombinedOutput(); err == nil || !strings.Contains(string(out), "node 2 answered {error") {
+		t.Errorf("leader answered with an error: %v, %s; want it to fail with the answer", err, out)
 	}
 	if out, err := exec.Command("bash", clusterScript(t), "leader", "v", `a"b`).CombinedOutput(); err == nil || !strings.Contains(string(out), "must be names of") {
 		t.Errorf("leader of a queue named with a quote: %v, %s; want it refused", err, out)
