@@ -405,6 +405,8 @@ func (r *Runtime) blockedChanged(b amqp.Blocking) {
 	if b.Active {
 		v = 1
 		r.log.Warn("the broker blocks publishing (resource alarm): retries and dead letters wait", "reason", b.Reason)
+	} else if b.Reason != "" {
+		r.log.Info("publishing no longer blocked", "reason", b.Reason) // the connection closed
 	} else {
 		r.log.Info("the broker unblocked publishing")
 	}

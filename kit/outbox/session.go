@@ -99,6 +99,11 @@ func (s *session) run(ctx context.Context) error {
 			// will be due after it).
 			select {
 			case <-blocked: // nil, never ready, unless blocked
+				// Closed by the unblock, or by the connection's close: the
+				// close is reported first, but both may be ready here.
+				if s.l.conn.IsClosed() {
+					return fmt.Errorf("connection closed: %v", <-s.l.connClosed)
+				}
 				r.setState("")
 			case <-s.win.freed:
 			case <-r.outbox.wake: // this process committed rows: tell the others

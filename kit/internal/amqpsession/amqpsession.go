@@ -21,8 +21,10 @@ const FirstWait = 200 * time.Millisecond
 
 // resetAfter is how long a session must have lasted for the backoff to
 // start over: one that ends at once again and again waits longer each time.
-// A variable for the tests.
-var resetAfter = time.Minute
+const resetAfter = time.Minute
+
+// now is the clock of Loop: a variable for the tests.
+var now = time.Now
 
 // Backoff is capped exponential backoff with jitter: each wait is drawn
 // from [cur/2, cur], and cur doubles up to max.
@@ -57,12 +59,12 @@ func Sleep(ctx context.Context, d time.Duration) bool { return wait.Sleep(ctx, d
 // minute resets b first.
 func Loop(ctx context.Context, b *Backoff, session func(context.Context) error, after func(err error) error) error {
 	for {
-		started := time.Now()
+		started := now()
 		err := session(ctx)
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(started) > resetAfter {
+		if now().Sub(started) > resetAfter {
 			b.Reset()
 		}
 		if err := after(err); err != nil {
@@ -96,20 +98,25 @@ type Blocked struct {
 
 // WatchBlocked follows conn's blocked state until conn closes, calling
 // changed (if not nil) on each change the broker sends. When the connection
-// closes, whoever waits for it to be unblocked is released: its session is
-// over.
+// closes, whoever waits for it to be unblocked is released (its session is
+// over), and changed is told it is unblocked if it was blocked.
 func WatchBlocked(conn *amqp.Connection, changed func(amqp.Blocking)) *Blocked {
 	b := &Blocked{done: make(chan struct{})}
 	// Buffered, and drained until the library closes it with the connection.
 	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
 	go func() {
 		defer close(b.done)
-		defer b.set(false)
+		blocked := false
 		for n := range notes {
 			b.set(n.Active)
+			blocked = n.Active
 			if changed != nil {
 				changed(n)
 			}
+		}
+		b.set(false)
+		if blocked && changed != nil {
+			changed(amqp.Blocking{Active: false, Reason: "the connection closed"})
 		}
 	}()
 	return b

@@ -68,9 +68,9 @@ func TestLoopEndsWithTheErrorOfAfter(t *testing.T) {
 }
 
 func TestLoopStartsTheBackoffOverAfterALongSession(t *testing.T) {
-	old := resetAfter
-	resetAfter = 50 * time.Millisecond // a minute, scaled down
-	defer func() { resetAfter = old }()
+	clock := time.Unix(0, 0)
+	now = func() time.Time { return clock }
+	defer func() { now = time.Now }()
 	b := NewBackoff(time.Millisecond, time.Hour)
 	for range 10 {
 		b.Next() // cur is 1.024 s now
@@ -80,7 +80,7 @@ func TestLoopStartsTheBackoffOverAfterALongSession(t *testing.T) {
 	_ = Loop(context.Background(), b, func(context.Context) error {
 		sessions++
 		if sessions == 2 {
-			time.Sleep(2 * resetAfter) // one that lasted
+			clock = clock.Add(resetAfter + time.Second) // one that lasted
 		}
 		return nil
 	}, func(error) error {
