@@ -25,7 +25,10 @@ func (s *stack) payments(t *testing.T) int {
 // assertExactlyOnce checks n payments, one charge per order, no dead letter.
 func (s *stack) assertExactlyOnce(t *testing.T, n int) {
 	t.Helper()
-	testenv.Eventually(t, 3*time.Minute, "all payments", func() (bool, error) { return s.payments(t) == n, nil })
+	testenv.Reaches(t, time.Minute, "all payments", n, func() (int, error) { return s.payments(t), nil })
+	if p := s.payments(t); p != n {
+		t.Errorf("%d payments for %d orders", p, n)
+	}
 	if c := scalar(t, s.gatewayDB, "SELECT count(*) FROM charges"); c != n {
 		t.Errorf("%d charge rows for %d orders", c, n)
 	}

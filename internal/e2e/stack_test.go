@@ -124,9 +124,12 @@ func thousandOrders(t *testing.T, serviceEnv []string, settle func(t *testing.T,
 		t.Fatalf("publisher summary %+v (%v): want 1000 orders, ~200 duplicates, 6 poison", summary, err)
 	}
 
-	testenv.Eventually(t, 3*time.Minute, "1000 payments", func() (bool, error) {
-		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments") == 1000, nil
+	testenv.Reaches(t, time.Minute, "1000 payments", 1000, func() (int, error) {
+		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments"), nil
 	})
+	if p := scalar(t, s.paymentsDB, "SELECT count(*) FROM payments"); p != 1000 {
+		t.Errorf("%d payments for 1000 orders", p)
+	}
 	if settle != nil {
 		settle(t, s)
 	}

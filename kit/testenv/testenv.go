@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	mrand "math/rand/v2"
 	"net"
@@ -194,9 +195,50 @@ func TestDeadline(t testing.TB) (time.Time, bool) {
 	return time.Time{}, false
 }
 
+// Progress is the stall bookkeeping of a wait for a bulk of work, which
+// Reaches and the fault kit's drain share: the wait goes on for as long as
+// the work advances, and is over when it stood still for the stall window,
+// or a minute before go test's -timeout.
+type Progress struct {
+	stall time.Duration
+	end   time.Time // zero: no deadline
+	since time.Time // the last advance
+	now   func() time.Time
+}
+
+// NewProgress starts the stall window now; t gives the deadline, if it has
+// one.
+func NewProgress(t testing.TB, stall time.Duration) *Progress {
+	end, _ := TestDeadline(t)
+	return newProgress(stall, end, time.Now)
+}
+
+func newProgress(stall time.Duration, end time.Time, now func() time.Time) *Progress {
+	return &Progress{stall: stall, end: end, since: now(), now: now}
+}
+
+// Advanced says the work moved: the stall window starts again.
+func (p *Progress) Advanced() { p.since = p.now() }
+
+// Still is how long the work has stood still.
+func (p *Progress) Still() time.Duration { return p.now().Sub(p.since) }
+
+// Over says why the wait must end (nil while it may go on): no advance for
+// the stall window, or the deadline passed.
+func (p *Progress) Over() error {
+	switch {
+	case p.Still() >= p.stall:
+		return fmt.Errorf("no progress for %s", p.stall)
+	case !p.end.IsZero() && p.now().After(p.end):
+		return errors.New("still rising, when the test's -timeout was a minute away")
+	}
+	return nil
+}
+
 // reach is Reaches on the given clock; a zero end is no deadline.
 func reach(stall time.Duration, end time.Time, want int, count func() (int, error), now func() time.Time, sleep func()) error {
-	best, since := -1, now()
+	p := newProgress(stall, end, now)
+	best := -1
 	var lastErr error
 	for {
 		n, err := count()
@@ -207,13 +249,11 @@ func reach(stall time.Duration, end time.Time, want int, count func() (int, erro
 		case err != nil:
 			lastErr = err
 		case n > best:
-			best, since, lastErr = n, now(), nil
+			best, lastErr = n, nil
+			p.Advanced()
 		}
-		if now().Sub(since) >= stall {
-			return fmt.Errorf("%d of %d, no progress for %s (last error: %v)", max(best, 0), want, stall, lastErr)
-		}
-		if !end.IsZero() && now().After(end) {
-			return fmt.Errorf("%d of %d, still rising, when the test's -timeout was a minute away (last error: %v)", max(best, 0), want, lastErr)
+		if err := p.Over(); err != nil {
+			return fmt.Errorf("%d of %d, %w (last error: %v)", max(best, 0), want, err, lastErr)
 		}
 		sleep()
 	}

@@ -658,7 +658,6 @@ const statsTick = 5 * time.Second
 // calls, not one a poll.
 func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	s.t.Helper()
-	end, hasEnd := testenv.TestDeadline(s.t)
 	last, quiet, quietSince := -1, 0, time.Time{}
 	// On a cluster the quiet must outlast a refresh of the queues' counts:
 	// a queue that changed leader lists 0 until its new leader's first.
@@ -666,14 +665,15 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	if s.cfg.Cluster != nil {
 		quietSpan = statsTick + time.Second
 	}
-	best, fewest, lastStored, since := -1, math.MaxInt, math.MaxInt, time.Now()
+	moved := testenv.NewProgress(s.t, stall)
+	best, fewest, lastStored := -1, math.MaxInt, math.MaxInt
 	defect := s.cfg.Cluster != nil && s.deadLetterWorkerDefect()
 	nudgeAfter, nudges := min(30*time.Second, stall/2), 0
 	for quiet < 2 || time.Since(quietSince) < quietSpan {
 		s.Supervise()
 		n, stored := progress(), s.stored()
 		if n > best || stored < fewest {
-			since = time.Now()
+			moved.Advanced()
 		}
 		// The backlog's low mark follows it up: a backlog that refilled
 		// (the outbox while the broker was away) makes progress again as
@@ -697,17 +697,14 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 			// retry queue it stranded and moves its leader (three times a
 			// drain at most, each counted as progress: a stall that
 			// moving leaders does not end still fails).
-			if defect && nudges < 3 && time.Since(since) >= nudgeAfter {
+			if defect && nudges < 3 && moved.Still() >= nudgeAfter {
 				if len(s.nudgeStrandedRetryQueues()) > 0 {
-					since = time.Now()
+					moved.Advanced()
 					nudges++
 				}
 			}
-			switch {
-			case time.Since(since) >= stall:
-				s.t.Fatalf("not drained: no progress for %s with %d pending, progress %d\n%s", stall, s.Pending(), n, s.pendingDetail())
-			case hasEnd && time.Now().After(end):
-				s.t.Fatalf("not drained a minute before the test's -timeout: %d pending, progress %d\n%s", s.Pending(), n, s.pendingDetail())
+			if err := moved.Over(); err != nil {
+				s.t.Fatalf("not drained: %v, with %d pending, progress %d\n%s", err, s.Pending(), n, s.pendingDetail())
 			}
 		}
 		last = n
