@@ -96,15 +96,26 @@ check_n() {
   [[ "${1:-}" =~ ^[1-3]$ ]] || die "node number must be 1, 2 or 3, got '${1:-}'"
 }
 
+# start_node N starts node N unless it runs. One start of a node at a time
+# (two calls, two tests): the second waits, then finds it booted. Without
+# the lock both could launch a VM of the same name before either showed (a
+# VM appears seconds after its launch). The lock is held only for the start:
+# a VM launched meanwhile must not inherit it (nor any other node's), or the
+# next start of that node would wait forever.
 start_node() {
-  local n=$1 dir="$CLUSTER_DIR/node$1" p lock
-  p=$(port "$n")
-  # One start of a node at a time (two calls, two tests): the second waits,
-  # then finds it booted. Without the lock both could launch a VM of the
-  # same name before either showed (a VM appears seconds after its launch).
+  local n=$1 lock rc=0
+  if alive "$n"; then return; fi
   mkdir -p "$CLUSTER_DIR"
   exec {lock}>"$CLUSTER_DIR/node$n.start-lock"
   flock "$lock"
+  start_locked "$n" || rc=$?
+  exec {lock}>&-
+  return "$rc"
+}
+
+start_locked() {
+  local n=$1 dir="$CLUSTER_DIR/node$1" p
+  p=$(port "$n")
   if alive "$n"; then return; fi
   if node_pid "$n" >/dev/null; then
     # Booting (a start before this one, cut short): a second VM of the same
