@@ -76,15 +76,6 @@ func Loop(ctx context.Context, b *Backoff, session func(context.Context) error, 
 	}
 }
 
-// Wait is the usual after of Loop: it waits b.Next(), and returns ctx's
-// error if ctx ends first.
-func Wait(ctx context.Context, b *Backoff) error {
-	if !Sleep(ctx, b.Next()) {
-		return ctx.Err()
-	}
-	return nil
-}
-
 // Blocked follows whether the broker blocks a connection (connection.blocked:
 // a memory or disk alarm stops it reading from every connection that
 // publishes).
