@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # broker-node-loss: on a three-node RabbitMQ cluster, the node that leads the
-# work queue gets SIGKILL under load (three times in local mode, five in
+# work queue gets SIGKILL under load (twice in local mode, five times in
 # Compose mode), each started again after a few seconds, once after 10 s
 # (longer than the reconnect backoff). The quorum
 # queues elect another leader, which redelivers what was unacked; the replicas
@@ -8,13 +8,13 @@
 # node is in AMQP_URL), and so does the publisher.
 # Local mode runs faultkit.BrokerNodeLoss (go test -tags cluster) on the local
 # cluster of scripts/cluster.sh (started if it is not up, left up; it needs
-# root), three kills under 50 messages a second for as long as they last
-# (about 3,000 orders); the machine's broker is not touched. Compose mode runs the stack
+# root), two kills under 50 messages a second for as long as they last
+# (about 2,000 orders); the machine's broker is not touched. Compose mode runs the stack
 # with the profile "cluster", 10,000 orders at 75/s, and kills the leader's
 # container.
 # Proves: nothing lost, no order charged twice, nothing valid dead-lettered
 # (QUEUE_DELIVERY_LIMIT counts each node loss once for the deliveries then
-# unacked: 20 is well above the five of Compose mode and the six of the two
+# unacked: 20 is well above the five of Compose mode and the four of the two
 # local modes side by side), the outbox drained.
 # shellcheck source=../lib.sh
 source "$(dirname -- "${BASH_SOURCE[0]}")/../lib.sh"
