@@ -47,7 +47,8 @@ build:
 #
 # make test-faults, the slow proofs (CI runs them after make test): the fault
 # kit's scenarios against the payment service in each inbox mode (every
-# scenario once per mode; they run three at a time, each on a vhost,
+# scenario once per mode; they run three at a time, the two modes' trials
+# and the generator's tests sharing the slots, each on a vhost,
 # databases and processes of its own) and the shipping example's own crash
 # point in each mode (the kit's scenarios are proven on the payment
 # service); the generator's tests (a copy of the repository, built and

@@ -18,12 +18,17 @@ import (
 // dropped, database sessions terminated, each under a load with duplicates,
 // republishes and a poison message. After each, every order is shipped once
 // and booked once, and only the poison is dead-lettered.
+//
+// The two modes' tests run side by side (none of the catalogue's scenarios
+// disturbs the whole broker).
 func TestShippingUnderFaults(t *testing.T) {
+	t.Parallel()
 	faultkit.Run(t, faultkit.Scenarios("after-carrier-book"), shippingTrial(nil))
 }
 
 // The same with the buffered inbox.
 func TestShippingUnderFaultsBuffered(t *testing.T) {
+	t.Parallel()
 	faultkit.Run(t, faultkit.BufferedScenarios("after-carrier-book"),
 		shippingTrial([]string{"INBOX_MODE=buffered", "BUFFER_RETRY_DELAYS=200ms,1s,2s", "BUFFER_MAX_ATTEMPTS=30", "HANDLER_TIMEOUT=2s", "CARRIER_TIMEOUT=1s"}))
 }

@@ -32,7 +32,14 @@ var paymentService = testenv.NewProgram("../../cmd/payment-service")
 // after it charged, a burst of poison before the orders, a producer that
 // sends every other order twice. They test the handler and the inbox, not
 // the mode, so they run in the inline mode only.
+//
+// The test and its buffered twin run side by side (t.Parallel: none of their
+// scenarios disturbs the whole broker), so that the trials of both modes and
+// the generator's tests share make test-scenarios' slots (-parallel): one
+// after the other, each mode's last wave left slots idle, and the
+// generator's tests ran alone.
 func TestPaymentUnderFaults(t *testing.T) {
+	t.Parallel()
 	scenarios := append(faultkit.Scenarios("after-gateway-charge", "after-outbox-publish"),
 		gatewayLosesResponses, poisonBurst, producerRepublishes)
 	faultkit.Run(t, scenarios, paymentTrial(nil))
@@ -125,6 +132,7 @@ func gatewayFaults(t testing.TB, gatewayURL, body string) {
 
 // The same with the buffered inbox.
 func TestPaymentUnderFaultsBuffered(t *testing.T) {
+	t.Parallel()
 	faultkit.Run(t, faultkit.BufferedScenarios("after-gateway-charge", "after-outbox-publish"), paymentTrial(bufferedFaultEnv))
 }
 

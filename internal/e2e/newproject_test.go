@@ -16,6 +16,7 @@ import (
 // against the real broker and database as generated, no file names the
 // template's module path, and the scripts keep their exec bits.
 func TestNewProjectScript(t *testing.T) {
+	t.Parallel() // beside the fault trials of make test-scenarios
 	dir := filepath.Join(t.TempDir(), "shipping-service")
 	const module = "example.com/acme/shipping-service"
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
@@ -93,6 +94,7 @@ func firstLine(s string) string {
 
 // The generator refuses what would not make a service, naming the flag.
 func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -125,6 +127,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 // the service declares NoOutsideCalls: IDEMPOTENCY_KEY_TTL is refused and
 // left out of .env.example.
 func TestNewProjectScriptBare(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "refunds")
 	const module = "example.com/acme/refunds"
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,

@@ -75,7 +75,10 @@ type Trial struct {
 // again, and then the scenario's check and the service's invariants run.
 // Each trial has a vhost, databases and processes of its own, so the
 // scenarios run in parallel (go test -parallel), but those that disturb the
-// whole broker or take the cluster, which run one at a time.
+// whole broker or take the cluster, which run one at a time. A test whose
+// scenarios all run beside others may call t.Parallel itself, so that its
+// trials share the slots with other tests' (a test that runs one of the
+// others must not: its scenario would no longer run alone).
 func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenario) *Trial) {
 	for _, sc := range scenarios {
 		t.Run(sc.Name, func(t *testing.T) {
