@@ -1,9 +1,21 @@
 package e2e_test
 
 import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The fault scripts sum a metric over its samples whose labels include the
@@ -32,5 +44,90 @@ consumer_messages_total{consumer="payment-service",outcome="duplicate"} 1e+01
 		if got := strings.TrimSpace(string(out)); err != nil || got != want {
 			t.Errorf("series_sum %s = %q (%v), want %s", series, got, err, want)
 		}
+	}
+}
+
+// faults-cleanup.sh removes the leftovers of a dead local-mode run under
+// TEST_NAME_PREFIX only: a vhost and a database of another prefix (another
+// team's suite on the same servers) stay. (It matched t_ alone, so a run
+// under another prefix left its leftovers behind, and a cleanup under t
+// could reach into another suite's names had they begun with t.)
+func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	pid := dead.Process.Pid // its run is over: what it named is leftover
+	admin := os.Getenv(testenv.PostgresEnv)
+	if admin == "" {
+		admin = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	mine, other := randomPrefix(t), randomPrefix(t)
+	name := func(prefix string) string { return fmt.Sprintf("%s_faults%d_a", prefix, pid) }
+	for _, p := range []string{mine, other} {
+		testenv.Ctl(t, "add_vhost", name(p))
+		execAdmin(t, admin, "CREATE DATABASE "+name(p))
+	}
+	t.Cleanup(func() {
+		for _, p := range []string{mine, other} {
+			if strings.Contains(testenv.Ctl(t, "-q", "list_vhosts", "name"), name(p)) {
+				testenv.Ctl(t, "delete_vhost", name(p))
+			}
+			execAdmin(t, admin, "DROP DATABASE IF EXISTS "+name(p)+" WITH (FORCE)")
+		}
+	})
+
+	u, err := url.Parse(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "../../scripts/faults-cleanup.sh")
+	cmd.Env = append(os.Environ(), "TEST_NAME_PREFIX="+mine, "PGHOST="+u.Hostname(), "PGPORT="+cmp.Or(u.Port(), "5432"),
+		"PGUSER="+u.User.Username(), "RABBITMQCTL="+cmp.Or(os.Getenv(testenv.CtlEnv), "rabbitmqctl"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("faults-cleanup.sh: %v\n%s", err, out)
+	}
+	for _, want := range []string{"deleted vhost " + name(mine), "dropped database " + name(mine)} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("faults-cleanup.sh under TEST_NAME_PREFIX=%s did not say %q:\n%s", mine, want, out)
+		}
+	}
+	vhosts := testenv.Ctl(t, "-q", "list_vhosts", "name")
+	if strings.Contains(vhosts, name(mine)) {
+		t.Errorf("vhost %s is still there after the cleanup of its prefix", name(mine))
+	}
+	if !strings.Contains(vhosts, name(other)) {
+		t.Errorf("vhost %s, of another prefix, was removed", name(other))
+	}
+	if n := scalar(t, admin, "SELECT count(*) FROM pg_database WHERE datname = '"+name(other)+"'"); n != 1 {
+		t.Errorf("database %s, of another prefix, was dropped", name(other))
+	}
+	if n := scalar(t, admin, "SELECT count(*) FROM pg_database WHERE datname = '"+name(mine)+"'"); n != 0 {
+		t.Errorf("database %s is still there after the cleanup of its prefix", name(mine))
+	}
+}
+
+// randomPrefix is a TEST_NAME_PREFIX no other run uses.
+func randomPrefix(t *testing.T) string {
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return "x" + hex.EncodeToString(b)
+}
+
+// execAdmin runs one statement on the admin URL's database.
+func execAdmin(t *testing.T, admin, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
 	}
 }
