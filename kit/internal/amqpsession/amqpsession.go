@@ -94,23 +94,26 @@ type Blocked struct {
 func WatchBlocked(conn *amqp.Connection, changed func(amqp.Blocking)) *Blocked {
 	b := &Blocked{done: make(chan struct{})}
 	// Buffered, and drained until the library closes it with the connection.
-	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
-	go func() {
-		defer close(b.done)
-		blocked := false
-		for n := range notes {
-			b.set(n.Active)
-			blocked = n.Active
-			if changed != nil {
-				changed(n)
-			}
-		}
-		b.set(false)
-		if blocked && changed != nil {
-			changed(amqp.Blocking{Active: false, Reason: "the connection closed"})
-		}
-	}()
+	go b.follow(conn.NotifyBlocked(make(chan amqp.Blocking, 4)), changed)
 	return b
+}
+
+// follow is WatchBlocked's goroutine: it reads the broker's notes until the
+// library closes the channel with the connection.
+func (b *Blocked) follow(notes <-chan amqp.Blocking, changed func(amqp.Blocking)) {
+	defer close(b.done)
+	blocked := false
+	for n := range notes {
+		b.set(n.Active)
+		blocked = n.Active
+		if changed != nil {
+			changed(n)
+		}
+	}
+	b.set(false)
+	if blocked && changed != nil {
+		changed(amqp.Blocking{Active: false, Reason: "the connection closed"})
+	}
 }
 
 func (b *Blocked) set(on bool) {

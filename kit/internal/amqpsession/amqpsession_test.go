@@ -3,6 +3,7 @@ package amqpsession
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -139,6 +140,44 @@ func TestWatchBlockedEndsWithItsConnection(t *testing.T) {
 	}
 	if b.Until() != nil {
 		t.Fatal("the closed connection still reads as blocked: its waiters would wait forever")
+	}
+}
+
+// A connection that closes while the broker blocks it tells its watcher it
+// is no longer blocked (the consumer's consumer_publishing_blocked gauge
+// follows it: it stayed 1 after a blocked connection died, until the next
+// session was blocked and unblocked again); one that closes unblocked tells
+// nothing more.
+func TestWatchTellsAnUnblockWhenABlockedConnectionCloses(t *testing.T) {
+	for _, tc := range []struct {
+		notes []amqp.Blocking
+		want  []amqp.Blocking
+	}{
+		{[]amqp.Blocking{{Active: true, Reason: "low on memory"}},
+			[]amqp.Blocking{{Active: true, Reason: "low on memory"}, {Active: false, Reason: "the connection closed"}}},
+		{[]amqp.Blocking{{Active: true, Reason: "low on memory"}, {Active: false}},
+			[]amqp.Blocking{{Active: true, Reason: "low on memory"}, {Active: false}}},
+		{nil, nil},
+	} {
+		b := &Blocked{done: make(chan struct{})}
+		notes := make(chan amqp.Blocking, len(tc.notes))
+		for _, n := range tc.notes {
+			notes <- n
+		}
+		close(notes) // the library closes it with the connection
+		var got []amqp.Blocking
+		b.follow(notes, func(n amqp.Blocking) { got = append(got, n) })
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("notes %v, then the close: changed was told %v, want %v", tc.notes, got, tc.want)
+		}
+		if b.Until() != nil {
+			t.Errorf("notes %v, then the close: still reads as blocked", tc.notes)
+		}
+		select {
+		case <-b.Done():
+		default:
+			t.Errorf("notes %v, then the close: the watch is not done", tc.notes)
+		}
 	}
 }
 
