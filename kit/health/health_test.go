@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -38,4 +39,44 @@ service_readiness{check="database"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want("1")), "service_readiness"); err != nil {
 		t.Error(err)
 	}
+}
+
+// A cached check runs once a window: the callers within it get the last
+// answer, a failure included, and the first caller after it runs the
+// check again; a caller that waits for another's run gives up with its
+// context.
+func TestCachedRunsTheCheckOnceAWindow(t *testing.T) {
+	runs := 0
+	var answer error
+	c := newCached(func(context.Context) error { runs++; return answer }, time.Second)
+	check := c.run
+	clock := time.Unix(0, 0)
+	c.now = func() time.Time { return clock }
+	ctx := context.Background()
+	for range 3 {
+		if err := check(ctx); err != nil || runs != 1 {
+			t.Fatalf("within the first window: %v after %d runs, want nil after 1", err, runs)
+		}
+	}
+	answer = errors.New("database is read-only")
+	clock = clock.Add(999 * time.Millisecond)
+	if err := check(ctx); err != nil || runs != 1 {
+		t.Fatalf("at the window's end: %v after %d runs, want the cached nil after 1", err, runs)
+	}
+	clock = clock.Add(time.Millisecond)
+	if err := check(ctx); err != answer || runs != 2 {
+		t.Fatalf("after the window: %v after %d runs, want the new failure after 2", err, runs)
+	}
+	clock = clock.Add(500 * time.Millisecond)
+	if err := check(ctx); err != answer || runs != 2 {
+		t.Fatalf("within the second window: %v after %d runs, want the cached failure after 2", err, runs)
+	}
+
+	c.turn <- struct{}{} // another caller's run under way
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := check(ended); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a caller whose context ended while another ran the check = %v, want context.Canceled", err)
+	}
+	<-c.turn
 }

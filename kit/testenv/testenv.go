@@ -90,16 +90,17 @@ func Postgres(t testing.TB) string {
 	if err := exec("CREATE DATABASE " + name); err != nil {
 		t.Fatalf("create test database (is PostgreSQL up at %s=%s?): %v", PostgresEnv, admin, err)
 	}
-	t.Cleanup(func() {
-		if err := exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
-			t.Logf("drop test database %s: %v", name, err)
-		}
-	})
 	u, err := url.Parse(admin)
 	if err != nil {
 		t.Fatal(err)
 	}
 	u.Path = "/" + name
+	t.Cleanup(func() {
+		closeSession(u.String()) // Count's
+		if err := exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			t.Logf("drop test database %s: %v", name, err)
+		}
+	})
 	return u.String()
 }
 
