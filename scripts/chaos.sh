@@ -13,7 +13,8 @@
 # Local mode (the default) runs the same in Go: TestPaymentChaos of
 # internal/e2e (go test -tags chaos), which reads CHAOS_DURATION, CHAOS_ORDERS
 # and CHAOS_CRASH_PROBABILITY; --compose runs it on the Compose stack.
-# CI runs a bounded version: scripts/chaos.sh --duration 60s --orders 1500
+# make chaos runs a bounded version (--duration 60s --orders 1500), CI a
+# shorter one (.ci/run: --duration 30s --orders 1000, each mode)
 # INBOX_MODE=buffered runs the service with the buffered inbox, with its two
 # processing crash points (after-claim, after-process-commit) armed too.
 # shellcheck source=lib.sh

@@ -12,7 +12,7 @@ import (
 // built only with -tags cluster (scripts/faults/broker-node-loss.sh, which
 // CI runs in both modes): two replicas and their outbox relays under a load
 // of 50 messages a second (orders, 10% duplicates, 20 poison), while
-// the node that leads the work queue is killed twice, the second time for
+// the node that leads the work queue is killed twice, the first time for
 // longer than the reconnect backoff. Then inboxctl verify: every valid order paid
 // once, none charged twice, only the poison dead-lettered, the outbox
 // drained (its every OrderPaid in the sink queue). The load is 1,000 orders
@@ -32,9 +32,9 @@ import (
 // queue's leader and those of the other's that come before its drain (a
 // drain and its checks hold the rounds: no node dies under them). (Five kills a mode, one after the
 // other, took 12 to 13 minutes of a loaded CI run: each round waits for a
-// node to boot. Three a mode, the third a short one again, cost two rounds
-// of a minute of CI and proved nothing the first two do not: a failover, and
-// a reconnect past the backoff.)
+// node to boot. Three a mode, short, long and short, cost two rounds of a
+// minute of CI: long then short proves the same, a reconnect past the
+// backoff and a failover after it.)
 func TestPaymentOnCluster(t *testing.T) {
 	t.Parallel()
 	faultkit.Run(t, []faultkit.Scenario{faultkit.BrokerNodeLoss("payments.order-placed", nodeLossKills)}, paymentTrial(nil, clusterLoad))
@@ -46,8 +46,9 @@ func TestPaymentOnClusterBuffered(t *testing.T) {
 	faultkit.Run(t, []faultkit.Scenario{faultkit.BrokerNodeLoss("payments.order-placed", nodeLossKills)}, paymentTrial(bufferedFaultEnv, clusterLoad))
 }
 
-// nodeLossKills is each mode's count of leader kills: a short one, then one
-// past the reconnect backoff (BrokerNodeLoss's round kills/2).
+// nodeLossKills is each mode's count of leader kills: one past the reconnect
+// backoff, then a short one, a failover after that reconnect
+// (BrokerNodeLoss's round (kills-1)/2 is the long one).
 const nodeLossKills = 2
 
 var clusterLoad = []string{"-count", "1000", "-duplicate-rate", "0.1", "-poison", "20", "-rate", "50", "-timeout", "10m"}

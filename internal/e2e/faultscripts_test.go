@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,11 +54,18 @@ consumer_messages_total{consumer="payment-service",outcome="duplicate"} 1e+01
 // under another prefix left its leftovers behind, and a cleanup under t
 // could reach into another suite's names had they begun with t.)
 func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
-	dead := exec.Command("true")
-	if err := dead.Run(); err != nil {
+	// A process id above the kernel's pid_max: no process has it, now or
+	// later (that of a process that ended could be given to a new one
+	// before the script asks, and its leftovers would count as alive).
+	raw, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
 		t.Fatal(err)
 	}
-	pid := dead.Process.Pid // its run is over: what it named is leftover
+	pidMax, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := pidMax + 1
 	admin := os.Getenv(testenv.PostgresEnv)
 	if admin == "" {
 		admin = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -82,8 +90,9 @@ func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("bash", "../../scripts/faults-cleanup.sh")
+	password, _ := u.User.Password()
 	cmd.Env = append(os.Environ(), "TEST_NAME_PREFIX="+mine, "PGHOST="+u.Hostname(), "PGPORT="+cmp.Or(u.Port(), "5432"),
-		"PGUSER="+u.User.Username(), "RABBITMQCTL="+cmp.Or(os.Getenv(testenv.CtlEnv), "rabbitmqctl"))
+		"PGUSER="+u.User.Username(), "PGPASSWORD="+password, "RABBITMQCTL="+cmp.Or(os.Getenv(testenv.CtlEnv), "rabbitmqctl"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("faults-cleanup.sh: %v\n%s", err, out)

@@ -7,7 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The README's first command for your own copy: scripts/new-project.sh under a
@@ -55,19 +56,19 @@ func TestNewProjectScript(t *testing.T) {
 	}
 	// A handler that gains an outside call must still have the key-expiry
 	// guard: it is on unless the generator was asked for --no-outside-calls.
-	if out, err := commandOutput(dir, []string{"IDEMPOTENCY_KEY_TTL=1m"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
+	if out, err := commandOutput(t, dir, []string{"IDEMPOTENCY_KEY_TTL=1m"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
 		!strings.Contains(out, "a retry after the key expired would repeat its side effect") {
 		t.Errorf("the generated service with IDEMPOTENCY_KEY_TTL=1m: %v, want the key-expiry guard's refusal:\n%s", err, out)
 	}
-	if out, err := commandOutput(dir, nil, "go", "run", "./cmd/refund-service", "env"); err != nil || !strings.Contains(out, "\nIDEMPOTENCY_KEY_TTL=24h\n") {
+	if out, err := commandOutput(t, dir, nil, "go", "run", "./cmd/refund-service", "env"); err != nil || !strings.Contains(out, "\nIDEMPOTENCY_KEY_TTL=24h\n") {
 		t.Errorf("refund-service env: %v, want IDEMPOTENCY_KEY_TTL=24h:\n%s", err, out)
 	}
 }
 
 // commandOutput runs name in dir with extra added to the environment, and
 // returns its output, stdout and stderr together.
-func commandOutput(dir string, extra []string, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+func commandOutput(t *testing.T, dir string, extra []string, name string, args ...string) (string, error) {
+	ctx, cancel := commandContext(t)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
@@ -78,13 +79,24 @@ func commandOutput(dir string, extra []string, name string, args ...string) (str
 
 func mustRun(t *testing.T, dir, name string, args ...string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := commandContext(t)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out)
 	}
+}
+
+// commandContext bounds a command of the generator's tests by the test's
+// own deadline (a minute before go test's -timeout), not by a fixed limit:
+// the copy's builds share the machine with the fault trials, and a cold
+// build of a copy took 330 s in a CI run.
+func commandContext(t *testing.T) (context.Context, context.CancelFunc) {
+	if end, ok := testenv.TestDeadline(t); ok {
+		return context.WithDeadline(context.Background(), end)
+	}
+	return context.WithCancel(context.Background())
 }
 
 func firstLine(s string) string {
@@ -158,7 +170,7 @@ func TestNewProjectScriptBare(t *testing.T) {
 		strings.Contains(string(env), "IDEMPOTENCY_KEY_TTL") {
 		t.Errorf(".env.example is not refund-service's with no outside calls (%v):\n%s", err, env)
 	}
-	if out, err := commandOutput(dir, []string{"IDEMPOTENCY_KEY_TTL=24h"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
+	if out, err := commandOutput(t, dir, []string{"IDEMPOTENCY_KEY_TTL=24h"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
 		!strings.Contains(out, "declares no outside calls") {
 		t.Errorf("the service generated --no-outside-calls with IDEMPOTENCY_KEY_TTL set: %v, want a refusal:\n%s", err, out)
 	}

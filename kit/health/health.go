@@ -40,7 +40,8 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 }
 
 // Cached returns check answered at most once a window: a caller within the
-// window of the last run gets its answer (a failure included), and callers
+// window of the last run gets its answer (a failure included, but not one
+// of a caller whose context ended during the run), and callers
 // at the same time wait for the one run under way (or for their context).
 // A check that dials anew (the database's: a session of its own, about 30
 // ms of CPU on a 2-core machine) then costs one session a window, however
@@ -72,9 +73,14 @@ func (c *cached) run(ctx context.Context) error {
 	if c.ran && c.now().Sub(c.at) < c.window {
 		return c.last
 	}
-	c.last = c.check(ctx)
-	c.ran, c.at = true, c.now()
-	return c.last
+	err := c.check(ctx)
+	if ctx.Err() != nil {
+		// The caller gave up (a prober's timeout, a closed request): that
+		// is no answer of the database's, for the next callers to get.
+		return err
+	}
+	c.last, c.ran, c.at = err, true, c.now()
+	return err
 }
 
 // Readiness exports the result of each check at every scrape as

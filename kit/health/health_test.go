@@ -72,6 +72,20 @@ func TestCachedRunsTheCheckOnceAWindow(t *testing.T) {
 		t.Fatalf("within the second window: %v after %d runs, want the cached failure after 2", err, runs)
 	}
 
+	// A run cut short by its caller's context is not kept: the next caller
+	// runs the check again.
+	clock = clock.Add(time.Second)
+	answer = nil
+	gone, leave := context.WithCancel(ctx)
+	c.check = func(context.Context) error { runs++; leave(); return gone.Err() }
+	if err := check(gone); !errors.Is(err, context.Canceled) || runs != 3 {
+		t.Fatalf("a run whose caller left: %v after %d runs, want context.Canceled after 3", err, runs)
+	}
+	c.check = func(context.Context) error { runs++; return answer }
+	if err := check(ctx); err != nil || runs != 4 {
+		t.Fatalf("after a run whose caller left: %v after %d runs, want nil from a new run, the 4th", err, runs)
+	}
+
 	c.turn <- struct{}{} // another caller's run under way
 	ended, cancel := context.WithCancel(ctx)
 	cancel()

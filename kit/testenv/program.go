@@ -324,18 +324,20 @@ func Publish(t testing.TB, amqpURL, exchange, key string, msgs ...amqp.Publishin
 // on a session kept for that URL: opening one costs about 30 ms of CPU on a
 // 2-core machine (PostgreSQL forks a backend), and tests poll counts twenty
 // times a second. A session that died under it (a test terminated the
-// database's sessions) is opened again and the query run once more.
+// database's sessions) is opened again and the query run once more. The
+// session closes when the test that opened it ends.
 func Count(t testing.TB, dbURL, sql string, args ...any) int {
 	t.Helper()
-	n, err := sessionFor(dbURL).count(sql, args...)
+	n, err := sessionFor(t, dbURL).count(sql, args...)
 	if err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 	return n
 }
 
-// sessions are Count's sessions, one per database URL; testenv.Postgres
-// closes its database's before it drops it.
+// sessions are Count's sessions, one per database URL; each closes at the
+// end of the test that opened it (and testenv.Postgres closes its
+// database's before it drops it).
 var sessions = struct {
 	sync.Mutex
 	m map[string]*session
@@ -347,13 +349,14 @@ type session struct {
 	conn *pgx.Conn
 }
 
-func sessionFor(url string) *session {
+func sessionFor(t testing.TB, url string) *session {
 	sessions.Lock()
 	defer sessions.Unlock()
 	s := sessions.m[url]
 	if s == nil {
 		s = &session{url: url}
 		sessions.m[url] = s
+		t.Cleanup(func() { closeSession(url) })
 	}
 	return s
 }

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // A port of the kernel's ephemeral range may be taken at any moment as the
@@ -131,4 +134,47 @@ func TestNamesTakeTheChosenPrefix(t *testing.T) {
 			t.Errorf("%s=%q: the test was told %q, want it refused naming the variable and the value", PrefixEnv, bad, f.msg)
 		}
 	}
+}
+
+// Count keeps one session per database: the same backend answers twice;
+// once a test terminated it, Count opens a new one and answers; and the
+// session closes when the test that opened it ends.
+func TestCountKeepsASessionOpensItAgainAndClosesIt(t *testing.T) {
+	db := Postgres(t)
+	other := func(sql string, args ...any) int { // on a session of its own
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, db)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var first int
+	t.Run("kept", func(t *testing.T) {
+		first = Count(t, db, "SELECT pg_backend_pid()")
+		if again := Count(t, db, "SELECT pg_backend_pid()"); again != first {
+			t.Fatalf("backend %d, then %d: the session was not kept", first, again)
+		}
+		// Terminated, and gone (the call waits for the backend's exit).
+		if other("SELECT pg_terminate_backend($1, 30000)::int", first) != 1 {
+			t.Fatal("terminate")
+		}
+		next := Count(t, db, "SELECT pg_backend_pid()")
+		if next == first {
+			t.Fatalf("backend %d answered after its termination", first)
+		}
+		first = next
+	})
+	// The subtest opened it: it closed at the subtest's end (the backend
+	// ends once it reads the close).
+	Eventually(t, 30*time.Second, "the session of the test that ended closed", func() (bool, error) {
+		return other("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", first) == 0, nil
+	})
 }
