@@ -74,14 +74,14 @@ func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
 	name := func(prefix string) string { return fmt.Sprintf("%s_faults%d_a", prefix, pid) }
 	for _, p := range []string{mine, other} {
 		testenv.Ctl(t, "add_vhost", name(p))
-		execAdmin(t, admin, "CREATE DATABASE "+name(p))
+		execSQL(t, admin, "CREATE DATABASE "+name(p))
 	}
 	t.Cleanup(func() {
 		for _, p := range []string{mine, other} {
 			if strings.Contains(testenv.Ctl(t, "-q", "list_vhosts", "name"), name(p)) {
 				testenv.Ctl(t, "delete_vhost", name(p))
 			}
-			execAdmin(t, admin, "DROP DATABASE IF EXISTS "+name(p)+" WITH (FORCE)")
+			execSQL(t, admin, "DROP DATABASE IF EXISTS "+name(p)+" WITH (FORCE)")
 		}
 	})
 
@@ -126,12 +126,12 @@ func randomPrefix(t *testing.T) string {
 	return "x" + hex.EncodeToString(b)
 }
 
-// execAdmin runs one statement on the admin URL's database.
-func execAdmin(t *testing.T, admin, sql string) {
+// execSQL runs one statement on the database at url, on a session of its own.
+func execSQL(t *testing.T, url, sql string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, admin)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -163,21 +163,10 @@ func thousandOrders(t *testing.T, serviceEnv []string, settle func(t *testing.T,
 	s.assertVerify(t, summaryPath, 0, "PASS: every invariant holds")
 
 	// Break the invariants behind the service's back: verify must notice.
-	ctx := context.Background()
-	exec := func(url, sql string) {
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	exec(s.gatewayDB, `INSERT INTO charges (id, idempotency_key, request_sha256, order_id, customer_id, amount_cents, currency, state, status)
+	execSQL(t, s.gatewayDB, `INSERT INTO charges (id, idempotency_key, request_sha256, order_id, customer_id, amount_cents, currency, state, status)
 		SELECT 'ch_twice', 'random-key-per-attempt', request_sha256, order_id, customer_id, amount_cents, currency, state, status
 		FROM charges ORDER BY order_id LIMIT 1`)
-	exec(s.paymentsDB, `DELETE FROM payments WHERE order_id = (SELECT max(order_id) FROM payments)`)
+	execSQL(t, s.paymentsDB, `DELETE FROM payments WHERE order_id = (SELECT max(order_id) FROM payments)`)
 	out = s.assertVerify(t, summaryPath, 1, "FAIL: an invariant is broken")
 	for _, want := range []string{"FAIL  nothing lost", "FAIL  no order charged twice"} {
 		if !strings.Contains(out, want) {
