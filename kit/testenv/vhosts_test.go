@@ -58,3 +58,46 @@ func TestPooledVHostsAreUsableThenDeletedWithTheNextBatch(t *testing.T) {
 		t.Errorf("%s outlived the next batch", first)
 	}
 }
+
+// In CI the batches go through erl_call, not a rabbitmqctl VM each: the
+// machine has Erlang's erl_call and the broker's cookie (root reads the
+// rabbitmq user's). Elsewhere the node is used where it is found; either
+// way, what it evaluates is the broker's own answer.
+func TestBatchesReachTheBrokersNodeByErlCall(t *testing.T) {
+	n := localNode()
+	if n.name == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("erl_call does not reach the broker's node in CI: every batch would boot a rabbitmqctl VM")
+		}
+		t.Logf("erl_call does not reach the broker's node here: the batches go through rabbitmqctl")
+		return
+	}
+	u, err := url.Parse(getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := Name(namePrefix(t))
+	if err := vhostEval(nil, []string{v}, u.User.Username()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(strings.Fields(Ctl(t, "-q", "list_vhosts", "name")), v) {
+		t.Fatalf("vhost %s added by erl_call on %s is not the broker's", v, n.name)
+	}
+	if err := vhostEval([]string{v}, nil, ""); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(strings.Fields(Ctl(t, "-q", "list_vhosts", "name")), v) {
+		t.Fatalf("vhost %s deleted by erl_call is still listed", v)
+	}
+	if out, err := n.eval("ok = nope."); err == nil && out == "{ok, ok}" {
+		t.Fatalf("a failing expression read as success: %s", out)
+	}
+}
+
+// The node's name comes as rabbitmqctl finds it: RABBITMQ_NODENAME first.
+func TestNodeNameFollowsRabbitMQNodename(t *testing.T) {
+	t.Setenv("RABBITMQ_NODENAME", "rabbit@elsewhere")
+	if n := nodeName(); n != "rabbit@elsewhere" {
+		t.Fatalf("nodeName() = %q, want rabbit@elsewhere", n)
+	}
+}
