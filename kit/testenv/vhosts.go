@@ -1,18 +1,15 @@
 package testenv
 
 import (
-	"context"
 	"fmt"
-	"net/url"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
 )
 
 // A rabbitmqctl call starts an Erlang VM: about 1.5 s of CPU and 2 to 4 s
@@ -112,10 +109,9 @@ func vhostEval(gone, add []string, user string) error {
 		`[begin ok = rabbit_vhost:add(V, <<"testenv">>), `+
 		`ok = rabbit_auth_backend_internal:set_permissions(<<"%s">>, V, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>) end || V <- %s], ok.`,
 		bins(gone), user, bins(add))
-	if n := localNode(); n.name != "" {
-		out, err := n.eval(expr)
-		if err != nil || out != "{ok, ok}" {
-			return fmt.Errorf("erl_call -n %s: %v: %s", n.name, err, out)
+	if n, ok := localNode(); ok {
+		if out, err := n.Result(expr); err != nil || out != "ok" {
+			return fmt.Errorf("%v: %s", err, out)
 		}
 		return nil
 	}
@@ -126,94 +122,20 @@ func vhostEval(gone, add []string, user string) error {
 	return nil
 }
 
-// erlNode is the broker's Erlang node, reached by erl_call (Erlang's own
-// client, a C program: about 15 ms of CPU a call, where rabbitmqctl boots a
-// VM). The batches went through rabbitmqctl until December 2026: a CI run
-// made about 240 calls, some 200 s of CPU.
-type erlNode struct {
-	name string // "" where erl_call is not used
-	home string // a HOME holding the node's cookie (.erlang.cookie)
-}
-
 var (
-	theNode     erlNode
+	theNode     erlnode.Node
+	theNodeOK   bool
 	theNodeOnce sync.Once
 )
 
-// localNode is the broker's node if erl_call can reach it: rabbitmqctl is
-// the default one (TEST_RABBITMQCTL unset), erl_call is on PATH, the
-// cookie is readable (in HOME, or the rabbitmq user's, as for root), and
-// the node has an AMQP listener on the port of TEST_AMQP_URL, on this
-// machine. The node is RABBITMQ_NODENAME, else NODENAME of
-// /etc/rabbitmq/rabbitmq-env.conf, else rabbit@ the short host name, as
-// rabbitmqctl finds it. Otherwise (or if an erl_call fails: vhostEval's
-// caller then adds vhosts one by one) rabbitmqctl does it all.
-func localNode() erlNode {
+// localNode is the node of the tests' broker (TEST_AMQP_URL) where erl_call
+// reaches it (erlnode.Of) and TEST_RABBITMQCTL is unset (a command of one's
+// own says where the broker is).
+func localNode() (erlnode.Node, bool) {
 	theNodeOnce.Do(func() {
-		if os.Getenv(CtlEnv) != "" {
-			return
+		if os.Getenv(CtlEnv) == "" {
+			theNode, theNodeOK = erlnode.Of(getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"))
 		}
-		if _, err := exec.LookPath("erl_call"); err != nil {
-			return
-		}
-		u, err := url.Parse(getenv(AMQPEnv, "amqp://guest:guest@127.0.0.1:5672/"))
-		if err != nil || !slices.Contains([]string{"127.0.0.1", "localhost", "::1"}, u.Hostname()) {
-			return
-		}
-		port := u.Port()
-		if port == "" {
-			port = "5672"
-		}
-		n := erlNode{name: nodeName()}
-		for _, home := range []string{os.Getenv("HOME"), "/var/lib/rabbitmq"} {
-			if f, err := os.Open(filepath.Join(home, ".erlang.cookie")); err == nil {
-				_ = f.Close()
-				n.home = home
-				break
-			}
-		}
-		if n.name == "" || n.home == "" {
-			return
-		}
-		out, err := n.eval(`[element(6, L) || L <- rabbit_networking:node_listeners(node()), element(3, L) =:= amqp].`)
-		if err != nil || !slices.Contains(strings.FieldsFunc(out, func(r rune) bool { return r < '0' || r > '9' }), port) {
-			return
-		}
-		theNode = n
 	})
-	return theNode
-}
-
-// nodeName is the broker's node as rabbitmqctl would find it.
-func nodeName() string {
-	if n := os.Getenv("RABBITMQ_NODENAME"); n != "" {
-		return n
-	}
-	if b, err := os.ReadFile("/etc/rabbitmq/rabbitmq-env.conf"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "NODENAME="); ok {
-				return strings.Trim(v, `"'`)
-			}
-		}
-	}
-	host, err := os.Hostname()
-	if err != nil {
-		return ""
-	}
-	short, _, _ := strings.Cut(host, ".")
-	return "rabbit@" + short
-}
-
-// eval evaluates expr on the node and returns what erl_call printed:
-// {ok, Result}, or {error, Why} (exit status 0 all the same).
-func (n erlNode) eval(expr string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	// The cookie comes from HOME: on the command line (-c) it would show in
-	// ps to every user of the machine.
-	cmd := exec.CommandContext(ctx, "erl_call", "-n", n.name, "-timeout", "110", "-e") // #nosec G204 -- the node's name, as rabbitmqctl finds it
-	cmd.Env = append(os.Environ(), "HOME="+n.home)
-	cmd.Stdin = strings.NewReader(expr + "\n") // a form ends with a dot and a newline
-	out, err := cmd.CombinedOutput()
-	return strings.TrimSpace(string(out)), err
+	return theNode, theNodeOK
 }

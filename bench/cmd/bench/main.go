@@ -110,7 +110,7 @@ func newBench(o options, stderr io.Writer) (*bench, error) {
 	b := &bench{
 		o:      o,
 		prefix: "bench_" + hex.EncodeToString(suffix),
-		ctl:    broker.NewCtl(o.rabbitmqctl),
+		ctl:    broker.NewCtl(o.rabbitmqctl, o.amqpURL),
 		pg:     scratchdb.Server{AdminURL: o.adminURL},
 		stderr: stderr,
 		start:  time.Now(),

@@ -1,0 +1,108 @@
+// Package erlnode evaluates Erlang expressions on the local RabbitMQ node
+// through erl_call (Erlang's own client, a C program: about 15 ms of CPU a
+// call), for the tests and the tools beside them. A rabbitmqctl call boots
+// an Erlang VM instead, about 1.5 s of CPU on 2 cores: the tests' vhost
+// batches and the bench's vhosts went through it until December 2026, some
+// 250 calls a CI run.
+package erlnode
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Node is a RabbitMQ node that erl_call reaches.
+type Node struct {
+	name string
+	home string // a HOME holding the node's cookie (.erlang.cookie)
+}
+
+// Of is the node of the broker at amqpURL if erl_call can reach it:
+// erl_call is on PATH, the cookie is readable (in HOME, or the rabbitmq
+// user's, as for root), and the node has an AMQP listener on the URL's
+// port, on this machine. The node is RABBITMQ_NODENAME, else NODENAME of
+// /etc/rabbitmq/rabbitmq-env.conf, else rabbit@ the short host name, as
+// rabbitmqctl finds it. ok is false otherwise: use rabbitmqctl.
+func Of(amqpURL string) (n Node, ok bool) {
+	if _, err := exec.LookPath("erl_call"); err != nil {
+		return Node{}, false
+	}
+	u, err := url.Parse(amqpURL)
+	if err != nil || !slices.Contains([]string{"127.0.0.1", "localhost", "::1"}, u.Hostname()) {
+		return Node{}, false
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5672"
+	}
+	n.name = name()
+	for _, home := range []string{os.Getenv("HOME"), "/var/lib/rabbitmq"} {
+		if f, err := os.Open(filepath.Join(home, ".erlang.cookie")); err == nil {
+			_ = f.Close()
+			n.home = home
+			break
+		}
+	}
+	if n.name == "" || n.home == "" {
+		return Node{}, false
+	}
+	ports, err := n.Result(`[element(6, L) || L <- rabbit_networking:node_listeners(node()), element(3, L) =:= amqp].`)
+	if err != nil || !slices.Contains(strings.FieldsFunc(ports, func(r rune) bool { return r < '0' || r > '9' }), port) {
+		return Node{}, false
+	}
+	return n, true
+}
+
+// Name is the node's name, rabbit@localhost say.
+func (n Node) Name() string { return n.name }
+
+// name is the broker's node as rabbitmqctl would find it.
+func name() string {
+	if n := os.Getenv("RABBITMQ_NODENAME"); n != "" {
+		return n
+	}
+	if b, err := os.ReadFile("/etc/rabbitmq/rabbitmq-env.conf"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "NODENAME="); ok {
+				return strings.Trim(v, `"'`)
+			}
+		}
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	short, _, _ := strings.Cut(host, ".")
+	return "rabbit@" + short
+}
+
+// Result evaluates expr (one or more expressions, separated by commas and
+// ended by a dot) on the node and returns its value as Erlang prints it;
+// an expression that failed (a badmatch, say) is an error.
+func (n Node) Result(expr string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The cookie comes from HOME: on the command line (-c) it would show in
+	// ps to every user of the machine.
+	cmd := exec.CommandContext(ctx, "erl_call", "-n", n.name, "-timeout", "110", "-e") // #nosec G204 -- the node's name, as rabbitmqctl finds it
+	cmd.Env = append(os.Environ(), "HOME="+n.home)
+	cmd.Stdin = strings.NewReader(expr + "\n") // a form ends with a dot and a newline
+	b, err := cmd.CombinedOutput()
+	out := strings.TrimSpace(string(b))
+	if err != nil {
+		return "", fmt.Errorf("erl_call -n %s: %w: %s", n.name, err, out)
+	}
+	// {ok, Value}, or {error, Why} with exit status 0 all the same.
+	v, found := strings.CutPrefix(out, "{ok, ")
+	if !found || !strings.HasSuffix(v, "}") {
+		return "", fmt.Errorf("erl_call -n %s: %s", n.name, out)
+	}
+	return strings.TrimSuffix(v, "}"), nil
+}

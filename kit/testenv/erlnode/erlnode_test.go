@@ -1,0 +1,39 @@
+package erlnode
+
+import (
+	"os"
+	"testing"
+)
+
+// The node of the machine's broker answers with the broker's own values,
+// and an expression that fails is an error, not a value.
+func TestResultIsTheNodesValueAndAFailureAnError(t *testing.T) {
+	n, ok := Of("amqp://guest:guest@127.0.0.1:5672/")
+	if !ok {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("erl_call does not reach the machine's broker in CI")
+		}
+		t.Log("erl_call does not reach the machine's broker here")
+		return
+	}
+	if v, err := n.Result(`node().`); err != nil || v != n.Name() {
+		t.Fatalf("node() = %q, %v; want %s", v, err, n.Name())
+	}
+	if v, err := n.Result(`ok = nope.`); err == nil {
+		t.Fatalf("a badmatch read as the value %q", v)
+	}
+	if _, ok := Of("amqp://guest:guest@127.0.0.1:1/"); ok {
+		t.Fatal("a node was found for a port it does not listen on")
+	}
+	if _, ok := Of("amqp://guest:guest@rabbit.example:5672/"); ok {
+		t.Fatal("a node was found for a broker on another machine")
+	}
+}
+
+// The node's name comes as rabbitmqctl finds it: RABBITMQ_NODENAME first.
+func TestNameFollowsRabbitMQNodename(t *testing.T) {
+	t.Setenv("RABBITMQ_NODENAME", "rabbit@elsewhere")
+	if n := name(); n != "rabbit@elsewhere" {
+		t.Fatalf("name() = %q, want rabbit@elsewhere", n)
+	}
+}
