@@ -42,11 +42,13 @@ ctl() { local n=$1; shift; nice -n "$CLUSTER_NICE" rabbitmqctl -q -n "$(node "$n
 pidfile() { echo "$CLUSTER_DIR/node$1/pid"; }
 # rpc N ARG…: erl_call on node N (ARG… as erl_call takes them), given 10 s.
 # It reads the nodes' cookie from its HOME, as the nodes do: on the command
-# line (-c) the cookie would show in ps to every user of the machine.
+# line (-c) the cookie would show in ps to every user of the machine. -R: a
+# name the node gives the call; without it every erl_call is c17@host, and
+# two at once (node loss runs both modes side by side) refuse each other.
 rpc() {
   local n=$1
   shift
-  HOME=/var/lib/rabbitmq erl_call -n "$(node "$n")" -timeout 10 "$@"
+  HOME=/var/lib/rabbitmq erl_call -R -n "$(node "$n")" -timeout 10 "$@"
 }
 # is_node PID N: PID is a VM of the rabbitmq user whose environment names
 # node N (a pid file's pid may have been taken by another process since).

@@ -323,9 +323,12 @@ func (w *watcher) drained(ctx context.Context, p *proc.Process, orders int, time
 func (w *watcher) settled(ctx context.Context) error {
 	var ready, unacked int
 	var err error
-	for range 30 {
+	// A deadline, not a number of tries: a try took seconds through
+	// rabbitmqctl, a fraction of one through erl_call. The broker refreshes
+	// a quorum queue's counts every few seconds.
+	for deadline := time.Now().Add(2 * time.Minute); ; {
 		ready, unacked, err = w.ctl.Counts(ctx, w.st.vhost, broker.Queue)
-		if err == nil && ready == 0 && unacked == 0 {
+		if err == nil && ready == 0 && unacked == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)

@@ -84,14 +84,17 @@ func name() string {
 }
 
 // Result evaluates expr (one or more expressions, separated by commas and
-// ended by a dot) on the node and returns its value as Erlang prints it;
-// an expression that failed (a badmatch, say) is an error.
+// ended by a dot) on the node and returns its value as erl_call prints it
+// (atoms, integers, lists and tuples as Erlang does; a binary as
+// #Bin<97,98>); an expression that failed (a badmatch, say) is an error.
 func (n Node) Result(expr string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// The cookie comes from HOME: on the command line (-c) it would show in
-	// ps to every user of the machine.
-	cmd := exec.CommandContext(ctx, "erl_call", "-n", n.name, "-timeout", "110", "-e") // #nosec G204 -- the node's name, as rabbitmqctl finds it
+	// ps to every user of the machine. -R: a name the node gives this call.
+	// Without it every erl_call is c17@host, and calls at once (test
+	// binaries side by side) refused each other: 7 of 20 in a review.
+	cmd := exec.CommandContext(ctx, "erl_call", "-R", "-n", n.name, "-timeout", "110", "-e") // #nosec G204 -- the node's name, as rabbitmqctl finds it
 	cmd.Env = append(os.Environ(), "HOME="+n.home)
 	cmd.Stdin = strings.NewReader(expr + "\n") // a form ends with a dot and a newline
 	b, err := cmd.CombinedOutput()

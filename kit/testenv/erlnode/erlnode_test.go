@@ -1,6 +1,7 @@
 package erlnode
 
 import (
+	"fmt"
 	"os"
 	"testing"
 )
@@ -35,5 +36,34 @@ func TestNameFollowsRabbitMQNodename(t *testing.T) {
 	t.Setenv("RABBITMQ_NODENAME", "rabbit@elsewhere")
 	if n := name(); n != "rabbit@elsewhere" {
 		t.Fatalf("name() = %q, want rabbit@elsewhere", n)
+	}
+}
+
+// Calls at once all get through: test binaries side by side ask the same
+// node. (Without -R every erl_call was c17@host, and a review saw 7 of 20
+// calls at once refused.)
+func TestCallsAtOnceAllGetThrough(t *testing.T) {
+	n, ok := Of("amqp://guest:guest@127.0.0.1:5672/")
+	if !ok {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("erl_call does not reach the machine's broker in CI")
+		}
+		t.Log("erl_call does not reach the machine's broker here")
+		return
+	}
+	errs := make(chan error, 20)
+	for range cap(errs) {
+		go func() {
+			v, err := n.Result(`node().`)
+			if err == nil && v != n.Name() {
+				err = fmt.Errorf("node() = %q", v)
+			}
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
 	}
 }
