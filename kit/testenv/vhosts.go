@@ -12,7 +12,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
 )
 
-// A rabbitmqctl call starts an Erlang VM: about 1.5 s of CPU and 2 to 4 s
+// A rabbitmqctl call starts an Erlang VM: about 1 s of CPU and 2 to 4 s
 // of a test's time on 2 cores, and a vhost took three (add, permissions,
 // delete), most of a short test's time. In a test binary whose TestMain
 // calls RunMain, VHost takes its vhosts from a pool made in batches: one

@@ -168,7 +168,7 @@ func Ready(ch *amqp.Channel, queue string) (int, error) {
 
 // Ctl runs rabbitmqctl, or evaluates the same on the broker's node through
 // erl_call where it reaches it (erlnode): a rabbitmqctl call boots an
-// Erlang VM, about 1.5 s of CPU, and a smoke run made about 50.
+// Erlang VM, about 1 s of CPU, and a smoke run made about 60.
 type Ctl struct {
 	command []string
 	node    *erlnode.Node // nil: rabbitmqctl

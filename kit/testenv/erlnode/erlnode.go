@@ -1,9 +1,9 @@
 // Package erlnode evaluates Erlang expressions on the local RabbitMQ node
 // through erl_call (Erlang's own client, a C program: about 15 ms of CPU a
 // call), for the tests and the tools beside them. A rabbitmqctl call boots
-// an Erlang VM instead, about 1.5 s of CPU on 2 cores: the tests' vhost
+// an Erlang VM instead, about 1 s of CPU on 2 cores: the tests' vhost
 // batches and the bench's vhosts went through it until December 2026, some
-// 250 calls a CI run.
+// 170 calls a CI run.
 package erlnode
 
 import (
