@@ -331,7 +331,11 @@ func (w *watcher) settled(ctx context.Context) error {
 		if err == nil && ready == 0 && unacked == 0 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-ctx.Done(): // a stop (SIGINT, SIGTERM): no more tries
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 	switch {
 	case err != nil:
