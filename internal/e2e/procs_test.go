@@ -18,22 +18,15 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "e2e-bin-")
+	// Every program of cmd/: the list lives in the directory. Built where
+	// the next run of this package finds them up to date (testenv.Build).
+	dir, err := testenv.Build("../../cmd/...")
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bin = dir
-	// Every program of cmd/: the list lives in the directory.
-	build := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "../../cmd/...")
-	build.Stdout, build.Stderr = os.Stdout, os.Stderr
-	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build programs:", err)
 		os.Exit(1)
 	}
-	code := testenv.RunMain(m) // the vhosts in batches
-	os.RemoveAll(dir)
-	os.Exit(code)
+	bin = dir
+	os.Exit(testenv.RunMain(m)) // the vhosts in batches
 }
 
 // proc is a running program whose output is kept for the test log.

@@ -43,14 +43,9 @@ type Program struct {
 // NewProgram names the main package pkg; it is built at its first Start.
 func NewProgram(pkg string) *Program { return &Program{pkg: pkg} }
 
-var (
-	buildMu   sync.Mutex
-	buildDirs []string
-)
-
 // RunMain runs the tests, their vhosts made in batches (see vhosts.go),
-// and then removes the vhosts and the programs they built. Call it from
-// TestMain: os.Exit(testenv.RunMain(m)).
+// and then removes the vhosts. Call it from TestMain:
+// os.Exit(testenv.RunMain(m)).
 func RunMain(m *testing.M) int {
 	vhostPool.Lock()
 	vhostPool.on = true
@@ -59,29 +54,17 @@ func RunMain(m *testing.M) int {
 	if err := drainVHostPool(); err != nil {
 		fmt.Fprintln(os.Stderr, "testenv: delete the tests' vhosts:", err)
 	}
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	for _, d := range buildDirs {
-		_ = os.RemoveAll(d)
-	}
 	return code
 }
 
-// Path builds the program, once per test binary, and returns the binary's path.
+// Path builds the program, once per test binary (see Build), and returns
+// the binary's path.
 func (p *Program) Path(t testing.TB) string {
 	t.Helper()
 	p.once.Do(func() {
-		dir, err := os.MkdirTemp("", "program-")
-		if err != nil {
-			p.err = err
-			return
-		}
-		buildMu.Lock()
-		buildDirs = append(buildDirs, dir)
-		buildMu.Unlock()
-		p.path = filepath.Join(dir, filepath.Base(p.pkg))
-		if out, err := exec.Command("go", "build", "-o", p.path, p.pkg).CombinedOutput(); err != nil {
-			p.err = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
+		var dir string
+		if dir, p.err = Build(p.pkg); p.err == nil {
+			p.path = filepath.Join(dir, filepath.Base(p.pkg))
 		}
 	})
 	if p.err != nil {
