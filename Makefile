@@ -29,6 +29,11 @@ STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOTESTSUM   ?= gotest.tools/gotestsum@v1.13.0
 TEST_REPORT ?= .test-report
 GOTEST       = $(GO) run $(GOTESTSUM) --format standard-quiet
+# Every go test run: the race detector, no cached results, and test binaries
+# linked without DWARF (-w): stack traces and race reports do not read it,
+# and every go test run links its test binaries again (a -race one is seconds
+# of CPU). A debugger wants it: make test TESTFLAGS='-race -count=1'.
+TESTFLAGS   ?= -race -count=1 -ldflags=-w
 GOSEC       ?= github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 
 all: check build
@@ -75,14 +80,14 @@ test: check lint test-rules
 test-suite:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the whole suite with the race detector, but the slow proofs (make test-faults)"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/1-suite.json -- -race -count=1 -timeout 30m -skip '$(SLOW_TESTS)' ./... $(KIT)/...
+	$(GOTEST) --jsonfile $(TEST_REPORT)/1-suite.json -- $(TESTFLAGS) -timeout 30m -skip '$(SLOW_TESTS)' ./... $(KIT)/...
 
 test-commit-path: SHELL := bash
 test-commit-path: .SHELLFLAGS := -o pipefail -c
 test-commit-path:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) beside it, the commit path again with a transaction per message (GROUP_COMMIT_MAX=1)"
-	TEST_GROUP_COMMIT_MAX=1 $(GOTEST) --jsonfile $(TEST_REPORT)/2-tx-per-message.json -- -race -count=1 -timeout 20m -run '$(COMMIT_PATH)' -skip '$(SLOW_TESTS)|Trace|$(NOT_COMMIT_PATH)' $(COMMIT_PACKAGES) 2>&1 | sed -u 's/^/tx-per-message: /'
+	TEST_GROUP_COMMIT_MAX=1 $(GOTEST) --jsonfile $(TEST_REPORT)/2-tx-per-message.json -- $(TESTFLAGS) -timeout 20m -run '$(COMMIT_PATH)' -skip '$(SLOW_TESTS)|Trace|$(NOT_COMMIT_PATH)' $(COMMIT_PACKAGES) 2>&1 | sed -u 's/^/tx-per-message: /'
 
 # Its two halves, which CI runs apart (the broker's tests first, alone on
 # the machine; the rest beside other steps): test-disruptive, test-scenarios.
@@ -94,13 +99,13 @@ test-faults:
 test-disruptive:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- -race -count=1 -timeout 15m -p 1 -tags disruptive -run Disruptive $(KIT)/consumer ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- $(TESTFLAGS) -timeout 15m -p 1 -tags disruptive -run Disruptive $(KIT)/consumer ./internal/e2e
 
 test-scenarios:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the fault kit's scenarios, both inbox modes, and the generator's tests"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/3-faults.json -- -race -count=1 -timeout 30m -parallel $(FAULTS_PARALLEL) -run '^TestPaymentUnderFaults(Buffered)?$$|^TestNewProjectScript' ./internal/e2e
-	$(GOTEST) --jsonfile $(TEST_REPORT)/4-shipping-faults.json -- -race -count=1 -timeout 15m -parallel $(FAULTS_PARALLEL) -run '^TestShippingUnderFaults(Buffered)?$$/^crash-after-carrier-book$$' ./examples/shipping
+	$(GOTEST) --jsonfile $(TEST_REPORT)/3-faults.json -- $(TESTFLAGS) -timeout 30m -parallel $(FAULTS_PARALLEL) -run '^TestPaymentUnderFaults(Buffered)?$$|^TestNewProjectScript' ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/4-shipping-faults.json -- $(TESTFLAGS) -timeout 15m -parallel $(FAULTS_PARALLEL) -run '^TestShippingUnderFaults(Buffered)?$$/^crash-after-carrier-book$$' ./examples/shipping
 
 # Where the time went, from the JSON of each go test run of make test (and
 # of test-cluster): the longest packages and tests (.ci/testtimes).
@@ -172,7 +177,7 @@ clean:
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- -race -count=1 -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer
+	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer
 
 # Broker node loss in both inbox modes side by side (what
 # scripts/faults/broker-node-loss.sh --local runs one mode at a time): each
@@ -182,7 +187,7 @@ test-cluster:
 test-node-loss:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/7-node-loss.json -- -race -count=1 -timeout 25m -tags cluster -run '^TestPaymentOnCluster(Buffered)?$$' ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/7-node-loss.json -- $(TESTFLAGS) -timeout 25m -tags cluster -run '^TestPaymentOnCluster(Buffered)?$$' ./internal/e2e
 
 .PHONY: up down
 up:
