@@ -8,6 +8,7 @@ package erlnode
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/url"
 	"os"
@@ -42,14 +43,7 @@ func Of(amqpURL string) (n Node, ok bool) {
 	if port == "" {
 		port = "5672"
 	}
-	n.name = name()
-	for _, home := range []string{os.Getenv("HOME"), "/var/lib/rabbitmq"} {
-		if f, err := os.Open(filepath.Join(home, ".erlang.cookie")); err == nil {
-			_ = f.Close()
-			n.home = home
-			break
-		}
-	}
+	n.name, n.home = name(), cookieHome()
 	if n.name == "" || n.home == "" {
 		return Node{}, false
 	}
@@ -58,6 +52,35 @@ func Of(amqpURL string) (n Node, ok bool) {
 		return Node{}, false
 	}
 	return n, true
+}
+
+// At is node name (cluster1@localhost, say) of this machine if erl_call
+// reaches it: erl_call is on PATH, the cookie is readable (as for Of), and
+// the node answers. ok is false otherwise.
+func At(name string) (n Node, ok bool) {
+	if _, err := exec.LookPath("erl_call"); err != nil {
+		return Node{}, false
+	}
+	n.name, n.home = name, cookieHome()
+	if n.home == "" {
+		return Node{}, false
+	}
+	if out, err := n.Result("node()."); err != nil || out != name {
+		return Node{}, false
+	}
+	return n, true
+}
+
+// cookieHome is a HOME that holds a readable Erlang cookie: the user's,
+// else the rabbitmq user's; "" if neither.
+func cookieHome() string {
+	for _, home := range []string{os.Getenv("HOME"), "/var/lib/rabbitmq"} {
+		if f, err := os.Open(filepath.Join(home, ".erlang.cookie")); err == nil {
+			_ = f.Close()
+			return home
+		}
+	}
+	return ""
 }
 
 // Name is the node's name, rabbit@localhost say.
@@ -108,4 +131,73 @@ func (n Node) Result(expr string) (string, error) {
 		return "", fmt.Errorf("erl_call -n %s: %s", n.name, out)
 	}
 	return strings.TrimSuffix(v, "}"), nil
+}
+
+// Text evaluates body (expressions separated by commas, without the final
+// dot) on the node; its value must be chardata (a string, a binary, an
+// iolist of them, as io_lib:format or rabbit_json:encode return) and Text
+// returns it exactly. erl_call prints a binary cut short after some bytes
+// and a string without escaping its quotes, so the value travels as base64.
+func (n Node) Text(body string) (string, error) {
+	out, err := n.Result("binary_to_list(base64:encode(unicode:characters_to_binary(begin " + body + " end))).")
+	if err != nil || out == "[]" { // the empty string: an empty list
+		return "", err
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.Trim(out, `"`))
+	if err != nil {
+		return "", fmt.Errorf("erl_call -n %s: not base64: %s", n.name, out)
+	}
+	return string(b), nil
+}
+
+// Eval evaluates expr (ended by a dot) on the node and returns its value
+// as rabbitmqctl eval prints it (io_lib's ~p).
+func (n Node) Eval(expr string) (string, error) {
+	body := strings.TrimSuffix(strings.TrimSpace(expr), ".")
+	return n.Text(`io_lib:format("~p", [begin ` + body + ` end])`)
+}
+
+// Queues is the JSON of the queues of vhost, as rabbitmqctl list_queues
+// --formatter json prints it for the columns name, messages,
+// messages_ready, messages_unacknowledged, consumers and leader: an array
+// of objects, a count or the leader left out where the broker could not
+// give it (a quorum queue without a leader).
+func (n Node) Queues(vhost string) (string, error) {
+	return n.Text(`rabbit_json:encode([begin
+		{resource, _, queue, N} = amqqueue:get_name(Q),
+		maps:from_list([{name, N} | [{K, V} || K <- [messages, messages_ready, messages_unacknowledged, consumers, leader],
+			V <- [try rabbit_amqqueue:info(Q, [K]) of
+				[{_, A}] when is_atom(A) -> atom_to_binary(A);
+				[{_, X}] when is_integer(X) -> X;
+				_ -> none
+			catch _:_ -> none end], V =/= none]])
+	end || Q <- rabbit_amqqueue:list(` + Binary(vhost) + `)])`)
+}
+
+// CloseConnections makes the node close every client connection of vhost,
+// giving reason, as rabbitmqctl close_all_connections -p vhost does.
+func (n Node) CloseConnections(vhost, reason string) error {
+	_, err := n.Result(`rabbit_connection_tracking_handler:close_connections(rabbit_connection_tracking:list(` +
+		Binary(vhost) + `), ` + Binary(reason) + `, 0), ok.`)
+	return err
+}
+
+// Binary is s as an Erlang binary literal: <<"name">> for a plain name,
+// the bytes one by one otherwise.
+func Binary(s string) string {
+	plain := true
+	for _, r := range s {
+		if r > '~' || r < ' ' || r == '"' || r == '\\' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return `<<"` + s + `">>`
+	}
+	b := make([]string, len(s))
+	for i := range len(s) {
+		b[i] = fmt.Sprint(s[i])
+	}
+	return "<<" + strings.Join(b, ",") + ">>"
 }
