@@ -315,15 +315,12 @@ func TestBufferedDependencyOutageLeavesNothingOnTheBroker(t *testing.T) {
 // brokerHolds reads the work queue's ready and unacknowledged messages.
 func (e *env) brokerHolds() (ready, unacked int) {
 	e.t.Helper()
-	out := testenv.Ctl(e.t, "list_queues", "-p", e.vhost, "-q", "--no-table-headers", "name", "messages_ready", "messages_unacknowledged")
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == e.topo.Queue {
-			fmt.Sscan(f[1], &ready)
-			fmt.Sscan(f[2], &unacked)
+	for _, q := range testenv.Queues(e.t, e.vhost) {
+		if q.Name == e.topo.Queue {
+			return q.Ready, q.Unacked
 		}
 	}
-	return ready, unacked
+	return 0, 0
 }
 
 // A parked message (its processing's retry budget spent, as

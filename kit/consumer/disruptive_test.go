@@ -30,9 +30,7 @@ func TestDisruptiveMemoryAlarmDoesNotStopAcks(t *testing.T) {
 	e := newEnv(t)
 	const n = 200
 	e.publishMany(n, "alarm")
-	watermark := strings.TrimSpace(testenv.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
-	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
-	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	clearAlarm := testenv.MemoryAlarm(t)
 	failing := func(m Message) bool { return strings.HasSuffix(m.ID, "7") && m.Attempt == 1 } // 20 of 200
 	rt := e.start(recordHandler(func(m Message) error {
 		if failing(m) {
@@ -48,7 +46,7 @@ func TestDisruptiveMemoryAlarmDoesNotStopAcks(t *testing.T) {
 	if v := testutil.ToFloat64(rt.metrics.blocked.WithLabelValues(rt.cfg.Name)); v != 1 {
 		t.Errorf("consumer_publishing_blocked = %v during the alarm, want 1", v)
 	}
-	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
+	clearAlarm()
 	e.assertAllAppliedOnce(n, 2*time.Minute)
 }
 
@@ -65,9 +63,7 @@ func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
 		e.publish("", `{"key":"key-09","n":0}`) // no message id: dead-lettered at ingest
 	}
 	e.publishEvents(keys[2:], 10)
-	watermark := strings.TrimSpace(testenv.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
-	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
-	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	clearAlarm := testenv.MemoryAlarm(t)
 	rt := e.start(orderedHandler(nil), func(c *Config) {
 		withBuffered(e.db, e.dbURL, nil)(c)
 		c.Prefetch = 64
@@ -78,7 +74,7 @@ func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
 	if v := testutil.ToFloat64(rt.metrics.blocked.WithLabelValues(rt.cfg.Name)); v != 1 {
 		t.Errorf("consumer_publishing_blocked = %v during the alarm, want 1", v)
 	}
-	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
+	clearAlarm()
 	for _, d := range e.deadLetters(3) {
 		if r := d.Headers[wire.HeaderDeadLetterReason]; r != wire.ReasonMissingID {
 			t.Errorf("dead letter with reason %v, want %s", r, wire.ReasonMissingID)
@@ -91,13 +87,13 @@ func TestDisruptiveMemoryAlarmBufferedIngestGoesOn(t *testing.T) {
 // consumer holds it in memory: the cap the Compose stack sets.
 func TestDisruptiveBrokerCapsMessageSize(t *testing.T) {
 	e := newEnv(t)
-	old := strings.TrimSpace(testenv.Ctl(t, "eval", "application:get_env(rabbit, max_message_size)."))
-	testenv.Ctl(t, "eval", "application:set_env(rabbit, max_message_size, 1048576).")
+	old := strings.TrimSpace(testenv.Eval(t, "application:get_env(rabbit, max_message_size)."))
+	testenv.Eval(t, "application:set_env(rabbit, max_message_size, 1048576).")
 	t.Cleanup(func() {
 		if v, ok := strings.CutPrefix(old, "{ok,"); ok {
-			testenv.Ctl(t, "eval", "application:set_env(rabbit, max_message_size, "+strings.TrimSuffix(v, "}")+").")
+			testenv.Eval(t, "application:set_env(rabbit, max_message_size, "+strings.TrimSuffix(v, "}")+").")
 		} else {
-			testenv.Ctl(t, "eval", "application:unset_env(rabbit, max_message_size).")
+			testenv.Eval(t, "application:unset_env(rabbit, max_message_size).")
 		}
 	})
 	ch := e.channel()
@@ -139,9 +135,7 @@ func TestDisruptiveStopEndsWithinOneShutdownTimeout(t *testing.T) {
 	rt := e.start(h, func(c *Config) { c.Workers, c.Prefetch, c.ShutdownTimeout = 1, 4, timeout })
 	<-started
 	waitFor(t, "both delivered", func() bool { return e.queueDepth(e.topo.Queue) == 0 })
-	watermark := strings.TrimSpace(testenv.Ctl(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
-	testenv.Ctl(t, "set_vm_memory_high_watermark", "0.000001")
-	t.Cleanup(func() { testenv.Ctl(t, "set_vm_memory_high_watermark", watermark) })
+	clearAlarm := testenv.MemoryAlarm(t)
 	began := time.Now()
 	rt.shutdown(t)
 	took := time.Since(began)
@@ -152,7 +146,7 @@ func TestDisruptiveStopEndsWithinOneShutdownTimeout(t *testing.T) {
 	if took > timeout*3/2+closeTimeout {
 		t.Errorf("the stop took %s, more than its one budget of %s (plus half) and the close's %s", took.Round(time.Millisecond), timeout, closeTimeout)
 	}
-	testenv.Ctl(t, "set_vm_memory_high_watermark", watermark)
+	clearAlarm()
 	rt = e.start(h, nil)
 	waitFor(t, "both applied after the restart", func() bool { return e.effects("unstarted") == 1 && e.effects("held") == 1 })
 }

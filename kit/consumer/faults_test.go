@@ -90,7 +90,7 @@ func TestConnectionsClosedUnderLoad(t *testing.T) {
 			waitFor(t, "progress on a live session", func() bool {
 				return m.taken(e, rt) >= at && rt.reconnects() == i && rt.Ready() == nil
 			})
-			testenv.Ctl(t, "close_all_connections", "-p", e.vhost, "fault test: connections dropped")
+			testenv.CloseConnections(t, e.vhost, "fault test: connections dropped")
 		}
 		e.assertAllAppliedOnce(n, 2*time.Minute)
 		if rt.reconnects() < 3 {

@@ -315,7 +315,11 @@ func (e *env) assertAllAppliedOnce(n int, stall time.Duration) {
 		if emptySince.IsZero() {
 			emptySince = time.Now()
 		}
-		return time.Since(emptySince) > brokerStatsInterval, nil
+		if time.Since(emptySince) > brokerStatsInterval {
+			return true, nil
+		}
+		time.Sleep(500 * time.Millisecond) // the pace: the counts change once an interval
+		return false, nil
 	})
 	if total, _ := e.applied(); total != n {
 		e.t.Errorf("%d effects for %d messages: some applied twice", total, n)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -744,8 +743,8 @@ func TestReturnedRedeliveryKeepsTheKeyExpiryGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the redelivery in rt's prefetch", func() bool {
-		out := testenv.Ctl(t, "list_queues", "-q", "-p", e.vhost, "name", "messages_ready", "messages_unacknowledged")
-		return slices.Contains(strings.Split(out, "\n"), e.topo.Queue+"\t0\t2")
+		ready, unacked := e.brokerHolds()
+		return ready == 0 && unacked == 2
 	})
 	go func() { // the blocker ends once the stop has begun
 		select {

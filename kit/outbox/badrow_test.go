@@ -129,7 +129,7 @@ func denyWritesTo(t *testing.T, amqpURL, exchange string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Ctl(t, "set_permissions", "-p", strings.TrimPrefix(u.Path, "/"), u.User.Username(), ".*", "^(?!"+exchange+"$).*", ".*")
+	testenv.SetPermissions(t, strings.TrimPrefix(u.Path, "/"), u.User.Username(), ".*", "^(?!"+exchange+"$).*", ".*")
 }
 
 // Enqueue refuses a message AMQP could not carry, naming what is too long,

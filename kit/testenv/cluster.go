@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
 )
 
 // ClusterScriptEnv points the tests at the script that runs the local
@@ -88,16 +90,19 @@ func newCluster(t testing.TB, how int) *Cluster {
 	if len(base) != 3 {
 		t.Fatalf("%s up printed %d AMQP URLs, want 3", c.script, len(base))
 	}
-	c.Ctl("add_vhost", c.vhost)
+	// The vhost is added and deleted by an eval on a live node (through
+	// erl_call where it reaches one), each a no-op where it is done already:
+	// a node that went down halfway through the call may have done it.
+	v := erlnode.Binary(c.vhost)
+	if out := c.Eval(`case rabbit_vhost:exists(` + v + `) of true -> ok; false -> rabbit_vhost:add(` + v + `, <<"testenv">>) end.`); out != "ok" {
+		t.Fatalf("add vhost %s on the cluster: %s", c.vhost, out)
+	}
 	t.Cleanup(func() {
 		for n := range c.down {
 			c.Start(n)
 		}
-		// A node that went down halfway through the call may have deleted
-		// it: then the next node's "does not exist" is the same outcome.
-		out, err := c.try("ctl", "delete_vhost", c.vhost)
-		if err != nil && !(strings.Contains(out, "went down during the call") && strings.Contains(out, "does not exist")) {
-			t.Errorf("%s ctl delete_vhost %s: %v\n%s", c.script, c.vhost, err, out)
+		if out := c.Eval(`case rabbit_vhost:exists(` + v + `) of true -> rabbit_vhost:delete(` + v + `, <<"testenv">>); false -> ok end.`); out != "ok" {
+			t.Errorf("delete vhost %s on the cluster: %s", c.vhost, out)
 		}
 	})
 	for _, b := range base {
@@ -106,7 +111,10 @@ func newCluster(t testing.TB, how int) *Cluster {
 			t.Fatal(err)
 		}
 		if len(c.urls) == 0 {
-			c.Ctl("set_permissions", "-p", c.vhost, u.User.Username(), ".*", ".*", ".*")
+			if out := c.Eval(`rabbit_auth_backend_internal:set_permissions(` + erlnode.Binary(u.User.Username()) + `, ` + v +
+				`, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>).`); out != "ok" {
+				t.Fatalf("set permissions on vhost %s of the cluster: %s", c.vhost, out)
+			}
 		}
 		u.Path = "/" + c.vhost
 		c.urls = append(c.urls, u.String())
@@ -143,6 +151,52 @@ func (c *Cluster) Start(n int) {
 func (c *Cluster) Ctl(args ...string) string {
 	c.t.Helper()
 	return c.run(append([]string{"ctl"}, args...)...)
+}
+
+// nodeName is node n's Erlang node name (scripts/cluster.sh's).
+func nodeName(n int) string { return fmt.Sprintf("cluster%d@localhost", n) }
+
+// liveNodes are the names of the nodes this test has not killed: those
+// erl_call tries (a node another test's round holds down does not answer,
+// and the next one is asked).
+func (c *Cluster) liveNodes() []string {
+	var names []string
+	for n := 1; n <= 3; n++ {
+		if !c.down[n] {
+			names = append(names, nodeName(n))
+		}
+	}
+	return names
+}
+
+// Queues lists the vhost's queues, asked of a live node through erl_call
+// (see broker.go); through rabbitmqctl where no node answers it.
+func (c *Cluster) Queues() []Queue {
+	c.t.Helper()
+	if qs, ok := queuesOn(c.liveNodes(), c.vhost); ok {
+		return qs
+	}
+	out := c.Ctl(append([]string{"list_queues", "-p", c.vhost, "--formatter", "json"}, queueColumns...)...)
+	qs, err := ParseQueues(out)
+	if err != nil {
+		c.t.Fatalf("cluster list_queues -p %s: %v", c.vhost, err)
+	}
+	return qs
+}
+
+// Eval evaluates expr (ended by a dot) on a live node and returns its value
+// as rabbitmqctl eval prints it: through erl_call, or rabbitmqctl where no
+// node answers it.
+func (c *Cluster) Eval(expr string) string {
+	c.t.Helper()
+	for _, name := range c.liveNodes() {
+		if n, ok := erlnode.At(name); ok {
+			if out, err := n.Eval(expr); err == nil {
+				return out
+			}
+		}
+	}
+	return strings.TrimSpace(c.Ctl("eval", expr))
 }
 
 // Leader is the node (1 to 3) that leads quorum queue q of the vhost, 0 if

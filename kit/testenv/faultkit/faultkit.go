@@ -20,7 +20,6 @@
 package faultkit
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -73,9 +72,8 @@ type Stack struct {
 	// phaseCrashes is what the last CrashPhase counted; backlog the outbox
 	// backlog BrokerStopOutboxBacklog saw.
 	phaseCrashes, backlog int
-	// watermark is the broker's memory watermark while MemoryAlarm holds,
-	// as set_vm_memory_high_watermark's arguments.
-	watermark []string
+	// clearAlarm clears the memory alarm MemoryAlarm raised.
+	clearAlarm func()
 	// chaosRan counts the actions of a chaos run by name.
 	chaosRan map[string]int
 }
@@ -337,17 +335,21 @@ func (s *Stack) CrashPhase(point string, p float64, d time.Duration, min int, bu
 // vhost: the replicas' and a publisher's.
 func (s *Stack) CloseConnections() {
 	s.t.Helper()
-	s.ctl("close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+	if s.cfg.Cluster != nil {
+		s.cfg.Cluster.Ctl("close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+		return
+	}
+	testenv.CloseConnections(s.t, s.vhost(), "fault kit: connections dropped")
 }
 
-// ctl runs rabbitmqctl on the trial's broker: the cluster's, or the
-// machine's.
-func (s *Stack) ctl(args ...string) string {
+// eval evaluates expr on the trial's broker (the cluster's, or the
+// machine's) and returns its value as rabbitmqctl eval prints it.
+func (s *Stack) eval(expr string) string {
 	s.t.Helper()
 	if s.cfg.Cluster != nil {
-		return s.cfg.Cluster.Ctl(args...)
+		return s.cfg.Cluster.Eval(expr)
 	}
-	return testenv.Ctl(s.t, args...)
+	return testenv.Eval(s.t, expr)
 }
 
 func (s *Stack) vhost() string {
@@ -413,59 +415,41 @@ func (s *Stack) cluster() *testenv.Cluster {
 	return s.cfg.Cluster
 }
 
-// StopBroker stops the broker application (rabbitmqctl stop_app) for d,
-// supervising the replicas meanwhile, and starts it again. It stops every
-// vhost: only for tests that run alone. If the test ends meanwhile, its
-// cleanup starts the broker again.
+// StopBroker stops the broker application (testenv.StopApp: rabbitmqctl
+// stop_app's) for d, supervising the replicas meanwhile, and starts it
+// again. It stops every vhost: only for tests that run alone. If the test
+// ends meanwhile, its cleanup starts the broker again.
 func (s *Stack) StopBroker(d time.Duration) {
 	s.t.Helper()
 	restarted := false
 	s.t.Cleanup(func() {
 		if !restarted {
-			testenv.Ctl(s.t, "start_app")
-			testenv.Ctl(s.t, "await_startup")
+			testenv.StartApp(s.t)
 		}
 	})
-	testenv.Ctl(s.t, "stop_app")
+	testenv.StopApp(s.t)
 	s.t.Logf("fault: broker stopped for %s", d)
 	s.SuperviseFor(d)
-	testenv.Ctl(s.t, "start_app")
-	testenv.Ctl(s.t, "await_startup")
+	testenv.StartApp(s.t)
 	restarted = true
 	s.t.Logf("fault: broker started again")
 }
 
-// MemoryAlarm raises a memory alarm on the broker: every connection that
-// publishes blocks, on every vhost. ClearMemoryAlarm clears it; the test's
-// cleanup does if the test ends first.
+// MemoryAlarm raises a memory alarm on the broker (testenv.MemoryAlarm):
+// every connection that publishes blocks, on every vhost.
+// ClearMemoryAlarm clears it; the test's cleanup does if the test ends
+// first.
 func (s *Stack) MemoryAlarm() {
 	s.t.Helper()
-	s.watermark = watermarkArgs(testenv.Ctl(s.t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
-	testenv.Ctl(s.t, "set_vm_memory_high_watermark", "0.000001")
-	s.t.Cleanup(s.ClearMemoryAlarm)
-	// The memory monitor raises the alarm at its next check, not at once.
-	testenv.Eventually(s.t, 30*time.Second, "the broker's memory alarm", func() (bool, error) {
-		return strings.Contains(testenv.Ctl(s.t, "eval", "rabbit_alarm:get_alarms()."), "memory"), nil
-	})
+	s.clearAlarm = testenv.MemoryAlarm(s.t)
 }
 
 // ClearMemoryAlarm sets the broker's memory watermark back.
 func (s *Stack) ClearMemoryAlarm() {
-	if s.watermark != nil {
-		testenv.Ctl(s.t, append([]string{"set_vm_memory_high_watermark"}, s.watermark...)...)
-		s.watermark = nil
+	if s.clearAlarm != nil {
+		s.clearAlarm()
+		s.clearAlarm = nil
 	}
-}
-
-// watermarkArgs turns the broker's watermark as eval prints it (0.4, or
-// {absolute,1073741824} when it was set in bytes) into the arguments of
-// set_vm_memory_high_watermark that set it again.
-func watermarkArgs(eval string) []string {
-	v := strings.TrimSpace(eval)
-	if rest, ok := strings.CutPrefix(v, "{absolute,"); ok {
-		return []string{"absolute", strings.TrimSuffix(rest, "}")}
-	}
-	return []string{v}
 }
 
 // outboxBacklog counts the outbox's events not yet sent.
@@ -491,45 +475,14 @@ func (s *Stack) Pending() int {
 	return s.queued() + s.stored()
 }
 
-// queueRow is one queue of the vhost as rabbitmqctl list_queues shows it.
-type queueRow struct {
-	name string
-	// counted: the broker listed the queue's counts. A quorum queue without
-	// a leader (an election under way) lists none: it is not known to be
-	// empty.
-	counted                             bool
-	messages, ready, unacked, consumers int
-	leader                              string
-}
-
-// listQueues lists the vhost's queues (one rabbitmqctl call, an Erlang VM's
-// start: about a second of CPU), read from its JSON.
-func (s *Stack) listQueues() []queueRow {
+// listQueues lists the vhost's queues: the cluster's or the machine's
+// broker's, through erl_call where it reaches a node (testenv.Queues).
+func (s *Stack) listQueues() []testenv.Queue {
 	s.t.Helper()
-	out := s.ctl("list_queues", "-p", s.vhost(), "-q", "--formatter", "json",
-		"name", "messages", "messages_ready", "messages_unacknowledged", "consumers", "leader")
-	var raw []map[string]any
-	// The JSON alone: the call's output may hold a warning besides.
-	i, j := strings.Index(out, "["), strings.LastIndex(out, "]")
-	if i < 0 || j < i || json.Unmarshal([]byte(out[i:j+1]), &raw) != nil {
-		s.t.Fatalf("rabbitmqctl list_queues -p %s: no list of queues in its output:\n%s", s.vhost(), out)
+	if s.cfg.Cluster != nil {
+		return s.cfg.Cluster.Queues()
 	}
-	rows := make([]queueRow, 0, len(raw))
-	for _, q := range raw {
-		r := queueRow{name: fmt.Sprint(q["name"]), leader: fmt.Sprint(q["leader"])}
-		counts := []*int{&r.messages, &r.ready, &r.unacked, &r.consumers}
-		r.counted = true
-		for k, key := range []string{"messages", "messages_ready", "messages_unacknowledged", "consumers"} {
-			f, ok := q[key].(float64)
-			if !ok {
-				r.counted = false
-				continue
-			}
-			*counts[k] = int(f)
-		}
-		rows = append(rows, r)
-	}
-	return rows
+	return testenv.Queues(s.t, s.vhost())
 }
 
 // queued counts the messages ready or unacked in the vhost's queues but the
@@ -540,11 +493,11 @@ func (s *Stack) queued() int {
 	n := 0
 	for _, q := range s.listQueues() {
 		switch {
-		case strings.HasSuffix(q.name, ".dlq") || slices.Contains(s.cfg.Sinks, q.name):
-		case !q.counted:
+		case strings.HasSuffix(q.Name, ".dlq") || slices.Contains(s.cfg.Sinks, q.Name):
+		case !q.Counted:
 			n++
 		default:
-			n += q.messages // the ready and the unacknowledged ones
+			n += q.Messages // the ready and the unacknowledged ones
 		}
 	}
 	return n
@@ -569,12 +522,12 @@ func (s *Stack) pendingDetail() string {
 	b.WriteString("queues holding messages (name, messages, ready, unacked, consumers, leader):\n")
 	for _, q := range s.listQueues() {
 		switch {
-		case !q.counted:
-			fmt.Fprintf(&b, "  %s  (no count: no leader)\n", q.name)
-		case q.messages > 0:
-			fmt.Fprintf(&b, "  %s  %d  %d  %d  %d  %s", q.name, q.messages, q.ready, q.unacked, q.consumers, q.leader)
-			if q.consumers == 0 && !strings.HasSuffix(q.name, ".dlq") && !strings.Contains(q.name, ".retry.") &&
-				!slices.Contains(s.cfg.Sinks, q.name) {
+		case !q.Counted:
+			fmt.Fprintf(&b, "  %s  (no count: no leader)\n", q.Name)
+		case q.Messages > 0:
+			fmt.Fprintf(&b, "  %s  %d  %d  %d  %d  %s", q.Name, q.Messages, q.Ready, q.Unacked, q.Consumers, q.Leader)
+			if q.Consumers == 0 && !strings.HasSuffix(q.Name, ".dlq") && !strings.Contains(q.Name, ".retry.") &&
+				!slices.Contains(s.cfg.Sinks, q.Name) {
 				b.WriteString("  (no consumer: if no replica reads it, as a downstream service's queue, name it in Config.Sinks)")
 			}
 			b.WriteString("\n")
@@ -593,8 +546,8 @@ func (s *Stack) strandedRetryQueues() []string {
 	s.t.Helper()
 	var out []string
 	for _, q := range s.listQueues() {
-		if q.counted && strings.Contains(q.name, ".retry.") && q.messages > q.ready+q.unacked {
-			out = append(out, q.name)
+		if q.Counted && strings.Contains(q.Name, ".retry.") && q.Messages > q.Ready+q.Unacked {
+			out = append(out, q.Name)
 		}
 	}
 	return out
@@ -610,7 +563,7 @@ func (s *Stack) strandedRetryQueues() []string {
 func (s *Stack) deadLetterWorkerDefect() bool {
 	s.t.Helper()
 	var major, minor, patch int
-	if _, err := fmt.Sscanf(strings.TrimSpace(s.ctl("version")), "%d.%d.%d", &major, &minor, &patch); err != nil {
+	if _, err := fmt.Sscanf(strings.Trim(s.eval("rabbit_misc:version()."), `"`), "%d.%d.%d", &major, &minor, &patch); err != nil {
 		return false
 	}
 	return major == 3 && (minor < 10 || minor == 10 && patch < 20)
@@ -625,7 +578,7 @@ func (s *Stack) nudgeStrandedRetryQueues() []string {
 	s.t.Helper()
 	var moved []string
 	for _, q := range s.strandedRetryQueues() {
-		out := strings.TrimSpace(s.ctl("eval", fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
+		out := strings.TrimSpace(s.eval(fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
 			`{_, L} = amqqueue:get_pid(Q), `+
 			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, s.vhost(), q)))
 		// {migrated, Node} when the leader moved; {not_migrated, Why}
@@ -654,8 +607,8 @@ const statsTick = 5 * time.Second
 // minute before go test's -timeout: a backlog on a loaded machine drains
 // as slowly as it must, a wedged service fails within stall. The broker's
 // queues are counted only in a poll where the rest holds (nothing stored
-// pending, progress still): a drain of a minute is then a few rabbitmqctl
-// calls, not one a poll.
+// pending, progress still): a drain of a minute is then a few listings
+// of the queues, not one a poll.
 func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	s.t.Helper()
 	last, quiet, quietSince := -1, 0, time.Time{}
@@ -668,7 +621,10 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	moved := testenv.NewProgress(s.t, stall)
 	best, fewest, lastStored := -1, math.MaxInt, math.MaxInt
 	defect := s.cfg.Cluster != nil && s.deadLetterWorkerDefect()
-	nudgeAfter, nudges := min(30*time.Second, stall/2), 0
+	// A stranded retry queue is looked for once the drain stood still for
+	// three refreshes of the broker's counts (it was 30 s while each look
+	// booted a rabbitmqctl VM; through erl_call a look is cheap).
+	nudgeAfter, nudges := min(3*statsTick, stall/2), 0
 	for quiet < 2 || time.Since(quietSince) < quietSpan {
 		s.Supervise()
 		n, stored := progress(), s.stored()
@@ -684,7 +640,7 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 		}
 		lastStored = stored
 		// stored again after queued: a message may move from a queue to
-		// the buffered inbox during the rabbitmqctl call.
+		// the buffered inbox while the queues are listed.
 		if n == last && stored == 0 && s.queued() == 0 && s.stored() == 0 {
 			if quiet == 0 {
 				quietSince = time.Now()
