@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -143,11 +144,30 @@ func (n Node) Text(body string) (string, error) {
 	if err != nil || out == "[]" { // the empty string: an empty list
 		return "", err
 	}
-	b, err := base64.StdEncoding.DecodeString(strings.Trim(out, `"`))
+	b, err := base64.StdEncoding.DecodeString(chars(out))
 	if err != nil {
 		return "", fmt.Errorf("erl_call -n %s: not base64: %s", n.name, out)
 	}
 	return string(b), nil
+}
+
+// chars is the text of a string as erl_call prints it: "…", or, past
+// 65,535 characters (where the distribution no longer sends a list of
+// bytes as a string), a list of integers [65,66,…].
+func chars(out string) string {
+	inner, ok := strings.CutPrefix(out, "[")
+	if !ok {
+		return strings.Trim(out, `"`)
+	}
+	var b strings.Builder
+	for f := range strings.SplitSeq(strings.TrimSuffix(inner, "]"), ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || c < 0 || c > 255 {
+			return out // not base64: the caller says so
+		}
+		b.WriteByte(byte(c))
+	}
+	return b.String()
 }
 
 // Eval evaluates expr (ended by a dot) on the node and returns its value
@@ -160,22 +180,29 @@ func (n Node) Eval(expr string) (string, error) {
 // Queues is the JSON of the queues of vhost, as rabbitmqctl list_queues
 // --formatter json prints it for the columns name, messages,
 // messages_ready, messages_unacknowledged, consumers and leader: an array
-// of objects, a count or the leader left out where the broker could not
-// give it (a quorum queue without a leader).
+// of objects. Each queue's columns are read on its own node (a quorum
+// queue's leader, as the queue's record names it), as list_queues reads
+// them: only that node keeps the queue's counts. A queue whose node does
+// not answer (a leader just killed) is listed by its name alone, and one
+// whose leader the broker cannot name lists "" for it and its counts, as
+// list_queues does: its counts are not known.
 func (n Node) Queues(vhost string) (string, error) {
-	return n.Text(`rabbit_json:encode([begin
+	return n.Text(`Keys = [messages, messages_ready, messages_unacknowledged, consumers, leader],
+	rabbit_json:encode([begin
 		{resource, _, queue, N} = amqqueue:get_name(Q),
-		maps:from_list([{name, N} | [{K, V} || K <- [messages, messages_ready, messages_unacknowledged, consumers, leader],
-			V <- [try rabbit_amqqueue:info(Q, [K]) of
-				[{_, A}] when is_atom(A) -> atom_to_binary(A);
-				[{_, X}] when is_integer(X) -> X;
-				_ -> none
-			catch _:_ -> none end], V =/= none]])
+		Info = case rpc:call(amqqueue:qnode(Q), rabbit_amqqueue, info, [Q, Keys], 30000) of
+			L when is_list(L) -> L;
+			_ -> []
+		end,
+		maps:from_list([{name, N} | [{K, V} || {K, V0} <- Info, lists:member(K, Keys),
+			V <- [case V0 of A when is_atom(A) -> atom_to_binary(A); X when is_integer(X) -> X; _ -> none end], V =/= none]])
 	end || Q <- rabbit_amqqueue:list(` + Binary(vhost) + `)])`)
 }
 
 // CloseConnections makes the node close every client connection of vhost,
-// giving reason, as rabbitmqctl close_all_connections -p vhost does.
+// giving reason, as rabbitmqctl close_all_connections -p vhost does. Not
+// idempotent: a caller that got an error must not do it again blindly (the
+// node may have closed them before the error).
 func (n Node) CloseConnections(vhost, reason string) error {
 	_, err := n.Result(`rabbit_connection_tracking_handler:close_connections(rabbit_connection_tracking:list(` +
 		Binary(vhost) + `), ` + Binary(reason) + `, 0), ok.`)
