@@ -5,39 +5,67 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // The second build of a program finds the first one's binary up to date
-// and keeps it: no link again.
+// and keeps it: no link again. Each build hands its test binary a
+// directory of its own (links to the cache's binaries).
 func TestBuildTwiceLinksOnce(t *testing.T) {
+	first, err := Build("./testdata/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := Build("./testdata/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first == second {
+		t.Fatalf("both builds handed out %s: a build of other code would change the first one's program", first)
+	}
+	a, err := os.Stat(filepath.Join(first, "hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.Stat(filepath.Join(second, "hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A link ends in a rename of its output over the cache's binary: a new
+	// file. (An up-to-date binary is only touched.)
+	if !os.SameFile(a, b) {
+		t.Errorf("the second build's program is another file: it linked again")
+	}
+	out, err := exec.Command(filepath.Join(second, "hello")).Output()
+	if err != nil || string(out) != "hello\n" {
+		t.Errorf("the program printed %q (%v), want hello", out, err)
+	}
+}
+
+// A binary in the cache that the build did not make (a program removed from
+// the packages since) is not handed on, and leaves the cache.
+func TestBuildHandsOnOnlyWhatItBuilt(t *testing.T) {
+	cache, err := cacheDir("./testdata/hello")
+	if err != nil || cache == "" {
+		t.Fatalf("cache %q: %v", cache, err)
+	}
+	stale := filepath.Join(cache, "removed-program")
+	if err := os.WriteFile(stale, []byte("#!/bin/sh\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
 	dir, err := Build("./testdata/hello")
 	if err != nil {
 		t.Fatal(err)
 	}
-	bin := filepath.Join(dir, "hello")
-	first, err := os.Stat(bin)
-	if err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(filepath.Join(dir, "removed-program")); !os.IsNotExist(err) {
+		t.Errorf("a program the build did not make was handed on (%v)", err)
 	}
-	again, err := Build("./testdata/hello")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again != dir {
-		t.Fatalf("built into %s, then into %s", dir, again)
-	}
-	second, err := os.Stat(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A link ends in a rename of its output over the binary: a new file.
-	// (An up-to-date binary is only touched.)
-	if !os.SameFile(first, second) {
-		t.Errorf("the second build replaced the binary: it linked again")
-	}
-	out, err := exec.Command(bin).Output()
-	if err != nil || string(out) != "hello\n" {
-		t.Errorf("the binary printed %q (%v), want hello", out, err)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a program the build did not make stayed in the cache (%v)", err)
 	}
 }
 
@@ -52,5 +80,27 @@ func TestBuildRefusesADirectoryOthersMayWrite(t *testing.T) {
 	}
 	if private(dir) {
 		t.Errorf("%s is writable by all, and private says it is private", dir)
+	}
+}
+
+// A cache unused for longer than the limit is removed, one in use kept.
+func TestPruneCachesRemovesOnlyTheUnused(t *testing.T) {
+	root := t.TempDir()
+	old, fresh := filepath.Join(root, "old-1"), filepath.Join(root, "fresh-2")
+	for _, d := range []string{old, fresh} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	day := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(old, day, day); err != nil {
+		t.Fatal(err)
+	}
+	pruneCaches(root, time.Now().Add(-24*time.Hour))
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the cache unused for a day is still there (%v)", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("the cache in use was removed: %v", err)
 	}
 }

@@ -44,8 +44,8 @@ type Program struct {
 func NewProgram(pkg string) *Program { return &Program{pkg: pkg} }
 
 // RunMain runs the tests, their vhosts made in batches (see vhosts.go),
-// and then removes the vhosts. Call it from TestMain:
-// os.Exit(testenv.RunMain(m)).
+// and then removes the vhosts and the programs they built (Build). Call it
+// from TestMain: os.Exit(testenv.RunMain(m)).
 func RunMain(m *testing.M) int {
 	vhostPool.Lock()
 	vhostPool.on = true
@@ -53,6 +53,11 @@ func RunMain(m *testing.M) int {
 	code := m.Run()
 	if err := drainVHostPool(); err != nil {
 		fmt.Fprintln(os.Stderr, "testenv: delete the tests' vhosts:", err)
+	}
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	for _, d := range buildDirs {
+		_ = os.RemoveAll(d)
 	}
 	return code
 }
