@@ -33,7 +33,7 @@ GOTEST       = $(GO) run $(GOTESTSUM) --format standard-quiet
 # linked without DWARF (-w): stack traces and race reports do not read it,
 # and every go test run links its test binaries again (a -race one is seconds
 # of CPU). A debugger wants it: make test TESTFLAGS='-race -count=1'.
-TESTFLAGS   ?= -race -count=1 -ldflags=-w
+TESTFLAGS    = -race -count=1 -ldflags=-w
 GOSEC       ?= github.com/securego/gosec/v2/cmd/gosec@v2.30.0
 
 all: check build
@@ -177,7 +177,7 @@ clean:
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer
+	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer $(KIT)/testenv
 
 # Broker node loss in both inbox modes side by side (what
 # scripts/faults/broker-node-loss.sh --local runs one mode at a time): each

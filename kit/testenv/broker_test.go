@@ -8,7 +8,7 @@ import (
 // The watermark read back is one that sets the broker's again, in either
 // of its forms; anything else is refused rather than written back.
 func TestWatermarkOfTakesTheBrokersTwoForms(t *testing.T) {
-	for in, want := range map[string]string{"0.4\n": "0.4", "{absolute,1073741824}": "{absolute,1073741824}", "1.0e-6": "1.0e-6"} {
+	for in, want := range map[string]string{"0.4\n": "0.4", "{absolute,1073741824}": "{absolute,1073741824}", "1.0e-6": "1.0e-6", `{absolute,"1GB"}`: `{absolute,"1GB"}`} {
 		if got, err := watermarkOf(in); err != nil || got != want {
 			t.Errorf("watermarkOf(%q) = %q, %v; want %q", in, got, err, want)
 		}

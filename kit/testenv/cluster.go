@@ -176,7 +176,7 @@ func (c *Cluster) Queues() []Queue {
 	if qs, ok := queuesOn(c.liveNodes(), c.vhost); ok {
 		return qs
 	}
-	out := c.Ctl(append([]string{"list_queues", "-p", c.vhost, "--formatter", "json"}, queueColumns...)...)
+	out := c.Ctl(append([]string{"list_queues", "-q", "-p", c.vhost, "--formatter", "json"}, queueColumns...)...)
 	qs, err := ParseQueues(out)
 	if err != nil {
 		c.t.Fatalf("cluster list_queues -p %s: %v", c.vhost, err)
@@ -185,15 +185,19 @@ func (c *Cluster) Queues() []Queue {
 }
 
 // Eval evaluates expr (ended by a dot) on a live node and returns its value
-// as rabbitmqctl eval prints it: through erl_call, or rabbitmqctl where no
-// node answers it.
+// as rabbitmqctl eval prints it: through erl_call on the first node that
+// answers, or rabbitmqctl where none does. An eval that fails on the node
+// that took it fails the test: it is not done again elsewhere (it may have
+// done part of its work).
 func (c *Cluster) Eval(expr string) string {
 	c.t.Helper()
 	for _, name := range c.liveNodes() {
 		if n, ok := erlnode.At(name); ok {
-			if out, err := n.Eval(expr); err == nil {
-				return out
+			out, err := n.Eval(expr)
+			if err != nil {
+				c.t.Fatalf("eval on %s: %v", name, err)
 			}
+			return out
 		}
 	}
 	return strings.TrimSpace(c.Ctl("eval", expr))

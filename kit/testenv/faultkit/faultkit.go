@@ -34,6 +34,7 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/faults"
 	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
 )
 
 // Config is the service under fault.
@@ -578,9 +579,9 @@ func (s *Stack) nudgeStrandedRetryQueues() []string {
 	s.t.Helper()
 	var moved []string
 	for _, q := range s.strandedRetryQueues() {
-		out := strings.TrimSpace(s.eval(fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"%s">>, queue, <<"%s">>)), `+
+		out := strings.TrimSpace(s.eval(fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(%s, queue, %s)), `+
 			`{_, L} = amqqueue:get_pid(Q), `+
-			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, s.vhost(), q)))
+			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, erlnode.Binary(s.vhost()), erlnode.Binary(q))))
 		// {migrated, Node} when the leader moved; {not_migrated, Why}
 		// otherwise, which restarts nothing and is no progress.
 		if !strings.HasPrefix(out, "{migrated,") {
