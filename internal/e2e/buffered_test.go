@@ -1,7 +1,6 @@
 package e2e_test
 
 import (
-	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -53,15 +52,12 @@ func brokerHolds(t *testing.T, amqpURL, queue string) (ready, unacked int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := testenv.Ctl(t, "list_queues", "-p", strings.TrimPrefix(u.Path, "/"), "-q", "--no-table-headers",
-		"name", "messages_ready", "messages_unacknowledged")
-	for _, line := range strings.Split(out, "\n") {
-		if f := strings.Fields(line); len(f) == 3 && f[0] == queue {
-			fmt.Sscan(f[1], &ready)
-			fmt.Sscan(f[2], &unacked)
-			return ready, unacked
+	qs := testenv.Queues(t, strings.TrimPrefix(u.Path, "/"))
+	for _, q := range qs {
+		if q.Name == queue {
+			return q.Ready, q.Unacked
 		}
 	}
-	t.Fatalf("queue %s not listed:\n%s", queue, out)
+	t.Fatalf("queue %s not listed: %+v", queue, qs)
 	return 0, 0
 }

@@ -390,7 +390,7 @@ func TestSetupTellsALostConnectionFromARefusal(t *testing.T) {
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	testenv.Eventually(t, 30*time.Second, "the broker closed the connection", func() (bool, error) {
-		testenv.Ctl(t, "close_all_connections", "-p", url[strings.LastIndex(url, "/")+1:], "test")
+		testenv.CloseConnections(t, url[strings.LastIndex(url, "/")+1:], "test")
 		select {
 		case <-closed:
 			return true, nil
