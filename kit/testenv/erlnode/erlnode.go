@@ -9,6 +9,7 @@ package erlnode
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -19,6 +20,12 @@ import (
 	"strings"
 	"time"
 )
+
+// ErrNotReached is Result's error when erl_call did not get an answer
+// from the node (it is down, went down during the call, or the call timed
+// out): the expression may or may not have run. An expression that ran
+// and failed is another error.
+var ErrNotReached = errors.New("no answer from the node")
 
 // Node is a RabbitMQ node that erl_call reaches.
 type Node struct {
@@ -124,7 +131,7 @@ func (n Node) Result(expr string) (string, error) {
 	b, err := cmd.CombinedOutput()
 	out := strings.TrimSpace(string(b))
 	if err != nil {
-		return "", fmt.Errorf("erl_call -n %s: %w: %s", n.name, err, out)
+		return "", fmt.Errorf("erl_call -n %s: %w (%v): %s", n.name, ErrNotReached, err, out)
 	}
 	// {ok, Value}, or {error, Why} with exit status 0 all the same.
 	v, found := strings.CutPrefix(out, "{ok, ")
@@ -182,19 +189,23 @@ func (n Node) Eval(expr string) (string, error) {
 // messages_ready, messages_unacknowledged, consumers and leader: an array
 // of objects. Each queue's columns are read on its own node (a quorum
 // queue's leader, as the queue's record names it), as list_queues reads
-// them: only that node keeps the queue's counts. A queue whose node does
-// not answer (a leader just killed) is listed by its name alone, and one
-// whose leader the broker cannot name lists "" for it and its counts, as
-// list_queues does: its counts are not known.
+// them: only that node keeps the queue's counts. A queue whose counts are
+// not known is listed by its name alone (with its leader, "", if that is
+// known): its node does not answer within 10 s (a leader just killed), or
+// it is a quorum queue whose leader is not running (an election under way).
 func (n Node) Queues(vhost string) (string, error) {
 	return n.Text(`Keys = [messages, messages_ready, messages_unacknowledged, consumers, leader],
 	rabbit_json:encode([begin
 		{resource, _, queue, N} = amqqueue:get_name(Q),
-		Info = case rpc:call(amqqueue:qnode(Q), rabbit_amqqueue, info, [Q, Keys], 30000) of
+		Info = case catch rpc:call(amqqueue:qnode(Q), rabbit_amqqueue, info, [Q, Keys], 10000) of
 			L when is_list(L) -> L;
 			_ -> []
 		end,
-		maps:from_list([{name, N} | [{K, V} || {K, V0} <- Info, lists:member(K, Keys),
+		Known = case {amqqueue:get_type(Q), lists:keyfind(leader, 1, Info)} of
+			{rabbit_quorum_queue, {leader, ''}} -> [{leader, ''}];
+			_ -> Info
+		end,
+		maps:from_list([{name, N} | [{K, V} || {K, V0} <- Known, lists:member(K, Keys),
 			V <- [case V0 of A when is_atom(A) -> atom_to_binary(A); X when is_integer(X) -> X; _ -> none end], V =/= none]])
 	end || Q <- rabbit_amqqueue:list(` + Binary(vhost) + `)])`)
 }

@@ -2,6 +2,7 @@ package erlnode
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -24,8 +25,11 @@ func TestResultIsTheNodesValueAndAFailureAnError(t *testing.T) {
 	if v, err := n.Result(`node().`); err != nil || v != n.Name() {
 		t.Fatalf("node() = %q, %v; want %s", v, err, n.Name())
 	}
-	if v, err := n.Result(`ok = nope.`); err == nil {
-		t.Fatalf("a badmatch read as the value %q", v)
+	if v, err := n.Result(`ok = nope.`); err == nil || errors.Is(err, ErrNotReached) {
+		t.Fatalf("a badmatch read as the value %q, or as no answer (%v)", v, err)
+	}
+	if _, err := (Node{name: "nobody@localhost", home: n.home}).Result(`ok.`); !errors.Is(err, ErrNotReached) {
+		t.Fatalf("a node that is not there: %v, want ErrNotReached", err)
 	}
 	if _, ok := Of("amqp://guest:guest@127.0.0.1:1/"); ok {
 		t.Fatal("a node was found for a port it does not listen on")
@@ -193,6 +197,7 @@ func TestCloseConnectionsClosesTheVHostsAlone(t *testing.T) {
 	target, other := testVHost(t, n), testVHost(t, n)
 	closed := dial(t, target).NotifyClose(make(chan *amqp.Error, 1))
 	otherCh := dial(t, other)
+	otherClosed := otherCh.NotifyClose(make(chan *amqp.Error, 1))
 	if err := n.CloseConnections(target, "erlnode test: closed"); err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +213,11 @@ func TestCloseConnectionsClosesTheVHostsAlone(t *testing.T) {
 	// answers only if the broker left it open.
 	if _, err := otherCh.QueueDeclare("", false, true, true, false, nil); err != nil {
 		t.Errorf("another vhost's connection was closed too: %v", err)
+	}
+	select {
+	case err := <-otherClosed:
+		t.Errorf("another vhost's channel was closed: %v", err)
+	default:
 	}
 }
 
