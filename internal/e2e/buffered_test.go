@@ -55,6 +55,9 @@ func brokerHolds(t *testing.T, amqpURL, queue string) (ready, unacked int) {
 	qs := testenv.Queues(t, strings.TrimPrefix(u.Path, "/"))
 	for _, q := range qs {
 		if q.Name == queue {
+			if !q.Counted {
+				t.Fatalf("queue %s listed without counts: %+v", queue, q)
+			}
 			return q.Ready, q.Unacked
 		}
 	}

@@ -317,9 +317,13 @@ func (e *env) brokerHolds() (ready, unacked int) {
 	e.t.Helper()
 	for _, q := range testenv.Queues(e.t, e.vhost) {
 		if q.Name == e.topo.Queue {
+			if !q.Counted {
+				e.t.Fatalf("queue %s listed without counts: %+v", q.Name, q)
+			}
 			return q.Ready, q.Unacked
 		}
 	}
+	e.t.Fatalf("queue %s not listed", e.topo.Queue)
 	return 0, 0
 }
 

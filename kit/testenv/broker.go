@@ -96,7 +96,9 @@ func ParseQueues(out string) ([]Queue, error) {
 }
 
 // Eval evaluates expr (ended by a dot) on the tests' broker and returns its
-// value as rabbitmqctl eval prints it.
+// value as rabbitmqctl eval prints it. Where its erl_call fails, it runs
+// again through rabbitmqctl eval: expr must be safe to run twice (a
+// question, or a change that sets a value).
 func Eval(t testing.TB, expr string) string {
 	t.Helper()
 	if n, ok := localNode(); ok {

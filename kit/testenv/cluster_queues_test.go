@@ -3,6 +3,7 @@
 package testenv
 
 import (
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -32,7 +33,10 @@ func TestClusterQueuesCountOnTheLeadersNode(t *testing.T) {
 	}
 	var got, want []Queue
 	Eventually(t, time.Minute, "the erl_call listing and rabbitmqctl's alike, 3 messages", func() (bool, error) {
-		got = c.Queues()
+		var ok bool
+		if got, ok = queuesOn(c.liveNodes(), c.VHost()); !ok {
+			return false, errors.New("no node answered erl_call")
+		}
 		out := c.Ctl("list_queues", "-q", "-p", c.VHost(), "--formatter", "json", "name", "messages", "messages_ready",
 			"messages_unacknowledged", "consumers", "leader")
 		var err error
