@@ -37,17 +37,24 @@ import (
 // day is removed. Where that directory is not private (another user's), the
 // programs are built into the test binary's own directory alone.
 func Build(pkgs string) (string, error) {
-	own, err := os.MkdirTemp("", "programs-")
+	cache, err := cacheDir(pkgs)
+	if err != nil {
+		return "", err
+	}
+	// The test binary's own directory: beside the caches, where a test
+	// binary that ended without RunMain (a crash, a panic at its -timeout)
+	// leaves it to be pruned with them.
+	parent := ""
+	if cache != "" {
+		parent = filepath.Dir(cache)
+	}
+	own, err := os.MkdirTemp(parent, ".own-")
 	if err != nil {
 		return "", err
 	}
 	buildMu.Lock()
 	buildDirs = append(buildDirs, own)
 	buildMu.Unlock()
-	cache, err := cacheDir(pkgs)
-	if err != nil {
-		return "", err
-	}
 	if cache == "" {
 		return own, goBuild(own, pkgs)
 	}
@@ -60,6 +67,10 @@ func Build(pkgs string) (string, error) {
 		return "", err
 	}
 	defer func() { _ = syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) }()
+	// A prune may have removed the cache while this waited for its lock.
+	if err := os.Mkdir(cache, 0o700); err != nil && !os.IsExist(err) {
+		return "", err
+	}
 	// go build touches a binary it finds up to date: what it made or kept
 	// is no older than the build.
 	began := time.Now().Add(-time.Second)
@@ -160,7 +171,10 @@ func linkOrCopy(from, to string) error {
 
 // pruneCaches removes the caches of root unused since before (a checkout
 // gone, a generated project's test directory), each under its lock, taken
-// without waiting: one in use is left.
+// without waiting: one in use is left. The lock files stay (one removed
+// while another process waits on it would let a third lock a new one and
+// build beside it). A test binary's own directory (.own-…) as old is left
+// from one that ended without RunMain: removed too.
 func pruneCaches(root string, before time.Time) {
 	entries, err := os.ReadDir(root)
 	if err != nil {
@@ -172,13 +186,16 @@ func pruneCaches(root string, before time.Time) {
 			continue
 		}
 		dir := filepath.Join(root, e.Name())
+		if strings.HasPrefix(e.Name(), ".own-") {
+			_ = os.RemoveAll(dir)
+			continue
+		}
 		lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 		if err != nil {
 			continue
 		}
 		if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
 			_ = os.RemoveAll(dir)
-			_ = os.Remove(dir + ".lock")
 		}
 		lock.Close()
 	}

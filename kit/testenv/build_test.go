@@ -16,6 +16,16 @@ func TestBuildTwiceLinksOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An hour old: the second build hands it on only if go build touches
+	// what it finds up to date (what it did not touch is stale to Build).
+	cache, err := cacheDir("./testdata/hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hour := time.Now().Add(-time.Hour)
+	if err := os.Chtimes(filepath.Join(cache, "hello"), hour, hour); err != nil {
+		t.Fatal(err)
+	}
 	second, err := Build("./testdata/hello")
 	if err != nil {
 		t.Fatal(err)
@@ -86,19 +96,23 @@ func TestBuildRefusesADirectoryOthersMayWrite(t *testing.T) {
 // A cache unused for longer than the limit is removed, one in use kept.
 func TestPruneCachesRemovesOnlyTheUnused(t *testing.T) {
 	root := t.TempDir()
-	old, fresh := filepath.Join(root, "old-1"), filepath.Join(root, "fresh-2")
-	for _, d := range []string{old, fresh} {
+	old, oldOwn, fresh := filepath.Join(root, "old-1"), filepath.Join(root, ".own-2"), filepath.Join(root, "fresh-3")
+	for _, d := range []string{old, oldOwn, fresh} {
 		if err := os.Mkdir(d, 0o700); err != nil {
 			t.Fatal(err)
 		}
 	}
 	day := time.Now().Add(-25 * time.Hour)
-	if err := os.Chtimes(old, day, day); err != nil {
-		t.Fatal(err)
+	for _, d := range []string{old, oldOwn} {
+		if err := os.Chtimes(d, day, day); err != nil {
+			t.Fatal(err)
+		}
 	}
 	pruneCaches(root, time.Now().Add(-24*time.Hour))
-	if _, err := os.Stat(old); !os.IsNotExist(err) {
-		t.Errorf("the cache unused for a day is still there (%v)", err)
+	for _, d := range []string{old, oldOwn} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s, unused for a day, is still there (%v)", d, err)
+		}
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("the cache in use was removed: %v", err)
