@@ -978,6 +978,10 @@ replicas_consuming() {
   for ((i = 1; i <= REPLICAS; i++)); do
     deadline=$((SECONDS + 120))
     until service_probe "$i" readyz || ((SECONDS >= deadline)); do sleep 1; done
+    if ! service_probe "$i" readyz; then
+      # What the replica says of itself: its checks, or why it answers none.
+      say "replica $i: alive: $(service_alive "$i" && echo yes || echo no); address: $(service_addr "$i" 2>&1); /readyz: $(curl -sS --max-time 5 "http://$(service_addr "$i" 2>/dev/null)/readyz" 2>&1 | head -c 600)"
+    fi
     expect "replica $i is consuming again at the end (/readyz 200)" service_probe "$i" readyz
   done
 }
