@@ -5,8 +5,10 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -143,7 +145,10 @@ func Probe(ctx context.Context, url string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return &statusError{url: url, code: resp.StatusCode}
+		// The answer's body names the failing check and why (/readyz's
+		// report): Docker keeps it in the container's health log.
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return &statusError{url: url, code: resp.StatusCode, body: strings.TrimSpace(string(body))}
 	}
 	return nil
 }
@@ -151,6 +156,13 @@ func Probe(ctx context.Context, url string) error {
 type statusError struct {
 	url  string
 	code int
+	body string
 }
 
-func (e *statusError) Error() string { return e.url + " answered " + http.StatusText(e.code) }
+func (e *statusError) Error() string {
+	msg := e.url + " answered " + http.StatusText(e.code)
+	if e.body != "" {
+		msg += ": " + e.body
+	}
+	return msg
+}

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"errors"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -93,4 +94,29 @@ func TestCachedRunsTheCheckOnceAWindow(t *testing.T) {
 		t.Fatalf("a caller whose context ended while another ran the check = %v, want context.Canceled", err)
 	}
 	<-c.turn
+}
+
+// TestProbeSaysWhichCheckFails: a failing probe (the container's health
+// check) reports the failing check and its reason, so that Docker's health
+// log shows why a replica is not ready, not only that it is not.
+func TestProbeSaysWhichCheckFails(t *testing.T) {
+	srv := httptest.NewServer(Mux(prometheus.NewRegistry(), map[string]Check{
+		"database": func(context.Context) error { return nil },
+		"outbox": func(context.Context) error {
+			return errors.New("outbox relay not connected to the broker: dial refused")
+		},
+	}))
+	defer srv.Close()
+	err := Probe(context.Background(), srv.URL+"/readyz")
+	if err == nil {
+		t.Fatal("Probe passed against a failing check")
+	}
+	for _, want := range []string{"Service Unavailable", `"outbox":"outbox relay not connected to the broker: dial refused"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Probe's error %q does not contain %q", err, want)
+		}
+	}
+	if err := Probe(context.Background(), srv.URL+"/healthz"); err != nil {
+		t.Errorf("Probe of a passing endpoint: %v", err)
+	}
 }
