@@ -100,7 +100,7 @@ func vhostEval(gone, add []string, user string) error {
 	bins := func(names []string) string {
 		q := make([]string, len(names))
 		for i, n := range names {
-			q[i] = `<<"` + n + `">>`
+			q[i] = erlnode.Binary(n)
 		}
 		return "[" + strings.Join(q, ",") + "]"
 	}
@@ -108,8 +108,8 @@ func vhostEval(gone, add []string, user string) error {
 	// caught, so that the rest goes on.
 	expr := fmt.Sprintf(`[catch rabbit_vhost:delete(V, <<"testenv">>) || V <- %s], `+
 		`[begin case rabbit_vhost:exists(V) of true -> ok; false -> ok = rabbit_vhost:add(V, <<"testenv">>) end, `+
-		`ok = rabbit_auth_backend_internal:set_permissions(<<"%s">>, V, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>) end || V <- %s], ok.`,
-		bins(gone), user, bins(add))
+		`ok = rabbit_auth_backend_internal:set_permissions(%s, V, <<".*">>, <<".*">>, <<".*">>, <<"testenv">>) end || V <- %s], ok.`,
+		bins(gone), erlnode.Binary(user), bins(add))
 	if n, ok := localNode(); ok {
 		out, err := n.Result(expr)
 		if err == nil && out == "ok" {
