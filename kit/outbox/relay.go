@@ -118,6 +118,10 @@ type Relay struct {
 	due chan struct{}
 	// state for readiness: "" while connected, else why not.
 	state atomic.Pointer[string]
+	// blocked follows the session's connection being blocked by the broker
+	// (nil between sessions): readiness reads it when asked, so that it
+	// cannot keep a block the session loop saw and missed the end of.
+	blocked atomic.Pointer[amqpsession.Blocked]
 }
 
 // NewRelay returns the relay of ob's rows in store.
@@ -149,8 +153,14 @@ func (r *Relay) Ready() error {
 	if s := *r.state.Load(); s != "" {
 		return errors.New(s)
 	}
+	if b := r.blocked.Load(); b != nil && b.Until() != nil {
+		return errBlocked
+	}
 	return nil
 }
+
+// errBlocked: the broker blocks the relay's connection.
+var errBlocked = errors.New("the broker blocks publishing (resource alarm)")
 
 // Run publishes until ctx ends. A batch in flight then is given its publish
 // timeout to be confirmed and marked: a row published and not marked is

@@ -62,6 +62,8 @@ func (r *Relay) session(ctx context.Context) error {
 	if s.cur, err = s.newEpoch(); err != nil {
 		return err
 	}
+	r.blocked.Store(l.blocked)
+	defer r.blocked.Store(nil)
 	r.setState("")
 	r.log.Info("outbox relay connected", "node", l.node, "exchanges", r.cfg.Exchanges)
 	if from := r.node.Connected(l.node); from != "" {
@@ -89,9 +91,6 @@ func (s *session) run(ctx context.Context) error {
 	defer poll.Stop()
 	for {
 		blocked := s.l.blockedUntil()
-		if blocked != nil {
-			r.setState("the broker blocks publishing (resource alarm)")
-		}
 		if blocked != nil || !s.win.fits(r.cfg.Batch) || !more {
 			// Blocked by an alarm, full, or nothing known to be due: wait
 			// for the unblock, room, a wake-up, a mark that made successors
@@ -104,7 +103,6 @@ func (s *session) run(ctx context.Context) error {
 				if s.l.conn.IsClosed() {
 					return fmt.Errorf("connection closed: %v", <-s.l.connClosed)
 				}
-				r.setState("")
 			case <-s.win.freed:
 			case <-r.outbox.wake: // this process committed rows: tell the others
 				signal(r.notify)

@@ -92,9 +92,15 @@ type Blocked struct {
 // closes, whoever waits for it to be unblocked is released (its session is
 // over), and changed is told it is unblocked if it was blocked.
 func WatchBlocked(conn *amqp.Connection, changed func(amqp.Blocking)) *Blocked {
-	b := &Blocked{done: make(chan struct{})}
 	// Buffered, and drained until the library closes it with the connection.
-	go b.follow(conn.NotifyBlocked(make(chan amqp.Blocking, 4)), changed)
+	return FollowBlocked(conn.NotifyBlocked(make(chan amqp.Blocking, 4)), changed)
+}
+
+// FollowBlocked is WatchBlocked over the broker's notes as they come (a
+// connection's NotifyBlocked channel), until notes is closed.
+func FollowBlocked(notes <-chan amqp.Blocking, changed func(amqp.Blocking)) *Blocked {
+	b := &Blocked{done: make(chan struct{})}
+	go b.follow(notes, changed)
 	return b
 }
 
