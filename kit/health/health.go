@@ -5,10 +5,12 @@ package health
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/pprof"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,12 +28,10 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
 		status, report := http.StatusOK, map[string]string{}
 		for name, check := range checks {
 			report[name] = "ok"
-			if err := check(ctx); err != nil {
+			if err := runCheck(r.Context(), check); err != nil {
 				status, report[name] = http.StatusServiceUnavailable, err.Error()
 			}
 		}
@@ -41,48 +41,78 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 	return mux
 }
 
-// Cached returns check answered at most once a window: a caller within the
-// window of the last run gets its answer (a failure included, but not one
-// of a caller whose context ended during the run), and callers
-// at the same time wait for the one run under way (or for their context).
+// Cached returns check answered at most once a window, and as fast as its
+// callers need: the check runs detached from them, under a timeout of its own
+// (CheckTimeout), one run at a time, and its answer is kept whoever still
+// waits for it. A caller within the window of the last answer gets that
+// answer (a failure included); any other caller starts a run, or joins the
+// one under way, and waits for it or for its context. A caller whose context
+// ends first gets the last answer if it is at most the window and
+// CheckTimeout old (the answer before the run under way), and else its
+// context's error. So a check slower than a prober's budget (a dial on a
+// loaded machine) still answers the next probe, and a check that hangs is
+// reported failing within the window and CheckTimeout.
+//
 // A check that dials anew (the database's: a session of its own, about 30
 // ms of CPU on a 2-core machine) then costs one session a window, however
 // often /readyz is probed and /metrics scraped (a test polling a metric
 // twenty times a second dialed twenty sessions a second).
 func Cached(check Check, window time.Duration) Check { return newCached(check, window).run }
 
+// CheckTimeout bounds one run of a Cached check.
+const CheckTimeout = 5 * time.Second
+
 func newCached(check Check, window time.Duration) *cached {
-	return &cached{check: check, window: window, now: time.Now, turn: make(chan struct{}, 1)}
+	return &cached{check: check, window: window, stale: window + CheckTimeout, now: time.Now}
 }
 
 type cached struct {
 	check  Check
 	window time.Duration
+	stale  time.Duration    // the oldest answer a caller that cannot wait gets
 	now    func() time.Time // a variable for the tests
-	turn   chan struct{}    // held by the caller that reads or runs the check
-	ran    bool
-	at     time.Time // when the last run ended
-	last   error
+
+	mu      sync.Mutex
+	ran     bool
+	at      time.Time     // when the last run ended
+	last    error         // its answer
+	running chan struct{} // closed when the run under way ends; nil when none
 }
 
 func (c *cached) run(ctx context.Context) error {
-	select {
-	case c.turn <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	defer func() { <-c.turn }()
+	c.mu.Lock()
 	if c.ran && c.now().Sub(c.at) < c.window {
+		defer c.mu.Unlock()
 		return c.last
 	}
-	err := c.check(ctx)
-	if ctx.Err() != nil {
-		// The caller gave up (a prober's timeout, a closed request): that
-		// is no answer of the database's, for the next callers to get.
-		return err
+	done := c.running
+	if done == nil {
+		done = make(chan struct{})
+		c.running = done
+		go c.runOnce(done)
 	}
-	c.last, c.ran, c.at = err, true, c.now()
-	return err
+	c.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ran && (ctx.Err() == nil || c.now().Sub(c.at) < c.stale) {
+		return c.last
+	}
+	return fmt.Errorf("no answer yet (a check is under way): %w", ctx.Err())
+}
+
+// runOnce runs the check under its own timeout and keeps its answer.
+func (c *cached) runOnce(done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), CheckTimeout)
+	defer cancel()
+	err := c.check(ctx)
+	c.mu.Lock()
+	c.last, c.ran, c.at, c.running = err, true, c.now(), nil
+	c.mu.Unlock()
+	close(done)
 }
 
 // Readiness exports the result of each check at every scrape as
@@ -108,10 +138,14 @@ func (r readiness) Collect(ch chan<- prometheus.Metric) {
 
 // passes runs one check with a timeout of its own: one that hangs fails
 // alone, not those after it.
-func passes(check Check) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+func passes(check Check) bool { return runCheck(context.Background(), check) == nil }
+
+// runCheck runs one check with a timeout of its own (a check that hangs
+// fails alone, not those after it).
+func runCheck(ctx context.Context, check Check) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return check(ctx) == nil
+	return check(ctx)
 }
 
 // Pprof adds the runtime profiles of net/http/pprof under /debug/pprof/; a

@@ -44,8 +44,7 @@ service_readiness{check="database"} 1
 
 // A cached check runs once a window: the callers within it get the last
 // answer, a failure included, and the first caller after it runs the
-// check again; a caller that waits for another's run gives up with its
-// context.
+// check again.
 func TestCachedRunsTheCheckOnceAWindow(t *testing.T) {
 	runs := 0
 	var answer error
@@ -73,27 +72,93 @@ func TestCachedRunsTheCheckOnceAWindow(t *testing.T) {
 		t.Fatalf("within the second window: %v after %d runs, want the cached failure after 2", err, runs)
 	}
 
-	// A run cut short by its caller's context is not kept: the next caller
-	// runs the check again.
-	clock = clock.Add(time.Second)
-	answer = nil
-	gone, leave := context.WithCancel(ctx)
-	c.check = func(context.Context) error { runs++; leave(); return gone.Err() }
-	if err := check(gone); !errors.Is(err, context.Canceled) || runs != 3 {
-		t.Fatalf("a run whose caller left: %v after %d runs, want context.Canceled after 3", err, runs)
-	}
-	c.check = func(context.Context) error { runs++; return answer }
-	if err := check(ctx); err != nil || runs != 4 {
-		t.Fatalf("after a run whose caller left: %v after %d runs, want nil from a new run, the 4th", err, runs)
-	}
-
-	c.turn <- struct{}{} // another caller's run under way
+	// A caller whose context has ended, with no answer recent enough,
+	// gets its context's error, not an old answer.
+	clock = clock.Add(time.Minute)
+	release := make(chan struct{})
+	c.check = func(context.Context) error { <-release; return nil } // answers after the caller left
 	ended, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := check(ended); !errors.Is(err, context.Canceled) {
-		t.Fatalf("a caller whose context ended while another ran the check = %v, want context.Canceled", err)
+		t.Fatalf("a caller whose context ended, the last answer a minute old: %v, want context.Canceled", err)
 	}
-	<-c.turn
+	close(release)
+}
+
+// A check slower than its callers can wait still answers them: its run goes
+// on after the caller that started it gave up, and its answer is kept for
+// the next callers; a caller that cannot wait for a run under way gets the
+// answer before it while that is recent, and the check's own timeout bounds
+// how stale it can be. Before, a run whose caller gave up was thrown away:
+// a database that took longer to answer than a probe's budget (a loaded
+// machine) failed every probe, and a replica never turned healthy.
+func TestCachedSlowCheckAnswersTheNextCallers(t *testing.T) {
+	started := make(chan struct{}, 1)
+	release := make(chan error)
+	runs := 0
+	c := newCached(func(context.Context) error {
+		runs++
+		started <- struct{}{}
+		return <-release
+	}, time.Second)
+	clock := time.Unix(0, 0)
+	c.now = func() time.Time { return clock }
+	answered := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.running == nil
+	}
+
+	// The first caller gives up before the answer.
+	probe, giveUp := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- c.run(probe) }()
+	<-started
+	giveUp()
+	if err := <-first; err == nil {
+		t.Fatal("a caller that gave up before any answer got nil")
+	}
+	release <- nil // the database answers after all
+	eventually(t, answered)
+	if err := c.run(context.Background()); err != nil || runs != 1 {
+		t.Fatalf("after the slow run: %v after %d runs, want its nil after 1", err, runs)
+	}
+
+	// Past the window, a caller that cannot wait for the new run gets the
+	// answer before it, while that is at most the check's timeout and the
+	// window old.
+	clock = clock.Add(2 * time.Second)
+	probe, giveUp = context.WithCancel(context.Background())
+	go func() { first <- c.run(probe) }()
+	<-started
+	giveUp()
+	if err := <-first; err != nil {
+		t.Fatalf("a caller that cannot wait, with a recent answer: %v, want that answer (nil)", err)
+	}
+	clock = clock.Add(c.stale)
+	probe, giveUp = context.WithCancel(context.Background())
+	go func() { first <- c.run(probe) }()
+	giveUp()
+	if err := <-first; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a caller that cannot wait, with an answer too old: %v, want context.Canceled", err)
+	}
+	down := errors.New("connection refused")
+	release <- down
+	eventually(t, answered)
+	if err := c.run(context.Background()); !errors.Is(err, down) || runs != 2 {
+		t.Fatalf("after the second run: %v after %d runs, want its failure after 2", err, runs)
+	}
+}
+
+// eventually waits until cond holds (a goroutine's step), failing the test
+// after a long deadline.
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the condition did not come within 30 s")
+		}
+	}
 }
 
 // TestProbeSaysWhichCheckFails: a failing probe (the container's health

@@ -322,8 +322,8 @@ func PruneConfig(cfg Config) retention.Config {
 // session of its own each time (it sees a failover or a database turned
 // read-only at once): /readyz and the readiness metric share one run a
 // second (health.Cached), so that a prober or a scraper polling often costs
-// the database one session a second. The runtime's pause checks call it
-// directly.
+// the database one session a second, and a dial slower than a probe's budget
+// still answers the next probe. The runtime's pause checks call it directly.
 func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task, check health.Check) *http.ServeMux {
 	checks := map[string]health.Check{
 		"consumer": func(context.Context) error { return rt.Ready() },
