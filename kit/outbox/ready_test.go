@@ -40,6 +40,6 @@ func TestRelayReadinessFollowsTheBrokersBlock(t *testing.T) {
 	eventually(t, "the relay is ready after the unblock", 10*time.Second, readyIs(nil))
 	notes <- amqp.Blocking{Active: true, Reason: "low on disk"}
 	eventually(t, "the relay reports the second block", 10*time.Second, readyIs(errBlocked))
-	close(notes) // the connection closed: no longer blocked, and the session's error says the rest
+	close(notes) // the connection closed: no longer blocked (the session's end says why it is not ready)
 	eventually(t, "the relay is not blocked once the connection closed", 10*time.Second, readyIs(nil))
 }

@@ -147,8 +147,8 @@ func NewRelay(cfg RelayConfig, store *Store, ob *Outbox, m *Metrics, log *slog.L
 
 func (r *Relay) setState(s string) { r.state.Store(&s) }
 
-// Ready reports nil while the relay is connected to the broker. A backlog
-// alone never fails it.
+// Ready reports nil while the relay is connected to the broker and not
+// blocked by it. A backlog alone never fails it.
 func (r *Relay) Ready() error {
 	if s := *r.state.Load(); s != "" {
 		return errors.New(s)

@@ -72,6 +72,13 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	s.c = r.startCompleter(s.win)
 	err = s.run(ctx)
+	// Not ready from here on: what is in flight may take its publish
+	// timeout to settle, and the connection its close.
+	if err != nil {
+		r.setState("outbox relay session ending: " + err.Error())
+	} else {
+		r.setState("outbox relay stopping")
+	}
 	// Whatever is in flight is confirmed (or times out) and settled, detached
 	// from the stop: a row published and not marked is published again by
 	// the next relay, with the same id.

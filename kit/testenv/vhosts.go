@@ -3,7 +3,6 @@ package testenv
 import (
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -20,8 +19,7 @@ import (
 // adds the next vhostBatch, each with the user's permissions; RunMain
 // deletes what is left when the tests end. The eval goes through erl_call
 // where it reaches the broker's node (localNode), else rabbitmqctl eval.
-// Without RunMain, for a user name that is not plain, or once an eval
-// failed both ways (another broker version), every vhost is added and
+// Without RunMain, or once an eval failed both ways (another broker version), every vhost is added and
 // deleted on its own with rabbitmqctl, as before. A test that failed has its vhost deleted
 // at once: what it left running stops there, not in another test.
 const vhostBatch = 8
@@ -36,16 +34,13 @@ var vhostPool struct {
 	released []string
 }
 
-// plainName is what the pool writes into Erlang binaries unquoted.
-var plainName = regexp.MustCompile(`^[A-Za-z0-9_.@-]+$`)
-
 // pooledVHost returns a vhost of the pool for user, or "" where the pool is
 // off (the caller adds one on its own).
 func pooledVHost(t testing.TB, user string) string {
 	t.Helper()
 	vhostPool.Lock()
 	defer vhostPool.Unlock()
-	if !vhostPool.on || !plainName.MatchString(user) || (vhostPool.user != "" && vhostPool.user != user) {
+	if !vhostPool.on || (vhostPool.user != "" && vhostPool.user != user) {
 		return ""
 	}
 	if len(vhostPool.free) == 0 {
