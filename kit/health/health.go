@@ -59,6 +59,16 @@ func Mux(gatherer prometheus.Gatherer, checks map[string]Check) *http.ServeMux {
 // twenty times a second dialed twenty sessions a second).
 func Cached(check Check, window time.Duration) Check { return newCached(check, window).run }
 
+// Shared returns check with one run at a time shared by its callers: a
+// caller while a run is under way waits for that run's answer (or for its
+// context) instead of starting another. The run is Cached's, detached under
+// CheckTimeout; nothing is kept after it, so the next caller runs the check
+// again. A burst of callers (every worker of a consumer asking whether the
+// database is up after their outside calls timed out at once) costs one
+// check, not a queue of them behind a checker's single connection, where the
+// queue alone outlasted the callers' timeouts and read as an outage.
+func Shared(check Check) Check { return newCached(check, 0).run }
+
 // CheckTimeout bounds one run of a Cached check.
 const CheckTimeout = 5 * time.Second
 
@@ -73,6 +83,7 @@ type cached struct {
 	now    func() time.Time // a variable for the tests
 
 	mu      sync.Mutex
+	waiting int // callers waiting for the run under way (for the tests)
 	ran     bool
 	at      time.Time     // when the last run ended
 	last    error         // its answer
@@ -91,6 +102,7 @@ func (c *cached) run(ctx context.Context) error {
 		c.running = done
 		go c.runOnce(done)
 	}
+	c.waiting++
 	c.mu.Unlock()
 	select {
 	case <-done:
@@ -98,6 +110,7 @@ func (c *cached) run(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.waiting--
 	if c.ran && (ctx.Err() == nil || c.now().Sub(c.at) < c.stale) {
 		return c.last
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,6 +148,38 @@ func TestCachedSlowCheckAnswersTheNextCallers(t *testing.T) {
 	eventually(t, answered)
 	if err := c.run(context.Background()); !errors.Is(err, down) || runs != 2 {
 		t.Fatalf("after the second run: %v after %d runs, want its failure after 2", err, runs)
+	}
+}
+
+// Callers of a shared check while a run is under way get that run's answer:
+// a burst of them costs one run. After it nothing is kept: the next caller
+// runs the check again.
+func TestSharedCheckRunsOnceForABurst(t *testing.T) {
+	release := make(chan struct{})
+	var runs atomic.Int32
+	down := errors.New("connection refused")
+	c := newCached(func(context.Context) error { runs.Add(1); <-release; return down }, 0)
+	const burst = 50
+	answers := make(chan error, burst)
+	for range burst {
+		go func() { answers <- c.run(context.Background()) }()
+	}
+	eventually(t, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.waiting == burst
+	})
+	close(release)
+	for range burst {
+		if err := <-answers; !errors.Is(err, down) {
+			t.Fatalf("a caller of the burst got %v, want the run's answer %v", err, down)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("a burst of %d callers ran the check %d times, want 1", burst, n)
+	}
+	if err := c.run(context.Background()); !errors.Is(err, down) || runs.Load() != 2 {
+		t.Fatalf("the next caller: %v after %d runs, want a new run, the 2nd", err, runs.Load())
 	}
 }
 

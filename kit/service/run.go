@@ -65,6 +65,10 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 		return err
 	}
 	defer checker.Close()
+	// One check at a time, shared by whoever asks meanwhile: the workers'
+	// pause checks (a burst when an outside call times out for all of them),
+	// readiness and the readiness metric.
+	check := health.Shared(checker.Check)
 	// The handlers' reads have a pool of read-only sessions of their own:
 	// one round trip a statement, where a read-only transaction on the
 	// service's pool costs a BEGIN and a COMMIT more.
@@ -95,7 +99,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 	if err != nil {
 		return err
 	}
-	rt, err := newRuntime(opts, k, checker.Check)
+	rt, err := newRuntime(opts, k, check)
 	if err != nil {
 		return err
 	}
@@ -112,7 +116,7 @@ func Run(ctx context.Context, opts Options, args []string, stdout io.Writer) err
 	}
 	// Probes, scrapes and fault calls are small and quick: bounded reads,
 	// headers, writes (a CPU profile takes 30 s) and idle keep-alives.
-	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: newMux(k, reg, rt, tasks, checker.Check),
+	srv := &http.Server{Addr: cfg.HTTPAddr, Handler: newMux(k, reg, rt, tasks, check),
 		ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 60 * time.Second,
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 16 << 10}
 	return explainMismatch(cfg, serve(ctx, srv, rt, pruner, tasks, cfg.ShutdownTimeout, log))
@@ -323,7 +327,8 @@ func PruneConfig(cfg Config) retention.Config {
 // read-only at once): /readyz and the readiness metric share one run a
 // second (health.Cached), so that a prober or a scraper polling often costs
 // the database one session a second, and a dial slower than a probe's budget
-// still answers the next probe. The runtime's pause checks call it directly.
+// still answers the next probe. The runtime's pause checks share its runs
+// (health.Shared) but keep no answer.
 func newMux(k *Kit, reg prometheus.Gatherer, rt *consumer.Runtime, tasks []Task, check health.Check) *http.ServeMux {
 	checks := map[string]health.Check{
 		"consumer": func(context.Context) error { return rt.Ready() },
