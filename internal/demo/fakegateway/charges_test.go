@@ -501,8 +501,13 @@ func assertOneCharge(t *testing.T, e *env, replies []reply, key string) {
 // same key and request after that is a new charge, the card charged twice. A
 // retry or a dead-letter replay that late is not protected by the key.
 func TestChargeExpiredKeyChargesAgain(t *testing.T) {
-	eachStore(t, Options{}, func(t *testing.T, e *env) {
-		e.setFaults(t, Faults{KeyTTL: time.Second})
+	// The key lifetime is an hour and the charges are made older than it in
+	// the store, not by waiting: a lifetime of a second let the new charge
+	// expire too while the concurrent requests below ran on a loaded machine.
+	// The in-flight takeover is longer than the ages, so an old claim stays
+	// in flight.
+	eachStore(t, Options{InFlightTakeover: 3 * time.Hour}, func(t *testing.T, e *env) {
+		e.setFaults(t, Faults{KeyTTL: time.Hour})
 		body := chargeJSON("ord-ttl", 1000)
 		first := e.post(t, "key-ttl", body)
 		if first.code != http.StatusCreated {
@@ -516,7 +521,8 @@ func TestChargeExpiredKeyChargesAgain(t *testing.T) {
 		if _, ok, err := e.srv.store.claim(context.Background(), "ch_flying", "key-flying", req.fingerprint(), req); err != nil || !ok {
 			t.Fatalf("claim = %v, %v", ok, err)
 		}
-		time.Sleep(1200 * time.Millisecond)
+		e.probe.age(t, "key-flying", 2*time.Hour)
+		e.probe.ageCompleted(t, "key-ttl", 2*time.Hour)
 
 		// Concurrent requests after the expiry: exactly one charges again.
 		replies := postConcurrently(t, e, 10, "key-ttl", body)
@@ -549,7 +555,7 @@ func TestChargeExpiredKeyChargesAgain(t *testing.T) {
 			t.Fatalf("an old in-flight key: %d %s, want 409", got.code, got.body)
 		}
 		// Forgotten means forgotten: another request on the key is not a 422.
-		time.Sleep(1200 * time.Millisecond)
+		e.probe.ageCompleted(t, "key-ttl", 2*time.Hour)
 		if got := e.post(t, "key-ttl", chargeJSON("ord-other", 2500)); got.code != http.StatusCreated || got.replayed != "" {
 			t.Fatalf("another request on an expired key: %d %s, want a new charge", got.code, got.body)
 		}

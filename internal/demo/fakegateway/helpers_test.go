@@ -82,6 +82,8 @@ type probe interface {
 	count(t *testing.T) int
 	// age makes the key's claim time d ago.
 	age(t *testing.T, key string, d time.Duration)
+	// ageCompleted makes the key's completion time d ago.
+	ageCompleted(t *testing.T, key string, d time.Duration)
 }
 
 func openPostgres(t *testing.T) (Store, probe) {
@@ -212,6 +214,15 @@ func (p postgresProbe) age(t *testing.T, key string, d time.Duration) {
 	}
 }
 
+func (p postgresProbe) ageCompleted(t *testing.T, key string, d time.Duration) {
+	t.Helper()
+	res := p.db.Exec(`UPDATE charges SET completed_at = now() - make_interval(secs => ?) WHERE idempotency_key = ? AND forgotten_at IS NULL AND completed_at IS NOT NULL`,
+		d.Seconds(), key)
+	if res.Error != nil || res.RowsAffected != 1 {
+		t.Fatalf("age the completion of key %s: %v (%d rows)", key, res.Error, res.RowsAffected)
+	}
+}
+
 type memoryProbe struct{ s *MemoryStore }
 
 func (p memoryProbe) row(t *testing.T, key string) row {
@@ -248,6 +259,17 @@ func (p memoryProbe) age(t *testing.T, key string, d time.Duration) {
 		t.Fatalf("age key %s: none", key)
 	}
 	ch.createdAt = time.Now().Add(-d)
+}
+
+func (p memoryProbe) ageCompleted(t *testing.T, key string, d time.Duration) {
+	t.Helper()
+	p.s.mu.Lock()
+	defer p.s.mu.Unlock()
+	ch, ok := p.s.byKey[key]
+	if !ok || ch.completedAt.IsZero() {
+		t.Fatalf("age the completion of key %s: no completed charge", key)
+	}
+	ch.completedAt = time.Now().Add(-d)
 }
 
 // counter reads one series of the registry, 0 when absent.
