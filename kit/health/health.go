@@ -63,7 +63,8 @@ func Cached(check Check, window time.Duration) Check { return newCached(check, w
 // caller while a run is under way waits for that run's answer (or for its
 // context) instead of starting another. The run is Cached's, detached under
 // CheckTimeout; nothing is kept after it, so the next caller runs the check
-// again. A burst of callers (every worker of a consumer asking whether the
+// again, and a caller whose context ends before the run's answer gets its
+// context's error. A burst of callers (every worker of a consumer asking whether the
 // database is up after their outside calls timed out at once) costs one
 // check, not a queue of them behind a checker's single connection, where the
 // queue alone outlasted the callers' timeouts and read as an outage.
@@ -73,7 +74,11 @@ func Shared(check Check) Check { return newCached(check, 0).run }
 const CheckTimeout = 5 * time.Second
 
 func newCached(check Check, window time.Duration) *cached {
-	return &cached{check: check, window: window, stale: window + CheckTimeout, now: time.Now}
+	c := &cached{check: check, window: window, now: time.Now}
+	if window > 0 { // Shared keeps nothing past its run
+		c.stale = window + CheckTimeout
+	}
+	return c
 }
 
 type cached struct {
@@ -104,17 +109,24 @@ func (c *cached) run(ctx context.Context) error {
 	}
 	c.waiting++
 	c.mu.Unlock()
+	answered := false
 	select {
 	case <-done:
+		answered = true
 	case <-ctx.Done():
+		select { // both may be ready: the run's answer wins
+		case <-done:
+			answered = true
+		default:
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.waiting--
-	if c.ran && (ctx.Err() == nil || c.now().Sub(c.at) < c.stale) {
+	if c.ran && (answered || c.now().Sub(c.at) < c.stale) {
 		return c.last
 	}
-	return fmt.Errorf("no answer yet (a check is under way): %w", ctx.Err())
+	return fmt.Errorf("the check gave no answer in time: %w", ctx.Err())
 }
 
 // runOnce runs the check under its own timeout and keeps its answer.

@@ -181,6 +181,15 @@ func TestSharedCheckRunsOnceForABurst(t *testing.T) {
 	if err := c.run(context.Background()); !errors.Is(err, down) || runs.Load() != 2 {
 		t.Fatalf("the next caller: %v after %d runs, want a new run, the 2nd", err, runs.Load())
 	}
+	// A caller that cannot wait for a run gets no earlier answer.
+	c.check = func(context.Context) error { <-release; return nil }
+	release = make(chan struct{})
+	gone, leave := context.WithCancel(context.Background())
+	leave()
+	if err := c.run(gone); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a caller that cannot wait: %v, want context.Canceled, not the earlier answer", err)
+	}
+	close(release)
 }
 
 // eventually waits until cond holds (a goroutine's step), failing the test
