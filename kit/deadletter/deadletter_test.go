@@ -502,3 +502,32 @@ func TestReplayNeedsAnAgeLimit(t *testing.T) {
 		t.Fatal("a replay without an age limit ran")
 	}
 }
+
+// A list, a dry run and a replay run one right after the other see the
+// same dead letters: each gives back what it held before it returns. Before,
+// each gave them back by closing its channel, and a quorum queue makes
+// returned messages ready a moment later: the next command counted fewer
+// ready messages and visited only those ("0 replayed" after a list).
+func TestCommandsRightAfterEachOtherSeeEveryDeadLetter(t *testing.T) {
+	b := newBroker(t)
+	const n = 30
+	for i := range n {
+		b.put(deadLetter{fmt.Sprintf("m-%d", i), fmt.Sprintf("o-%d", i), "retries_exhausted", 5, 0})
+	}
+	b.waitDepth(b.topo.DeadLetterQueue, n)
+	q := b.queue()
+	for round := range 5 {
+		l, err := q.List(context.Background(), n)
+		if err != nil || l.Depth != n || len(l.Messages) != n {
+			t.Fatalf("round %d: list: depth %d, %d messages (%v), want %d", round, l.Depth, len(l.Messages), err, n)
+		}
+		rep, err := q.Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, NoAgeLimit: true, DryRun: true})
+		if err != nil || rep.Depth != n || len(rep.Replayed) != n {
+			t.Fatalf("round %d: the dry run right after the list: depth %d, %d would be replayed (%v), want %d", round, rep.Depth, len(rep.Replayed), err, n)
+		}
+	}
+	rep, err := q.Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, NoAgeLimit: true})
+	if err != nil || len(rep.Replayed) != n {
+		t.Fatalf("the replay right after a dry run: %d replayed of depth %d (%v), want %d", len(rep.Replayed), rep.Depth, err, n)
+	}
+}

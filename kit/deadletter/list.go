@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Listing is a look at the head of the dead-letter queue.
@@ -29,7 +32,9 @@ type Listing struct {
 //     default (TestListingRepeatedlyKeepsMessages looks 25 times).
 //
 // Closing the channel returns them all in one step, and also when List fails
-// halfway or the process dies: no path acks a listed message.
+// halfway or the process dies: no path acks a listed message. List returns
+// once they are ready again (giveBack), so that a command run right after
+// it sees them.
 func (q *Queue) List(ctx context.Context, limit int) (Listing, error) {
 	if limit < 1 {
 		return Listing{}, errors.New("list: limit must be at least 1")
@@ -38,8 +43,10 @@ func (q *Queue) List(ctx context.Context, limit int) (Listing, error) {
 	if err != nil {
 		return Listing{}, fmt.Errorf("open channel: %w", err)
 	}
-	defer ch.Close() // returns every message taken below to the queue
 	var l Listing
+	// Returns every message taken below to the queue, ready again before
+	// List returns.
+	defer func() { q.giveBack(ctx, ch, len(l.Messages)) }()
 	if l.Depth, err = depth(ch, q.topo.DeadLetterQueue); err != nil {
 		return l, err
 	}
@@ -58,3 +65,40 @@ func (q *Queue) List(ctx context.Context, limit int) (Listing, error) {
 	}
 	return l, nil
 }
+
+// giveBack closes ch, on which held dead letters were taken and not acked,
+// so that the broker returns them to the queue, and waits until the queue
+// shows them ready again: a quorum queue applies the returns a moment after
+// the close, and a list or replay run right after would count fewer ready
+// messages and visit only those. AMQP offers no barrier for it (a nack, a
+// recover and a passive declare are all answered before the returns are
+// applied), so the depth is polled, for at most giveBackWait or until ctx
+// ends: dead letters arriving meanwhile may end the wait early, and another
+// dlq command holding some may make it last that long, both harmless.
+func (q *Queue) giveBack(ctx context.Context, ch *amqp.Channel, held int) {
+	if held == 0 {
+		_ = ch.Close()
+		return
+	}
+	before, err := depth(ch, q.topo.DeadLetterQueue) // the held ones are not ready
+	_ = ch.Close()
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(giveBackWait)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		look, err := q.conn.Channel()
+		if err != nil {
+			return
+		}
+		n, err := depth(look, q.topo.DeadLetterQueue)
+		_ = look.Close()
+		if err != nil || n >= before+held {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// giveBackWait bounds giveBack's wait.
+const giveBackWait = 5 * time.Second

@@ -89,8 +89,8 @@ type ReplayReport struct {
 // Each copy is published with a confirm and the dead letter is acked only
 // after that: a crash in between leaves both, and the copy replayed twice is a
 // duplicate the inbox suppresses. Messages not replayed are held unacked until
-// the end and then returned by closing the channel (see List), so no message
-// is taken twice in one run, and at most Depth messages are visited: dead
+// the end and then returned by closing the channel, ready again before Replay
+// returns (see List), so no message is taken twice in one run, and at most Depth messages are visited: dead
 // letters arriving meanwhile, including a replayed message failing again at
 // once, wait for the next run.
 //
@@ -110,7 +110,14 @@ func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (R
 	if err != nil {
 		return rep, fmt.Errorf("open channel: %w", err)
 	}
-	defer get.Close() // returns the messages not replayed
+	// Returns the messages not replayed, ready again before Replay returns.
+	defer func() {
+		held := rep.Visited
+		if !opts.DryRun {
+			held -= len(rep.Replayed) // acked
+		}
+		q.giveBack(ctx, get, held)
+	}()
 	if rep.Depth, err = depth(get, q.topo.DeadLetterQueue); err != nil {
 		return rep, err
 	}
