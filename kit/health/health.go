@@ -105,7 +105,7 @@ func (c *cached) run(ctx context.Context) error {
 	if done == nil {
 		done = make(chan struct{})
 		c.running = done
-		go c.runOnce(done)
+		go c.runOnce(done) // #nosec G118 -- detached on purpose: the run outlives a caller that gave up, under its own timeout
 	}
 	c.waiting++
 	c.mu.Unlock()
