@@ -526,8 +526,17 @@ func TestCommandsRightAfterEachOtherSeeEveryDeadLetter(t *testing.T) {
 			t.Fatalf("round %d: the dry run right after the list: depth %d, %d would be replayed (%v), want %d", round, rep.Depth, len(rep.Replayed), err, n)
 		}
 	}
-	rep, err := q.Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, NoAgeLimit: true})
-	if err != nil || len(rep.Replayed) != n {
-		t.Fatalf("the replay right after a dry run: %d replayed of depth %d (%v), want %d", len(rep.Replayed), rep.Depth, err, n)
+	// A replay gives back what it did not replay: the list right after it
+	// sees the rest.
+	rep, err := q.Replay(context.Background(), Selector{ID: "m-0"}, ReplayOptions{MaxReplays: 3, NoAgeLimit: true})
+	if err != nil || len(rep.Replayed) != 1 {
+		t.Fatalf("the replay of m-0 right after a dry run: %d replayed of depth %d (%v), want 1", len(rep.Replayed), rep.Depth, err)
+	}
+	if l, err := q.List(context.Background(), n); err != nil || l.Depth != n-1 {
+		t.Fatalf("the list right after the replay of m-0: depth %d (%v), want %d", l.Depth, err, n-1)
+	}
+	rep, err = q.Replay(context.Background(), Selector{All: true}, ReplayOptions{MaxReplays: 3, NoAgeLimit: true})
+	if err != nil || len(rep.Replayed) != n-1 {
+		t.Fatalf("the replay right after the list: %d replayed of depth %d (%v), want %d", len(rep.Replayed), rep.Depth, err, n-1)
 	}
 }

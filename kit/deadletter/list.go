@@ -80,19 +80,22 @@ func (q *Queue) giveBack(ctx context.Context, ch *amqp.Channel, held int) {
 		_ = ch.Close()
 		return
 	}
-	before, err := depth(ch, q.topo.DeadLetterQueue) // the held ones are not ready
+	// The held ones are not ready. (A quorum queue's count that took the
+	// broker over 250 ms reads 0: the wait may then end early, the next
+	// command seeing fewer, as without it.)
+	before, err := depth(ch, q.topo.DeadLetterQueue)
 	_ = ch.Close()
 	if err != nil {
 		return
 	}
+	look, err := q.conn.Channel()
+	if err != nil {
+		return
+	}
+	defer func() { _ = look.Close() }()
 	deadline := time.Now().Add(giveBackWait)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
-		look, err := q.conn.Channel()
-		if err != nil {
-			return
-		}
 		n, err := depth(look, q.topo.DeadLetterQueue)
-		_ = look.Close()
 		if err != nil || n >= before+held {
 			return
 		}

@@ -89,10 +89,10 @@ type ReplayReport struct {
 // Each copy is published with a confirm and the dead letter is acked only
 // after that: a crash in between leaves both, and the copy replayed twice is a
 // duplicate the inbox suppresses. Messages not replayed are held unacked until
-// the end and then returned by closing the channel, ready again before Replay
-// returns (see List), so no message is taken twice in one run, and at most Depth messages are visited: dead
-// letters arriving meanwhile, including a replayed message failing again at
-// once, wait for the next run.
+// the end and then returned by closing the channel, normally ready again
+// before Replay returns (see List), so no message is taken twice in one run,
+// and at most Depth messages are visited: dead letters arriving meanwhile,
+// including a replayed message failing again at once, wait for the next run.
 //
 // On an error Replay stops; the report says what was done until then.
 func (q *Queue) Replay(ctx context.Context, sel Selector, opts ReplayOptions) (ReplayReport, error) {
