@@ -64,10 +64,10 @@ func Cached(check Check, window time.Duration) Check { return newCached(check, w
 // context) instead of starting another. The run is Cached's, detached under
 // CheckTimeout; nothing is kept after it, so the next caller runs the check
 // again, and a caller whose context ends before the run's answer gets its
-// context's error. A burst of callers (every worker of a consumer asking whether the
-// database is up after their outside calls timed out at once) costs one
-// check, not a queue of them behind a checker's single connection, where the
-// queue alone outlasted the callers' timeouts and read as an outage.
+// context's error. A burst of callers (every worker of a consumer asking
+// whether the database is up after their outside calls timed out at once)
+// costs one check, not a queue of them behind a checker's single connection,
+// where the queue alone outlasted the callers' timeouts and read as an outage.
 func Shared(check Check) Check { return newCached(check, 0).run }
 
 // CheckTimeout bounds one run of a Cached check.
