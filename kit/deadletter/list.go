@@ -7,6 +7,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 )
 
 // Listing is a look at the head of the dead-letter queue.
@@ -99,7 +101,9 @@ func (q *Queue) giveBack(ctx context.Context, ch *amqp.Channel, held int) {
 		if err != nil || n >= before+held {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		if !amqpsession.Sleep(ctx, 10*time.Millisecond) {
+			return
+		}
 	}
 }
 
