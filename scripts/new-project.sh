@@ -247,16 +247,23 @@ type Record struct {
 // TableName is the table the migration creates.
 func (Record) TableName() string { return "$table" }
 
+// The service's dead-letter reasons, declared once: a word not of the form of
+// one stops the program as it starts.
+var (
+	ReasonMalformedJSON = consumer.NewReason("malformed_json")
+	ReasonMissingField  = consumer.NewReason("missing_field")
+)
+
 // Decode$Event decodes and validates a body. A body it refuses is
 // dead-lettered with the reason given here, before any handler runs, and
 // never retried: refuse here what no retry can fix.
 func Decode$Event(body []byte) ($Event, error) {
 	var ev $Event
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, consumer.Permanent("malformed_json", err)
+		return ev, consumer.Permanent(ReasonMalformedJSON, err)
 	}
 	if ev.Key == "" {
-		return ev, consumer.Permanent("missing_field", nil)
+		return ev, consumer.Permanent(ReasonMissingField, nil)
 	}
 	return ev, nil
 }

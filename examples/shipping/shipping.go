@@ -34,15 +34,23 @@ type Shipment struct {
 	PickupID  string
 }
 
+// The service's dead-letter reasons, declared once: a word not of the form of
+// one stops the program as it starts.
+var (
+	ReasonMalformedJSON   = consumer.NewReason("malformed_json")
+	ReasonMissingField    = consumer.NewReason("missing_field")
+	ReasonCarrierRejected = consumer.NewReason("carrier_rejected")
+)
+
 // DecodeOrderPaid decodes and validates a body; a refused one is
 // dead-lettered with the reason given here, before any handler runs.
 func DecodeOrderPaid(body []byte) (OrderPaid, error) {
 	var ev OrderPaid
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, consumer.Permanent("malformed_json", err)
+		return ev, consumer.Permanent(ReasonMalformedJSON, err)
 	}
 	if ev.OrderID == "" || ev.Address == "" {
-		return ev, consumer.Permanent("missing_field", nil)
+		return ev, consumer.Permanent(ReasonMissingField, nil)
 	}
 	return ev, nil
 }

@@ -29,11 +29,29 @@ const (
 // OutcomeDeclined counts a card decline: a business outcome, recorded and acked.
 const OutcomeDeclined consumer.Outcome = "declined"
 
-// ReasonOrderConflict dead-letters an order published again with another
-// amount, currency or customer: whether the first is paid or still in flight,
-// the gateway refuses the order's key for another request (422), and a payment
-// already recorded is compared too, in case the gateway forgot the key.
-const ReasonOrderConflict = "order_conflict"
+// The service's dead-letter reasons and pause cause, declared once: a word
+// not of the form of one stops the program as it starts.
+var (
+	// ReasonOrderConflict dead-letters an order published again with another
+	// amount, currency or customer: whether the first is paid or still in
+	// flight, the gateway refuses the order's key for another request (422),
+	// and a payment already recorded is compared too, in case the gateway
+	// forgot the key.
+	ReasonOrderConflict = consumer.NewReason("order_conflict")
+	// ReasonGatewayRejected: the gateway refused the charge request itself.
+	ReasonGatewayRejected = consumer.NewReason("gateway_rejected")
+	// CauseGatewayMisconfigured: the gateway refuses every request alike (a
+	// rotated key, a wrong URL): not the message's fault.
+	CauseGatewayMisconfigured = consumer.NewCause("gateway_misconfigured")
+	// decodeReasons are the contract's refusals (orders.Reason*) as reasons.
+	decodeReasons = map[string]consumer.Reason{}
+)
+
+func init() {
+	for _, word := range orders.Reasons {
+		decodeReasons[word] = consumer.NewReason(word)
+	}
+}
 
 // Payment is one row of the payments table: the result of charging one order.
 type Payment struct {
@@ -98,7 +116,11 @@ func DecodeOrder(body []byte) (orders.OrderPlaced, error) {
 	ev, err := orders.Decode(body)
 	var invalid *orders.InvalidError
 	if errors.As(err, &invalid) {
-		return ev, consumer.Permanent(consumer.Reason(invalid.Reason), err)
+		reason, ok := decodeReasons[invalid.Reason]
+		if !ok {
+			reason = consumer.ReasonInvalidEvent // a refusal missing from orders.Reasons; its word stays in err's text
+		}
+		return ev, consumer.Permanent(reason, err)
 	}
 	return ev, err
 }
@@ -139,9 +161,9 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.Or
 		// The order's key was charged for another amount, currency or customer.
 		return nil, consumer.Permanent(ReasonOrderConflict, err)
 	case errors.Is(err, gateway.ErrRejected):
-		return nil, consumer.Permanent("gateway_rejected", err)
+		return nil, consumer.Permanent(ReasonGatewayRejected, err)
 	case errors.Is(err, gateway.ErrMisconfigured):
-		return nil, consumer.Pause("gateway_misconfigured", err) // every message alike: not theirs
+		return nil, consumer.Pause(CauseGatewayMisconfigured, err) // every message alike: not theirs
 	case err != nil:
 		return nil, err // the client's error names the order
 	}

@@ -467,7 +467,7 @@ func TestConflictingRepublishIsDeadLettered(t *testing.T) {
 				s.publishOrder("msg-other", other)
 			}
 			reasons := s.drainDLQ(1)
-			if reasons["msg-other"] != string(payment.ReasonOrderConflict) {
+			if reasons["msg-other"] != payment.ReasonOrderConflict.String() {
 				t.Fatalf("dead letters %v, want msg-other with %s", reasons, payment.ReasonOrderConflict)
 			}
 			waitOutcome(t, m, "processed", 1)

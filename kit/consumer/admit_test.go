@@ -28,15 +28,15 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 		wantKey    string
 		wantReason Reason
 	}{
-		{"message_id property wins", amqp.Delivery{MessageId: "m1", Body: []byte("id:b1")}, "m1", ""},
-		{"body id when no property", amqp.Delivery{Body: []byte("id:b1")}, "b1", ""},
-		{"no id anywhere", amqp.Delivery{Body: []byte("{}")}, "", wire.ReasonMissingID},
-		{"body id too long", amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 60))}, "", ""},
-		{"json with charset", amqp.Delivery{MessageId: "m2", ContentType: "application/json; charset=utf-8"}, "m2", ""},
-		{"empty content type is JSON", amqp.Delivery{MessageId: "m3"}, "m3", ""},
-		{"text/plain", amqp.Delivery{MessageId: "m4", ContentType: "text/plain"}, "m4", wire.ReasonUnsupportedContent},
-		{"garbled content type", amqp.Delivery{MessageId: "m5", ContentType: "application/"}, "m5", wire.ReasonUnsupportedContent},
-		{"too large", amqp.Delivery{MessageId: "m6", Body: make([]byte, 65)}, "m6", wire.ReasonBodyTooLarge},
+		{"message_id property wins", amqp.Delivery{MessageId: "m1", Body: []byte("id:b1")}, "m1", Reason{}},
+		{"body id when no property", amqp.Delivery{Body: []byte("id:b1")}, "b1", Reason{}},
+		{"no id anywhere", amqp.Delivery{Body: []byte("{}")}, "", reasonMissingID},
+		{"body id too long", amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 60))}, "", Reason{}},
+		{"json with charset", amqp.Delivery{MessageId: "m2", ContentType: "application/json; charset=utf-8"}, "m2", Reason{}},
+		{"empty content type is JSON", amqp.Delivery{MessageId: "m3"}, "m3", Reason{}},
+		{"text/plain", amqp.Delivery{MessageId: "m4", ContentType: "text/plain"}, "m4", reasonUnsupportedContent},
+		{"garbled content type", amqp.Delivery{MessageId: "m5", ContentType: "application/"}, "m5", reasonUnsupportedContent},
+		{"too large", amqp.Delivery{MessageId: "m6", Body: make([]byte, 65)}, "m6", reasonBodyTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -50,7 +50,7 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	long := amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 300))}
 	r.cfg.MaxBodyBytes = 1024
 	msg := message(long)
-	if reason, _ := r.admit(long, &msg); reason != wire.ReasonInvalidID || msg.ID != "" {
+	if reason, _ := r.admit(long, &msg); reason != reasonInvalidID || msg.ID != "" {
 		t.Fatalf("a 300-byte body id: reason %q, id %q; want %s and no id on the copy", reason, msg.ID, wire.ReasonInvalidID)
 	}
 }
@@ -109,12 +109,12 @@ func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
 		wantID               string
 		wantReason           Reason
 	}{
-		{"refused, its id readable", "", `{"id": "ev-1", "n": -1}`, "ev-1", "negative_n"},
-		{"refused, its id a NUL", "", `{"id": "ev-\u0000", "n": -1}`, "", "negative_n"},
-		{"refused, its id too long", "", `{"id": "` + strings.Repeat("x", 256) + `", "n": -1}`, "", "negative_n"},
-		{"refused, no id", "", `{"n": -1}`, "", "negative_n"},
-		{"malformed", "", `{"id": "ev-2", `, "", wire.ReasonInvalidEvent},
-		{"refused under a property", "m-1", `{"id": "ev-3", "n": -1}`, "m-1", ""},
+		{"refused, its id readable", "", `{"id": "ev-1", "n": -1}`, "ev-1", kitReason("negative_n")},
+		{"refused, its id a NUL", "", `{"id": "ev-\u0000", "n": -1}`, "", kitReason("negative_n")},
+		{"refused, its id too long", "", `{"id": "` + strings.Repeat("x", 256) + `", "n": -1}`, "", kitReason("negative_n")},
+		{"refused, no id", "", `{"n": -1}`, "", kitReason("negative_n")},
+		{"malformed", "", `{"id": "ev-2", `, "", ReasonInvalidEvent},
+		{"refused under a property", "m-1", `{"id": "ev-3", "n": -1}`, "m-1", Reason{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

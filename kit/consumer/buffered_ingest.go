@@ -156,7 +156,7 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 	msg := r.received(d)
 	reason, err := r.admit(d, &msg)
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
-	if reason != "" {
+	if !reason.isZero() {
 		r.deadLetterAside(ctx, s, d, msg, reason, err, log)
 		return it, false
 	}
@@ -165,7 +165,7 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 		key = b.cfg.OrderingKey(d.Body)
 	}
 	if !validKey(key) {
-		r.deadLetterAside(ctx, s, d, msg, wire.ReasonInvalidOrderingKey,
+		r.deadLetterAside(ctx, s, d, msg, reasonInvalidOrderingKey,
 			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
 		return it, false
 	}
@@ -232,7 +232,7 @@ func (b *bufferedMode) storeTry(ctx context.Context, s *session, items []ingeste
 	tags := make([]uint64, 0, len(items))
 	for i, it := range items {
 		if errors.Is(results[i].Err, buffered.ErrPayloadMismatch) {
-			r.deadLetterAside(ctx, s, it.d, it.msg, wire.ReasonPayloadMismatch, results[i].Err, it.log)
+			r.deadLetterAside(ctx, s, it.d, it.msg, reasonPayloadMismatch, results[i].Err, it.log)
 			continue
 		}
 		r.stage(StageCommit)
@@ -259,7 +259,7 @@ func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []inge
 	case ctx.Err() != nil:
 		r.abandon(s, items, err)
 		return
-	case len(items) > 1 && pauseCause(err) == "" && !waited(err):
+	case len(items) > 1 && pauseCause(err).isZero() && !waited(err):
 		for _, it := range items {
 			if s.ending() {
 				return // a message before this one is going back to the queue
@@ -268,7 +268,7 @@ func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []inge
 		}
 		return
 	}
-	if cause := r.infrastructure(ctx, err); cause != "" {
+	if cause := r.infrastructure(ctx, err); !cause.isZero() {
 		for _, it := range items {
 			it.log.get().Warn("not the message's fault: leaving it unacked for the queue to take back, in order, and pausing",
 				"cause", cause, "err", err)
@@ -305,7 +305,7 @@ func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []inge
 		return
 	}
 	it := items[0]
-	r.deadLetterAside(ctx, s, it.d, it.msg, wire.ReasonIngestFailed, err, it.log)
+	r.deadLetterAside(ctx, s, it.d, it.msg, reasonIngestFailed, err, it.log)
 }
 
 // abandon leaves a batch unstored and unacked because the session is

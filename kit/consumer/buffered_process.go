@@ -200,7 +200,7 @@ func (p *processor) claim(ctx context.Context, n int) ([]buffered.Claimed, error
 // claimFailed pauses for the database's own trouble; anything else is logged
 // and the claim tried again after a poll interval.
 func (p *processor) claimFailed(ctx context.Context, err error) {
-	if cause := p.rt.infrastructure(ctx, failedAt(stepLookup, err)); cause != "" {
+	if cause := p.rt.infrastructure(ctx, failedAt(stepLookup, err)); !cause.isZero() {
 		p.requestPause(cause)
 		return
 	}
@@ -256,7 +256,7 @@ func (p *processor) requestPause(cause Cause) {
 // check passes; workers in flight finish meanwhile.
 func (p *processor) pause(ctx context.Context, cause Cause, b *amqpsession.Backoff) bool {
 	r := p.rt
-	r.metrics.pauses.WithLabelValues(r.cfg.Name, string(cause)).Inc()
+	r.metrics.pauses.WithLabelValues(r.cfg.Name, cause.String()).Inc()
 	p.pausedFor.Store(&cause)
 	defer p.pausedFor.Store(nil)
 	wait := b.Next()
@@ -284,17 +284,17 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	park := func(reason Reason, cause error) {
 		span.Outcome(string(OutcomeParked), c.Attempts)
-		span.FailAs(cause, string(reason))
+		span.FailAs(cause, reason.String())
 		p.park(c, reason, cause, log)
 	}
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
 		// or outlived its lease every time (a crash loop).
-		park(wire.ReasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
+		park(reasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
 		return
 	}
 	if age, expired := p.keyExpired(c); expired {
-		park(wire.ReasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
+		park(reasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
 		return
 	}
 	if r.cfg.Decoder != nil {
@@ -413,7 +413,7 @@ func (p *processor) park(c buffered.Claimed, reason Reason, cause error, log *me
 	r := p.rt
 	sctx, cancel := r.settleContext()
 	defer cancel()
-	ok, err := p.cfg.Store.Park(sctx, c.Lease, string(reason), cause.Error())
+	ok, err := p.cfg.Store.Park(sctx, c.Lease, reason.String(), cause.Error())
 	switch {
 	case err != nil:
 		log.get().Error("could not park the message; the lease will expire and it is run again", "err", err, "cause", cause)
@@ -421,7 +421,7 @@ func (p *processor) park(c buffered.Claimed, reason Reason, cause error, log *me
 		log.get().Warn("the lease passed to another worker; the message is not parked", "reason", reason)
 	default:
 		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeParked)).Inc()
-		r.metrics.parked.WithLabelValues(r.cfg.Name, string(reason)).Inc()
+		r.metrics.parked.WithLabelValues(r.cfg.Name, reason.String()).Inc()
 		log.get().Error("message parked: its key waits for an operator (inboxctl inbox retry, skip or export)",
 			"reason", reason, "attempt", c.Attempts, "err", cause)
 	}

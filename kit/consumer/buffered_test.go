@@ -85,7 +85,7 @@ func orderedHandler(fail func(msg Message, ev event) error) Handler {
 	return HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 		var ev event
 		if err := json.Unmarshal(msg.Body, &ev); err != nil {
-			return nil, Permanent("malformed_json", err)
+			return nil, Permanent(NewReason("malformed_json"), err)
 		}
 		if fail != nil {
 			if err := fail(msg, ev); err != nil {
@@ -225,7 +225,7 @@ func TestBufferedOrderPerKeyAcrossTwoReplicas(t *testing.T) {
 	handler := orderedHandler(func(msg Message, ev event) error {
 		switch {
 		case msg.ID == poison:
-			return Permanent("invalid_field", fmt.Errorf("event %s refused", msg.ID))
+			return Permanent(NewReason("invalid_field"), fmt.Errorf("event %s refused", msg.ID))
 		case rand.Float64() < 0.2:
 			return errTransient
 		}
@@ -362,7 +362,7 @@ func TestBufferedGauges(t *testing.T) {
 	e := newBufferedEnv(t, nil)
 	rt := e.start(orderedHandler(func(msg Message, ev event) error {
 		if ev.N == 0 {
-			return Permanent("invalid_field", nil)
+			return Permanent(NewReason("invalid_field"), nil)
 		}
 		return nil
 	}), withBuffered(e.db, e.dbURL, nil))
@@ -437,7 +437,7 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 	h := HandlerFunc(func(ctx context.Context, msg Message) (Writes, error) {
 		var ev event
 		if err := json.Unmarshal(msg.Body, &ev); err != nil {
-			return nil, Permanent("malformed_json", err)
+			return nil, Permanent(NewReason("malformed_json"), err)
 		}
 		switch {
 		case ev.N == 0 && runs0.Add(1) == 1:

@@ -29,14 +29,32 @@ type PauseError struct {
 
 // Cause names what a pause waits for: readiness shows it, and it is the cause
 // label of consumer_pauses_total. Like a Reason, a short, stable snake_case
-// word ("gateway_misconfigured").
-type Cause string
+// word ("gateway_misconfigured"), declared once at package level with
+// NewCause, which panics on a malformed word as the program starts. The zero
+// Cause is no cause.
+type Cause struct{ word string }
+
+// NewCause returns the pause cause named word. It panics if word is not a
+// snake_case word (see NewReason). Call it in a package-level var.
+func NewCause(word string) Cause {
+	if !validWord(word) {
+		panic(fmt.Sprintf("consumer.NewCause(%q): a pause cause is a snake_case word "+
+			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word))
+	}
+	return Cause{word: word}
+}
+
+// String returns the cause's word, as readiness and the metric label show it.
+func (c Cause) String() string { return c.word }
+
+// MarshalText gives the word, for a log's JSON.
+func (c Cause) MarshalText() ([]byte, error) { return []byte(c.word), nil }
 
 func (e *PauseError) Error() string {
 	if e.Err == nil {
-		return string(e.Cause)
+		return e.Cause.String()
 	}
-	return string(e.Cause) + ": " + e.Err.Error()
+	return e.Cause.String() + ": " + e.Err.Error()
 }
 
 // Unwrap returns the cause.
@@ -45,17 +63,9 @@ func (e *PauseError) Unwrap() error { return e.Err }
 // Is makes errors.Is(err, ErrPaused) true.
 func (e *PauseError) Is(target error) bool { return target == ErrPaused }
 
-// Pause marks err as a fault of a dependency that fails for every message. A
-// cause not of the form of a word becomes CauseInvalid, the cause given kept
-// in the error's text.
+// Pause marks err as a fault of a dependency that fails for every message.
+// The zero Cause is taken for CauseFailing.
 func Pause(cause Cause, err error) error {
-	if !validWord(string(cause)) {
-		if err == nil {
-			err = errors.New("no error given")
-		}
-		err = fmt.Errorf("the handler's pause cause %q is not a snake_case word: %w", string(cause), err)
-		cause = CauseInvalid
-	}
 	return &PauseError{Cause: cause, Err: err}
 }
 
@@ -88,22 +98,21 @@ func failedAt(s step, err error) error {
 	return &stepError{step: s, err: err}
 }
 
-// Pause causes the runtime reports (untyped, like the reasons).
-const (
-	CauseDatabase = "database"
-	// CauseFailing: the handler failed PauseAfterFailures times in a row.
-	CauseFailing = "handler_failing"
-	// CauseInvalid: the handler gave Pause a cause not of the form of one.
-	CauseInvalid = "invalid_cause"
+// Pause causes the runtime reports.
+var (
+	CauseDatabase = Cause{word: "database"}
+	// CauseFailing: the handler failed PauseAfterFailures times in a row, or
+	// gave Pause no cause.
+	CauseFailing = Cause{word: "handler_failing"}
 )
 
 // pauseCause says whether a failure is the infrastructure's rather than the
-// message's, and names it; "" means the message failed.
+// message's, and names it; the zero Cause means the message failed.
 func pauseCause(err error) Cause {
 	var pe *PauseError
 	if errors.As(err, &pe) {
-		if !validWord(string(pe.Cause)) { // a PauseError built without Pause
-			return CauseInvalid
+		if pe.Cause == (Cause{}) {
+			return CauseFailing
 		}
 		return pe.Cause
 	}
@@ -112,13 +121,13 @@ func pauseCause(err error) Cause {
 		if infrastructureState(pg.Code) {
 			return CauseDatabase
 		}
-		return ""
+		return Cause{}
 	}
 	var se *stepError
 	if errors.As(err, &se) && se.step != stepHandler && connectionFault(err) {
 		return CauseDatabase
 	}
-	return ""
+	return Cause{}
 }
 
 // infrastructureState reports whether an SQLSTATE is a fault of the database
@@ -188,3 +197,5 @@ func connectionFault(err error) bool {
 type errPausedSession struct{ cause Cause }
 
 func (e errPausedSession) Error() string { return fmt.Sprintf("paused: %s", e.cause) }
+
+func (c Cause) isZero() bool { return c == Cause{} }

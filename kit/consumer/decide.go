@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	"github.com/inbox-template/payment-service/kit/inbox"
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // The failure decision, in one place for both modes: decide turns a failed
@@ -62,10 +61,10 @@ func (v verdict) outcome() string {
 // reason, the pause cause, or what the action says.
 func (v verdict) errorType() string {
 	switch {
-	case v.reason != "":
-		return string(v.reason)
-	case v.cause != "":
-		return string(v.cause)
+	case !v.reason.isZero():
+		return v.reason.String()
+	case !v.cause.isZero():
+		return v.cause.String()
 	case v.act == actPutBack:
 		return "lock_wait"
 	case v.act == actAbandon:
@@ -110,16 +109,16 @@ func decide(f failure) verdict {
 	case f.stopping:
 		return verdict{act: actAbandon}
 	case errors.Is(f.err, inbox.ErrPayloadMismatch):
-		return verdict{act: actDeadLetter, reason: wire.ReasonPayloadMismatch}
+		return verdict{act: actDeadLetter, reason: reasonPayloadMismatch}
 	case errors.Is(f.err, ErrPermanent):
 		return verdict{act: actDeadLetter, reason: permanentReason(f.err)}
 	}
-	if cause := f.cause(); cause != "" {
+	if cause := f.cause(); !cause.isZero() {
 		switch {
 		case !askedToPause(f.err):
 			return verdict{act: actPause, cause: cause}
 		case f.holds >= f.maxHolds:
-			return verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}
+			return verdict{act: actDeadLetter, reason: reasonHeldTooOften}
 		}
 		return verdict{act: actPause, cause: cause, counts: true}
 	}
@@ -129,7 +128,7 @@ func decide(f failure) verdict {
 	inARow := f.inARow()
 	switch {
 	case f.attempt >= f.maxAttempts:
-		return verdict{act: actDeadLetter, reason: wire.ReasonRetriesExhausted}
+		return verdict{act: actDeadLetter, reason: reasonRetriesExhausted}
 	case inARow:
 		return verdict{act: actPause, cause: CauseFailing}
 	}

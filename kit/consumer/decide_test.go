@@ -10,13 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/inbox-template/payment-service/kit/inbox"
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 func TestDecide(t *testing.T) {
 	t.Parallel()
 	lockWait := &pgconn.PgError{Code: "55P03"}
-	handlerPause := failedAt(stepHandler, Pause("gateway_misconfigured", errors.New("401")))
+	handlerPause := failedAt(stepHandler, Pause(NewCause("gateway_misconfigured"), errors.New("401")))
 	cases := []struct {
 		name     string
 		f        failure
@@ -28,18 +27,18 @@ func TestDecide(t *testing.T) {
 	}{
 		{name: "stopping", f: failure{err: context.Canceled, stopping: true, attempt: 5, maxAttempts: 5},
 			want: verdict{act: actAbandon}, noCauses: true},
-		{name: "permanent with a reason", f: failure{err: Permanent("invalid_amount", nil), attempt: 1, maxAttempts: 5},
-			want: verdict{act: actDeadLetter, reason: "invalid_amount"}, noCauses: true},
+		{name: "permanent with a reason", f: failure{err: Permanent(NewReason("invalid_amount"), nil), attempt: 1, maxAttempts: 5},
+			want: verdict{act: actDeadLetter, reason: kitReason("invalid_amount")}, noCauses: true},
 		{name: "permanent without one", f: failure{err: &PermanentError{}, attempt: 1, maxAttempts: 5},
-			want: verdict{act: actDeadLetter, reason: wire.ReasonPermanent}, noCauses: true},
+			want: verdict{act: actDeadLetter, reason: reasonPermanent}, noCauses: true},
 		{name: "payload mismatch", f: failure{err: fmt.Errorf("x: %w", inbox.ErrPayloadMismatch), attempt: 1, maxAttempts: 5},
-			want: verdict{act: actDeadLetter, reason: wire.ReasonPayloadMismatch}, noCauses: true},
+			want: verdict{act: actDeadLetter, reason: reasonPayloadMismatch}, noCauses: true},
 		{name: "database down on the last attempt", f: failure{err: errors.New("eof"), attempt: 5, maxAttempts: 5}, cause: CauseDatabase,
 			want: verdict{act: actPause, cause: CauseDatabase}},
 		{name: "lock wait on the last attempt", f: failure{err: lockWait, attempt: 5, maxAttempts: 5},
 			want: verdict{act: actPutBack}},
 		{name: "budget before the run of failures", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true,
-			want: verdict{act: actDeadLetter, reason: wire.ReasonRetriesExhausted}, asked: true},
+			want: verdict{act: actDeadLetter, reason: reasonRetriesExhausted}, asked: true},
 		{name: "run of failures", f: failure{err: errTransient, attempt: 2, maxAttempts: 5}, inARow: true,
 			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
 		{name: "retry", f: failure{err: errTransient, attempt: 1, maxAttempts: 5},
@@ -48,11 +47,11 @@ func TestDecide(t *testing.T) {
 		// message's holds; after maxHolds of them it is the message's fault.
 		// The runtime's own pauses and lock waits never count.
 		{name: "the handler's pause within the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 2, maxHolds: 3},
-			cause: "gateway_misconfigured", want: verdict{act: actPause, cause: "gateway_misconfigured", counts: true}},
+			cause: NewCause("gateway_misconfigured"), want: verdict{act: actPause, cause: NewCause("gateway_misconfigured"), counts: true}},
 		{name: "the handler's pause past the bound", f: failure{err: handlerPause, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
-			cause: "gateway_misconfigured", want: verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}},
-		{name: "the writes' pause past the bound", f: failure{err: failedAt(stepCommit, Pause("ledger_locked", nil)), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
-			cause: "ledger_locked", want: verdict{act: actDeadLetter, reason: wire.ReasonHeldTooOften}},
+			cause: NewCause("gateway_misconfigured"), want: verdict{act: actDeadLetter, reason: reasonHeldTooOften}},
+		{name: "the writes' pause past the bound", f: failure{err: failedAt(stepCommit, Pause(NewCause("ledger_locked"), nil)), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
+			cause: NewCause("ledger_locked"), want: verdict{act: actDeadLetter, reason: reasonHeldTooOften}},
 		{name: "database down past the bound", f: failure{err: failedAt(stepCommit, io.ErrUnexpectedEOF), attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},
 			cause: CauseDatabase, want: verdict{act: actPause, cause: CauseDatabase}},
 		{name: "lock wait past the bound", f: failure{err: lockWait, attempt: 1, maxAttempts: 5, holds: 3, maxHolds: 3},

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // A Decoder decodes each delivery's body once, for the runtime and the
@@ -41,7 +39,7 @@ type Events[E any] struct {
 	// the body passed the size and content-type checks. A body it refuses is
 	// dead-lettered at once inline, and parked when processed in the
 	// buffered mode (stored as a key of its own), with the reason of a
-	// PermanentError (Permanent) or else wire.ReasonInvalidEvent. It must be
+	// PermanentError (Permanent) or else ReasonInvalidEvent. It must be
 	// pure: the buffered mode decodes a stored message again to process it.
 	// With its refusal it may return the event as far as it read it: a body
 	// without a message_id property is then dead-lettered under the ID of
@@ -107,7 +105,7 @@ func decodeReason(err error) Reason {
 	if errors.As(err, &pe) {
 		return permanentReason(err)
 	}
-	return wire.ReasonInvalidEvent
+	return ReasonInvalidEvent
 }
 
 // Decode fills msg.Event with d's decoding of msg.Body, and msg.ID, if it is
@@ -129,11 +127,11 @@ func Decode(d Decoder, msg Message) (Message, error) {
 // EventOf returns the event the Decoder made of msg's body: E is the type
 // parameter of the service's Events. A message without one (no Decoder, or
 // one of another type: a wiring mistake) gives a PermanentError,
-// wire.ReasonInvalidEvent, and the message is dead-lettered (parked) saying so.
+// ReasonInvalidEvent, and the message is dead-lettered (parked) saying so.
 func EventOf[E any](msg Message) (E, error) {
 	ev, ok := msg.Event.(E)
 	if !ok {
-		return ev, Permanent(wire.ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
+		return ev, Permanent(ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
 			"wire the handler with service.Consume and consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
 	}
 	return ev, nil

@@ -33,7 +33,7 @@ func countingEvents(decodes *atomic.Int64) Events[decodedEvent] {
 				return ev, err // not a PermanentError: wire.ReasonInvalidEvent
 			}
 			if ev.N < 0 {
-				return ev, Permanent("negative_n", fmt.Errorf("n is %d", ev.N))
+				return ev, Permanent(NewReason("negative_n"), fmt.Errorf("n is %d", ev.N))
 			}
 			return ev, nil
 		},

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 
@@ -15,12 +16,97 @@ var ErrPermanent = errors.New("permanent failure")
 // consumer_dead_letters_total. It is a short, stable snake_case word
 // ("invalid_amount", "gateway_rejected"), never text made from an error: a
 // metric label per distinct value.
-type Reason string
+//
+// A service declares each of its reasons once, at package level:
+//
+//	var ReasonInvalidAmount = consumer.NewReason("invalid_amount")
+//
+// NewReason panics on a word not of the form of a reason, so a malformed
+// reason stops the program as it starts, before it consumes anything, and a
+// Reason is never made from a string anywhere else: the handler cannot put
+// text of its own into a header or a metric label at run time. The zero
+// Reason is no reason: Permanent gives it wire.ReasonPermanent.
+type Reason struct{ word string }
 
-// Valid reports whether r has the form of a reason: a lowercase letter, then
-// lowercase letters, digits and underscores, 64 bytes at most.
-func (r Reason) Valid() bool { return validWord(string(r)) }
+// NewReason returns the reason named word. It panics if word is not a
+// snake_case word: a lowercase letter, then lowercase letters, digits and
+// underscores, 64 bytes at most. Call it in a package-level var, so that a
+// bad word fails at start.
+func NewReason(word string) Reason {
+	if !validWord(word) {
+		panic(fmt.Sprintf("consumer.NewReason(%q): a reason is a snake_case word "+
+			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word))
+	}
+	return Reason{word: word}
+}
 
+// String returns the reason's word, as its header and metric label carry it.
+func (r Reason) String() string { return r.word }
+
+// MarshalText gives the word, for a log's JSON.
+func (r Reason) MarshalText() ([]byte, error) { return []byte(r.word), nil }
+
+// kitReason is one of the kit's own reasons (wire.Reason*), which are words.
+func kitReason(word string) Reason { return Reason{word: word} }
+
+// The kit's own reasons, as values.
+var (
+	reasonMissingID          = kitReason(wire.ReasonMissingID)
+	reasonInvalidID          = kitReason(wire.ReasonInvalidID)
+	reasonBodyTooLarge       = kitReason(wire.ReasonBodyTooLarge)
+	reasonUnsupportedContent = kitReason(wire.ReasonUnsupportedContent)
+	reasonPayloadMismatch    = kitReason(wire.ReasonPayloadMismatch)
+	reasonRetriesExhausted   = kitReason(wire.ReasonRetriesExhausted)
+	reasonHeldTooOften       = kitReason(wire.ReasonHeldTooOften)
+	reasonKeyExpired         = kitReason(wire.ReasonKeyExpired)
+	reasonPermanent          = kitReason(wire.ReasonPermanent)
+	reasonInvalidOrderingKey = kitReason(wire.ReasonInvalidOrderingKey)
+	reasonIngestFailed       = kitReason(wire.ReasonIngestFailed)
+	reasonHeadersTooLarge    = kitReason(wire.ReasonHeadersTooLarge)
+	// ReasonNoOutcome is the reason of writes that return no outcome and no
+	// error; a service's own test double of a handler may use it too.
+	ReasonNoOutcome = kitReason(wire.ReasonNoOutcome)
+	// ReasonInvalidEvent is the reason of a body the Decoder refused with an
+	// error that is not a PermanentError; a Decoder may give it itself.
+	ReasonInvalidEvent = kitReason(wire.ReasonInvalidEvent)
+)
+
+// PermanentError dead-letters a message at once with Reason in its headers.
+type PermanentError struct {
+	Reason Reason
+	Err    error
+}
+
+func (e *PermanentError) Error() string {
+	word := cmp.Or(e.Reason.String(), wire.ReasonPermanent)
+	if e.Err == nil {
+		return word
+	}
+	return word + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, ErrPermanent) true.
+func (e *PermanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanent marks err as not worth retrying; the message is dead-lettered with
+// reason (the zero Reason: wire.ReasonPermanent).
+func Permanent(reason Reason, err error) error {
+	return &PermanentError{Reason: reason, Err: err}
+}
+
+// errPanic marks a recovered handler panic; it is retried like any transient failure.
+var errPanic = errors.New("handler panicked")
+
+func panicError(v any) error { return fmt.Errorf("%w: %v", errPanic, v) }
+
+func (r Reason) isZero() bool { return r == Reason{} }
+
+// validWord reports whether s has the form of a reason or a cause: a
+// lowercase letter, then lowercase letters, digits and underscores, 64 bytes
+// at most.
 func validWord(s string) bool {
 	if len(s) == 0 || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
 		return false
@@ -33,41 +119,3 @@ func validWord(s string) bool {
 	}
 	return true
 }
-
-// PermanentError dead-letters a message at once with Reason in its headers.
-type PermanentError struct {
-	Reason Reason
-	Err    error
-}
-
-func (e *PermanentError) Error() string {
-	if e.Err == nil {
-		return string(e.Reason)
-	}
-	return string(e.Reason) + ": " + e.Err.Error()
-}
-
-// Unwrap returns the cause.
-func (e *PermanentError) Unwrap() error { return e.Err }
-
-// Is makes errors.Is(err, ErrPermanent) true.
-func (e *PermanentError) Is(target error) bool { return target == ErrPermanent }
-
-// Permanent marks err as not worth retrying; the message is dead-lettered with
-// reason. A reason not of the form of one (Reason.Valid) becomes
-// wire.ReasonInvalidReason, with the reason given kept in the error's text.
-func Permanent(reason Reason, err error) error {
-	if err == nil {
-		err = errors.New(string(reason))
-	}
-	if !reason.Valid() {
-		err = fmt.Errorf("the handler's reason %q is not a snake_case word: %w", string(reason), err)
-		reason = wire.ReasonInvalidReason
-	}
-	return &PermanentError{Reason: reason, Err: err}
-}
-
-// errPanic marks a recovered handler panic; it is retried like any transient failure.
-var errPanic = errors.New("handler panicked")
-
-func panicError(v any) error { return fmt.Errorf("%w: %v", errPanic, v) }

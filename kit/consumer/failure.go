@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // failure describes a failed run to decide, asking the database and
@@ -42,15 +40,15 @@ func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
 	fromHandler := errors.As(err, &se) && se.step == stepHandler
 	cause := pauseCause(err)
 	switch {
-	case cause != "" && !(fromHandler && handlerMayCause(err)):
+	case !cause.isZero() && !(fromHandler && handlerMayCause(err)):
 		return cause
-	case se == nil, fromHandler && cause == "" && !connectionFault(err):
-		return "" // the message failed
+	case se == nil, fromHandler && cause.isZero() && !connectionFault(err):
+		return Cause{} // the message failed
 	}
 	if r.pingDatabase(ctx) != nil {
 		return CauseDatabase
 	}
-	return ""
+	return Cause{}
 }
 
 // handlerMayCause reports an SQLSTATE that is the database's trouble when the
@@ -110,20 +108,17 @@ func keyExpired(ttl time.Duration, since time.Time, mayHaveRun bool) (age time.D
 // keyExpiredError is the permanent error of a message the guard refused;
 // what says what its age counts from.
 func keyExpiredError(what string, age, ttl time.Duration) error {
-	return Permanent(wire.ReasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
+	return Permanent(reasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
 		"its idempotency key may be forgotten (the key lifetime is %s)", what, age.Round(time.Second), ttl))
 }
 
 // permanentReason is the reason a permanent failure dead-letters (parks)
-// with: checked here too, since a PermanentError may be built without
-// Permanent.
+// with.
 func permanentReason(err error) Reason {
 	var pe *PermanentError
 	switch {
-	case !errors.As(err, &pe) || pe.Reason == "":
-		return wire.ReasonPermanent
-	case !pe.Reason.Valid():
-		return wire.ReasonInvalidReason
+	case !errors.As(err, &pe) || pe.Reason.isZero():
+		return reasonPermanent
 	}
 	return pe.Reason
 }

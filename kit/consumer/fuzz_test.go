@@ -52,7 +52,7 @@ func FuzzAdmit(f *testing.F) {
 			t.Fatalf("attempt %d trusted from a delivery that never went through a retry queue (x-death %q)", msg.Attempt, deathQueue)
 		}
 		reason, err := r.admit(d, &msg)
-		if reason != "" {
+		if !reason.isZero() {
 			if err == nil {
 				t.Fatalf("reason %q without an error", reason)
 			}

@@ -62,13 +62,13 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	defer span.End()
 	msg := r.received(d)
 	reason, admitErr := r.admit(d, &msg)
-	if reason == "" && msg.undecoded != nil {
+	if reason.isZero() && msg.undecoded != nil {
 		reason, admitErr = permanentReason(msg.undecoded), msg.undecoded
 	}
 	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
-	if reason != "" {
+	if !reason.isZero() {
 		span.Outcome(string(OutcomeDeadLettered), msg.Attempt)
-		span.FailAs(admitErr, string(reason))
+		span.FailAs(admitErr, reason.String())
 		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}

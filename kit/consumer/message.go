@@ -95,17 +95,17 @@ const copyHeadroom = 8 << 10
 
 func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
 	if len(d.Body) > r.cfg.MaxBodyBytes {
-		return wire.ReasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
+		return reasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
 	}
 	if !r.acceptsContentType(d.ContentType) {
-		return wire.ReasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
+		return reasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
 	}
 	if n, limit := rabbit.HeaderFrameSize(rabbit.Copy(d)), int(r.frameMax.Load())-copyHeadroom; limit > 0 && n > limit {
 		// A retry, a hold or a dead letter adds the runtime's headers to the
 		// message's: no copy would fit one frame, and the broker would close
 		// the connection on each. Its dead letter leaves the producer's
 		// headers out.
-		return wire.ReasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
+		return reasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
 			" bytes leave no room in one frame for the runtime's (" + strconv.Itoa(limit) + " at most)")
 	}
 	if r.cfg.Decoder != nil {
@@ -133,18 +133,18 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 	}
 	switch {
 	case msg.ID == "":
-		return wire.ReasonMissingID, errors.New("no message_id property and no id in the body")
+		return reasonMissingID, errors.New("no message_id property and no id in the body")
 	case !validID(msg.ID):
 		msg.ID = d.MessageId // keep the copy publishable: a message_id property is at most 255 bytes
-		return wire.ReasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
+		return reasonInvalidID, errors.New("message id is longer than 255 bytes, not UTF-8, or holds a control character")
 	}
-	return "", nil
+	return Reason{}, nil
 }
 
 // decode runs the service's Decoder on a body. A refusal comes back as a
 // PermanentError with the reason to dead-letter (park) with, and the id the
 // refused body names if the Decoder read one; so does a panic of the
-// Decoder, counted and logged (wire.ReasonInvalidEvent), without an id, so that a
+// Decoder, counted and logged (ReasonInvalidEvent), without an id, so that a
 // body it cannot take never crashes a replica, at ingest or when the
 // buffered mode decodes a stored message again.
 func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
@@ -153,7 +153,7 @@ func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
 			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
 			r.log.Error("the Decoder panicked; the message is refused as an invalid event",
 				"message_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			d, err = decoded{}, Permanent(wire.ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
+			d, err = decoded{}, Permanent(ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
 		}
 	}()
 	d, err = r.cfg.Decoder.decode(body)

@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // Recover turns a handler panic into an error, so one bad message cannot crash
@@ -38,7 +36,7 @@ func Recover(onPanic func(msg Message, v any, stack []byte)) Middleware {
 // recoverWrites contains a panic of the writes, and refuses writes that
 // return neither an outcome nor an error: an empty outcome used to count as
 // processed, silently; now the message is dead-lettered (parked) with
-// wire.ReasonNoOutcome, nothing of its writes committed, and the log says which.
+// ReasonNoOutcome, nothing of its writes committed, and the log says which.
 func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack []byte)) Writes {
 	return func(ctx context.Context, tx *gorm.DB) (out Outcome, err error) {
 		defer func() {
@@ -58,9 +56,9 @@ func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack
 // errNoOutcome is the error of writes that returned no outcome and no error,
 // errNoWrites that of a Handle that returned no writes and no error.
 var (
-	errNoOutcome = Permanent(wire.ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
+	errNoOutcome = Permanent(ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
 		"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
-	errNoWrites = Permanent(wire.ReasonNoOutcome, errors.New("the handler returned no writes and no error: "+
+	errNoWrites = Permanent(ReasonNoOutcome, errors.New("the handler returned no writes and no error: "+
 		"return consumer.NoWrites(outcome) for a message with nothing to write"))
 )
 

@@ -26,7 +26,7 @@ func TestOnCommitRunsOnlyAfterTheCommit(t *testing.T) {
 				return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
 					if msg.ID == "fails" {
 						OnCommit(ctx, func() { wrong.Add(1) })
-						return "", Permanent("bad_data", errors.New("the write fails"))
+						return "", Permanent(NewReason("bad_data"), errors.New("the write fails"))
 					}
 					if !OnCommit(ctx, func() {
 						if e.effects(msg.ID) != 1 { // visible: committed

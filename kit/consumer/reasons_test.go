@@ -2,7 +2,9 @@ package consumer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -14,52 +16,63 @@ import (
 )
 
 // A reason or a cause becomes a metric label and a header: one made from an
-// error's text would be a label per failure. Permanent and Pause keep those
-// of the form of a word and replace the others, keeping the text given.
-func TestReasonsAndCausesAreWords(t *testing.T) {
+// error's text would be a label per failure. They are values made once, at
+// start, by NewReason and NewCause, which refuse a word not of the form of
+// one by panicking (a package-level var: the program stops as it starts,
+// naming the word), so a handler cannot dead-letter with a malformed reason
+// at run time. (That a string does not convert to a Reason is the compiler's.)
+func TestReasonsAndCausesAreWordsRefusedAtStart(t *testing.T) {
 	t.Parallel()
-	if err := Pause("gateway_down", nil); err.Error() != "gateway_down" {
+	if err := Pause(NewCause("gateway_down"), nil); err.Error() != "gateway_down" {
 		t.Errorf("Pause with no error: %q", err)
 	}
+	if err := Permanent(Reason{}, nil); err.Error() != wire.ReasonPermanent || Permanent(reasonKeyExpired, nil).Error() != wire.ReasonKeyExpired || permanentReason(err) != reasonPermanent {
+		t.Errorf("Permanent with neither a reason nor an error: %q, dead-lettered as %s", err, permanentReason(err))
+	}
+	refused := func(make func()) (msg string) {
+		defer func() { msg, _ = recover().(string) }()
+		make()
+		return ""
+	}
 	for _, c := range []struct {
-		reason Reason
-		valid  bool
+		word  string
+		valid bool
 	}{
-		{"invalid_amount", true}, {"gateway_rejected2", true}, {Reason(strings.Repeat("a", 64)), true},
+		{"invalid_amount", true}, {"gateway_rejected2", true}, {strings.Repeat("a", 64), true},
 		{"", false}, {"Card declined", false}, {"card declined: 402", false}, {"2fa_failed", false},
-		{"order-conflict", false}, {Reason(strings.Repeat("a", 65)), false}, {"naïve", false},
+		{"order-conflict", false}, {strings.Repeat("a", 65), false}, {"naïve", false},
 	} {
-		err := Permanent(c.reason, errors.New("the cause"))
-		var pe *PermanentError
-		if !errors.As(err, &pe) {
-			t.Fatalf("%q: %T", c.reason, err)
-		}
+		var reason Reason
+		msg := refused(func() { reason = NewReason(c.word) })
 		switch {
-		case c.valid && pe.Reason != c.reason:
-			t.Errorf("%q: reason %q, want it kept", c.reason, pe.Reason)
-		case !c.valid && (pe.Reason != wire.ReasonInvalidReason || !strings.Contains(err.Error(), string(c.reason)) ||
-			!strings.Contains(err.Error(), "the cause")):
-			t.Errorf("%q: reason %q, error %q; want %s keeping the reason and the cause in the text", c.reason, pe.Reason, err, wire.ReasonInvalidReason)
+		case c.valid && msg != "":
+			t.Errorf("NewReason(%q) refused: %s", c.word, msg)
+		case c.valid && (reason.String() != c.word || permanentReason(Permanent(reason, errors.New("x"))) != reason):
+			t.Errorf("NewReason(%q) = %q, dead-lettered as %s", c.word, reason, permanentReason(Permanent(reason, errors.New("x"))))
+		case !c.valid && !strings.Contains(msg, fmt.Sprintf("%q", c.word)):
+			t.Errorf("NewReason(%q) panicked with %q, want a message naming the word", c.word, msg)
 		}
+		var cause Cause
+		msg = refused(func() { cause = NewCause(c.word) })
 		var pause *PauseError
-		if errors.As(Pause(Cause(c.reason), errors.New("down")), &pause); (pause.Cause == Cause(c.reason)) != c.valid ||
-			(!c.valid && pause.Cause != CauseInvalid) {
-			t.Errorf("Pause(%q): cause %q", c.reason, pause.Cause)
+		switch {
+		case c.valid && msg != "":
+			t.Errorf("NewCause(%q) refused: %s", c.word, msg)
+		case c.valid && (!errors.As(Pause(cause, errors.New("down")), &pause) || pauseCause(pause) != cause || cause.String() != c.word):
+			t.Errorf("NewCause(%q) = %q, paused as %s", c.word, cause, pauseCause(pause))
+		case !c.valid && !strings.Contains(msg, fmt.Sprintf("%q", c.word)):
+			t.Errorf("NewCause(%q) panicked with %q, want a message naming the word", c.word, msg)
 		}
-		// Built by hand, without the constructors: checked where they are read.
-		wantReason, wantCause := c.reason, Cause(c.reason)
-		if !c.valid {
-			wantReason, wantCause = wire.ReasonInvalidReason, CauseInvalid
-		}
-		if c.reason == "" {
-			wantReason, wantCause = wire.ReasonPermanent, ""
-		}
-		if got := permanentReason(&PermanentError{Reason: c.reason}); got != wantReason {
-			t.Errorf("PermanentError{Reason: %q}: dead-lettered as %q, want %q", c.reason, got, wantReason)
-		}
-		if got := pauseCause(&PauseError{Cause: Cause(c.reason)}); c.reason != "" && got != wantCause {
-			t.Errorf("PauseError{Cause: %q}: paused as %q, want %q", c.reason, got, wantCause)
-		}
+	}
+	// A PauseError built by hand without a cause pauses as the handler's
+	// run of failures would.
+	if got := pauseCause(&PauseError{}); got != CauseFailing {
+		t.Errorf("PauseError{}: paused as %q, want %s", got, CauseFailing)
+	}
+	// A log's JSON shows the word, not an empty object.
+	if b, err := json.Marshal(map[string]any{"reason": reasonKeyExpired, "cause": CauseDatabase}); err != nil ||
+		string(b) != `{"cause":"database","reason":"idempotency_key_expired"}` {
+		t.Errorf("as JSON: %s (%v)", b, err)
 	}
 }
 

@@ -413,7 +413,7 @@ func (r *Runtime) Run(ctx context.Context) error {
 		}
 		var paused errPausedSession
 		if errors.As(err, &paused) {
-			r.metrics.pauses.WithLabelValues(r.cfg.Name, string(paused.cause)).Inc()
+			r.metrics.pauses.WithLabelValues(r.cfg.Name, paused.cause.String()).Inc()
 			r.pausedFor.Store(&paused.cause)
 			wait := backoff.Next()
 			r.log.Error("paused: not the messages' fault; held ones were put back without spending an attempt",

@@ -92,7 +92,7 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 	e := newEnv(t)
 	rt := e.start(recordHandler(func(m Message) error {
 		if strings.Contains(string(m.Body), "bad") {
-			return Permanent("invalid_amount", fmt.Errorf("amount is bad"))
+			return Permanent(NewReason("invalid_amount"), fmt.Errorf("amount is bad"))
 		}
 		return nil
 	}), func(c *Config) { c.MaxBodyBytes = 1024 })
@@ -101,11 +101,11 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 		mutate   func(*amqp.Publishing)
 		reason   Reason
 	}{
-		{"p-big", strings.Repeat("x", 1025), nil, wire.ReasonBodyTooLarge},
-		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, wire.ReasonUnsupportedContent},
-		{"", `{"no":"id"}`, nil, wire.ReasonMissingID},
-		{"", "id:" + strings.Repeat("i", 300), nil, wire.ReasonInvalidID},
-		{"p-bad", `{"bad":true}`, nil, "invalid_amount"},
+		{"p-big", strings.Repeat("x", 1025), nil, reasonBodyTooLarge},
+		{"p-ct", `{}`, func(p *amqp.Publishing) { p.ContentType = "text/plain" }, reasonUnsupportedContent},
+		{"", `{"no":"id"}`, nil, reasonMissingID},
+		{"", "id:" + strings.Repeat("i", 300), nil, reasonInvalidID},
+		{"p-bad", `{"bad":true}`, nil, kitReason("invalid_amount")},
 	}
 	for _, tt := range tests {
 		mut := []func(*amqp.Publishing){}
@@ -124,7 +124,7 @@ func TestPoisonIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 		}
 	}
 	for _, tt := range tests {
-		if got := reasons[tt.id+tt.body]; got != string(tt.reason) {
+		if got := reasons[tt.id+tt.body]; got != tt.reason.String() {
 			t.Errorf("message %.20q %.20q: reason %q, want %q", tt.id, tt.body, got, tt.reason)
 		}
 	}
@@ -259,7 +259,7 @@ func TestBarePermanentError(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.start(HandlerFunc(func(context.Context, Message) (Writes, error) {
-		return nil, &PermanentError{Reason: "bad_sku"}
+		return nil, &PermanentError{Reason: kitReason("bad_sku")}
 	}), nil)
 	e.publish("sku", `{}`)
 	if d := e.deadLetters(1)[0]; d.Headers[wire.HeaderDeadLetterReason] != "bad_sku" {
@@ -308,20 +308,20 @@ func TestPauseCause(t *testing.T) {
 		err  error
 		want Cause
 	}{
-		{"dependency", fmt.Errorf("charge: %w", Pause("gateway_misconfigured", errors.New("401"))), "gateway_misconfigured"},
+		{"dependency", fmt.Errorf("charge: %w", Pause(NewCause("gateway_misconfigured"), errors.New("401"))), NewCause("gateway_misconfigured")},
 		{"read-only", failedAt(stepCommit, &pgconn.PgError{Code: "25006"}), CauseDatabase},
 		{"disk full", failedAt(stepCommit, &pgconn.PgError{Code: "53100"}), CauseDatabase},
-		{"statement timeout: waited, no pause", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), ""},
-		{"lock timeout: waited, no pause", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), ""},
+		{"statement timeout: waited, no pause", failedAt(stepLookup, &pgconn.PgError{Code: "57014"}), Cause{}},
+		{"lock timeout: waited, no pause", failedAt(stepCommit, &pgconn.PgError{Code: "55P03"}), Cause{}},
 		{"admin shutdown", failedAt(stepCommit, &pgconn.PgError{Code: "57P01"}), CauseDatabase},
 		{"schema missing", failedAt(stepCommit, &pgconn.PgError{Code: "42P01"}), CauseDatabase},
 		{"handler's own database", failedAt(stepHandler, &pgconn.PgError{Code: "08006"}), CauseDatabase},
-		{"unique violation", failedAt(stepCommit, &pgconn.PgError{Code: "23505"}), ""},
-		{"bad data", failedAt(stepCommit, &pgconn.PgError{Code: "22021"}), ""},
+		{"unique violation", failedAt(stepCommit, &pgconn.PgError{Code: "23505"}), Cause{}},
+		{"bad data", failedAt(stepCommit, &pgconn.PgError{Code: "22021"}), Cause{}},
 		{"connection dropped at commit", failedAt(stepCommit, io.ErrUnexpectedEOF), CauseDatabase},
 		{"look-up timed out", failedAt(stepLookup, context.DeadlineExceeded), CauseDatabase},
-		{"gateway unreachable", failedAt(stepHandler, &net.OpError{Op: "dial", Err: errors.New("refused")}), ""},
-		{"writes' own error", failedAt(stepCommit, errors.New("unknown sku")), ""},
+		{"gateway unreachable", failedAt(stepHandler, &net.OpError{Op: "dial", Err: errors.New("refused")}), Cause{}},
+		{"writes' own error", failedAt(stepCommit, errors.New("unknown sku")), Cause{}},
 	}
 	for _, tt := range tests {
 		if got := pauseCause(tt.err); got != tt.want {
@@ -351,7 +351,7 @@ func TestDependencyPauseSpendsNoAttempt(t *testing.T) {
 		broken.Store(true)
 		rt := e.start(orderedHandler(func(Message, event) error {
 			if broken.Load() {
-				return Pause("gateway_misconfigured", errors.New("gateway answered 401 Unauthorized"))
+				return Pause(NewCause("gateway_misconfigured"), errors.New("gateway answered 401 Unauthorized"))
 			}
 			return nil
 		}), func(c *Config) {
@@ -407,7 +407,7 @@ func TestPauseForOneMessageEndsAfterMaxHolds(t *testing.T) {
 				return nil
 			}
 			runs.Add(1)
-			return Pause("gateway_misconfigured", errors.New("the gateway refuses this one message"))
+			return Pause(NewCause("gateway_misconfigured"), errors.New("the gateway refuses this one message"))
 		}), func(c *Config) {
 			m.config(e.db, e.dbURL, nil)(c)
 			c.MaxHolds, c.ReconnectMaxWait = maxHolds, 300*time.Millisecond
@@ -554,7 +554,7 @@ func TestGroupCommitIsolatesAFailingMessage(t *testing.T) {
 			}
 			switch {
 			case msg.ID == "bad":
-				return "", Permanent("bad_row", errors.New("rejected by the writes"))
+				return "", Permanent(NewReason("bad_row"), errors.New("rejected by the writes"))
 			case msg.ID == "flaky" && flaky.Add(1) == 1:
 				return "", tx.Exec(`SELECT 1/0`).Error // a failed statement aborts the transaction
 			}

@@ -105,7 +105,7 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // could not add those headers.
 func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	pub := republish(d, msg)
-	if reason == wire.ReasonHeadersTooLarge {
+	if reason == reasonHeadersTooLarge {
 		// The producer's headers are what does not fit: the copy keeps the
 		// publish time and the trace, and says how much it left out.
 		kept := amqp.Table{wire.HeaderHeadersDropped: int64(rabbit.HeaderFrameSize(rabbit.Copy(d)))}
@@ -116,7 +116,7 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 		}
 		pub.Headers = kept
 	}
-	pub.Headers[wire.HeaderDeadLetterReason] = string(reason)
+	pub.Headers[wire.HeaderDeadLetterReason] = reason.String()
 	pub.Headers[wire.HeaderDeadLetterError] = wire.ErrorText(cause.Error())
 	pub.Headers[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	pub.Headers[wire.HeaderDeadLetterBy] = r.cfg.Name
@@ -129,7 +129,7 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 		return
 	}
 	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
-	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, string(reason)).Inc()
+	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, reason.String()).Inc()
 	log.get().Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
 }
 

@@ -70,7 +70,7 @@ func TestStopDuringAPauseKeepsOneBudget(t *testing.T) {
 			return nil, ctx.Err()
 		case "gate":
 			<-gate
-			return nil, Pause("dep_down", errors.New("down"))
+			return nil, Pause(NewCause("dep_down"), errors.New("down"))
 		}
 		return recordWrites(msg), nil
 	})

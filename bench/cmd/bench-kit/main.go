@@ -18,7 +18,6 @@ import (
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/service"
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 func main() {
@@ -50,7 +49,7 @@ func options() service.Options {
 func handle(_ context.Context, msg consumer.Message) (consumer.Writes, error) {
 	o, err := orders.Decode(msg.Body)
 	if err != nil {
-		return nil, consumer.Permanent(wire.ReasonInvalidEvent, err)
+		return nil, consumer.Permanent(consumer.ReasonInvalidEvent, err)
 	}
 	return func(_ context.Context, tx *gorm.DB) (consumer.Outcome, error) {
 		res := tx.Exec(`INSERT INTO payments (order_id, message_id, customer_id, amount_cents, currency, status, charge_id)

@@ -43,6 +43,11 @@ const (
 	ReasonInvalidField    = "invalid_field"
 )
 
+// Reasons are all of the above: a consumer declares each as its dead-letter
+// reason at start.
+var Reasons = []string{ReasonInvalidUTF8, ReasonMalformedJSON, ReasonWrongType, ReasonMissingField,
+	ReasonInvalidAmount, ReasonInvalidCurrency, ReasonInvalidField}
+
 // ErrInvalid is matched by every decoding or validation failure.
 var ErrInvalid = errors.New("invalid OrderPlaced")
 

@@ -262,7 +262,7 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 	if writes == nil {
 		t.Errorf("message %s: the handler returned no writes and no error: the runtime dead-letters such a message "+
 			"(%s); return consumer.NoWrites(outcome) for a message with nothing to write", msg.ID, wire.ReasonNoOutcome)
-		return "", consumer.Permanent(wire.ReasonNoOutcome, errors.New("no writes and no error"))
+		return "", consumer.Permanent(consumer.ReasonNoOutcome, errors.New("no writes and no error"))
 	}
 	first, firstErr := runWrites(ctx, t, db, writes, false)
 	out, err := runWrites(ctx, t, db, writes, true)

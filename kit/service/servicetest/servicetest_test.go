@@ -34,13 +34,18 @@ type entry struct {
 	Amount int64  `json:"amount"`
 }
 
+var (
+	reasonMalformedEntry = consumer.NewReason("malformed_entry")
+	reasonNegativeAmount = consumer.NewReason("negative_amount")
+)
+
 func ledgerHandler(_ context.Context, msg consumer.Message) (consumer.Writes, error) {
 	var e entry
 	if err := json.Unmarshal(msg.Body, &e); err != nil || e.Entry == "" {
-		return nil, consumer.Permanent("malformed_entry", fmt.Errorf("entry: %v", err))
+		return nil, consumer.Permanent(reasonMalformedEntry, fmt.Errorf("entry: %v", err))
 	}
 	if e.Amount < 0 {
-		return nil, consumer.Permanent("negative_amount", errors.New("a ledger entry is never negative"))
+		return nil, consumer.Permanent(reasonNegativeAmount, errors.New("a ledger entry is never negative"))
 	}
 	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
 		res := tx.WithContext(ctx).Exec(`INSERT INTO ledger (entry, amount) VALUES (?, ?) ON CONFLICT (entry) DO NOTHING`, e.Entry, e.Amount)
@@ -154,7 +159,7 @@ func TestCheckWritesRunsTheWritesTwice(t *testing.T) {
 
 func isReason(err error, reason string) bool {
 	var pe *consumer.PermanentError
-	return errors.As(err, &pe) && string(pe.Reason) == reason
+	return errors.As(err, &pe) && pe.Reason.String() == reason
 }
 
 // From an outside review: each of these failed before its fix.
