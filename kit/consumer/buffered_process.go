@@ -282,19 +282,15 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt, holds: c.Holds}
 	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
-	park := func(reason Reason, cause error) {
-		span.Outcome(string(OutcomeParked), c.Attempts)
-		span.FailAs(cause, reason.String())
-		p.park(c, reason, cause, log)
-	}
+	st := bufferedSettler{p: p, c: c, log: log, span: span}
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
 		// or outlived its lease every time (a crash loop).
-		park(reasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
+		st.end(reasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
 		return
 	}
 	if age, expired := p.keyExpired(c); expired {
-		park(reasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
+		st.end(reasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
 		return
 	}
 	if r.cfg.Decoder != nil {
@@ -302,7 +298,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		// Decoder changed since (a new release), and then it always will.
 		ev, err := r.decode(msg.Body, msg.ID)
 		if err != nil {
-			park(permanentReason(err), err)
+			st.end(permanentReason(err), err)
 			return
 		}
 		msg.Event = ev.event
@@ -325,29 +321,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		return
 	}
 	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts, c.Holds))
-	if v.act != actDeadLetter {
-		span.Outcome(v.outcome(), c.Attempts)
-		span.FailAs(err, v.errorType())
-	}
-	switch v.act {
-	case actAbandon:
-		log.get().Warn("abandoned at shutdown; released for another replica", "err", err)
-		p.release(c, err, false, log)
-	case actDeadLetter:
-		park(v.reason, err)
-	case actPutBack:
-		log.get().Warn("waited too long on a lock or a conflict: releasing it without spending an attempt",
-			"attempt", c.Attempts, "err", err)
-		p.release(c, err, false, log)
-	case actPause:
-		log.get().Warn("not the message's fault: releasing it without spending an attempt and pausing",
-			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", c.Attempts,
-			"pause_holds", c.Holds, "max_holds", r.cfg.MaxHolds, "err", err)
-		p.release(c, err, v.counts, log)
-		p.requestPause(v.cause)
-	case actRetry:
-		p.failed(c, err, log)
-	}
+	r.carryOut(v, st, err, span, log, c.Attempts, c.Holds)
 }
 
 // keyExpired applies the guard (keyExpired) to a stored message: it may have

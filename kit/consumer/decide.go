@@ -7,9 +7,9 @@ import (
 )
 
 // The failure decision, in one place for both modes: decide turns a failed
-// run into a verdict, and each mode only carries the verdict out (inline:
-// settling the delivery on the broker; buffered: releasing, failing or
-// parking the stored message).
+// run into a verdict, and Runtime.carryOut (verdict.go) carries it out, the
+// mode giving only its ways to settle (inline: on the broker; buffered:
+// releasing, failing or parking the stored message).
 
 // action is what becomes of a message whose run failed.
 type action int

@@ -85,28 +85,7 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		return
 	}
 	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts, msg.holds))
-	span.Outcome(v.outcome(), msg.Attempt)
-	span.FailAs(err, v.errorType())
-	switch v.act {
-	case actAbandon:
-		// Shutdown timeout: the transaction rolled back; leave the delivery
-		// unacked so the broker redelivers it.
-		log.get().Warn("abandoned at shutdown; will be redelivered", "err", err)
-	case actDeadLetter:
-		r.deadLetter(ctx, s, d, msg, v.reason, err, log)
-	case actPutBack:
-		log.get().Warn("waited too long on a lock or a conflict: putting it back without spending an attempt",
-			"attempt", msg.Attempt, "err", err)
-		r.hold(ctx, s, d, msg, err, false, log)
-	case actPause:
-		log.get().Warn("not the message's fault: putting it back without spending an attempt and pausing",
-			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", msg.Attempt,
-			"pause_holds", msg.holds, "max_holds", r.cfg.MaxHolds, "err", err)
-		r.hold(ctx, s, d, msg, err, v.counts, log)
-		s.requestPause(v.cause)
-	case actRetry:
-		r.retry(ctx, s, d, msg, err, log)
-	}
+	r.carryOut(v, inlineSettler{r: r, ctx: ctx, s: s, d: d, msg: msg, log: log, span: span}, err, span, log, msg.Attempt, msg.holds)
 }
 
 // apply looks the message up in the inbox (after any worker of this replica
