@@ -13,7 +13,7 @@ import (
 
 func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	t.Parallel()
-	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
+	r := assemble(&Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}})
 	r.cfg.KeyFromBody = func(b []byte) string {
 		if s, ok := strings.CutPrefix(string(b), "id:"); ok {
 			return s
@@ -41,7 +41,7 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			msg := message(tt.d)
-			reason, _ := r.admit(tt.d, &msg)
+			reason, _ := r.door.admit(tt.d, &msg)
 			if reason != tt.wantReason || (tt.wantKey != "" && msg.ID != tt.wantKey) {
 				t.Fatalf("admit = key %q, reason %q; want key %q, reason %q", msg.ID, reason, tt.wantKey, tt.wantReason)
 			}
@@ -50,7 +50,7 @@ func TestAdmitResolvesTheKeyOrNamesTheReason(t *testing.T) {
 	long := amqp.Delivery{Body: []byte("id:" + strings.Repeat("x", 300))}
 	r.cfg.MaxBodyBytes = 1024
 	msg := message(long)
-	if reason, _ := r.admit(long, &msg); reason != reasonInvalidID || msg.ID != "" {
+	if reason, _ := r.door.admit(long, &msg); reason != reasonInvalidID || msg.ID != "" {
 		t.Fatalf("a 300-byte body id: reason %q, id %q; want %s and no id on the copy", reason, msg.ID, wire.ReasonInvalidID)
 	}
 }
@@ -79,13 +79,13 @@ func TestAttemptComesFromOurHeader(t *testing.T) {
 // runtime makes carries the count it trusts, not the producer's.
 func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
 	t.Parallel()
-	r := &Runtime{cfg: Config{Topology: rabbit.Topology{Queue: "work"}}}
+	r := assemble(&Runtime{cfg: Config{Topology: rabbit.Topology{Queue: "work"}}})
 	fromRetry := amqp.Table{wire.HeaderPauseHolds: int32(4), "x-death": []any{amqp.Table{"queue": "work.retry.50ms"}}}
-	if got := r.received(amqp.Delivery{Headers: fromRetry}).holds; got != 4 {
+	if got := r.door.received(amqp.Delivery{Headers: fromRetry}).holds; got != 4 {
 		t.Errorf("back from a delay queue: %d holds, want 4", got)
 	}
 	fresh := amqp.Delivery{Headers: amqp.Table{wire.HeaderPauseHolds: int32(1000)}}
-	msg := r.received(fresh)
+	msg := r.door.received(fresh)
 	if msg.holds != 0 {
 		t.Errorf("a producer's header: %d holds, want 0", msg.holds)
 	}
@@ -100,7 +100,7 @@ func TestPauseHoldsComeFromOurDelayQueues(t *testing.T) {
 // refusal is left for the mode (dead-lettered inline, parked buffered).
 func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
 	t.Parallel()
-	r := &Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}}
+	r := assemble(&Runtime{cfg: Config{Name: "t", AMQPURL: "amqp://x"}})
 	var decodes atomic.Int64
 	r.cfg.Decoder = countingEvents(&decodes)
 	r.cfg.setDefaults()
@@ -119,8 +119,8 @@ func TestAdmitKeepsTheIDOfARefusedBody(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := amqp.Delivery{MessageId: tt.property, Body: []byte(tt.body)}
-			msg := r.received(d)
-			reason, _ := r.admit(d, &msg)
+			msg := r.door.received(d)
+			reason, _ := r.door.admit(d, &msg)
 			if msg.ID != tt.wantID || reason != tt.wantReason || msg.undecoded == nil {
 				t.Errorf("admit = id %q, reason %q (refusal %v); want id %q, reason %q", msg.ID, reason, msg.undecoded, tt.wantID, tt.wantReason)
 			}

@@ -153,9 +153,9 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 			ok = false
 		}
 	}()
-	msg := r.received(d)
-	reason, err := r.admit(d, &msg)
-	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+	msg := r.door.received(d)
+	reason, err := r.door.admit(d, &msg)
+	log := &messageLog{door: &r.door, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if !reason.isZero() {
 		r.deadLetterAside(ctx, s, d, msg, reason, err, log)
 		return it, false
@@ -268,7 +268,7 @@ func (b *bufferedMode) storeFailed(ctx context.Context, s *session, items []inge
 		}
 		return
 	}
-	if cause := r.infrastructure(ctx, err); !cause.isZero() {
+	if cause := r.judge.infrastructure(ctx, err); !cause.isZero() {
 		for _, it := range items {
 			it.log.get().Warn("not the message's fault: leaving it unacked for the queue to take back, in order, and pausing",
 				"cause", cause, "err", err)
@@ -346,5 +346,5 @@ func dataFault(err error) bool {
 // it takes off the queue are what clears the alarm), as inline the other
 // workers do while one waits. The session waits for these before it closes.
 func (r *Runtime) deadLetterAside(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
-	s.aside.Go(func() { r.deadLetter(ctx, s, d, msg, reason, cause, log) })
+	s.aside.Go(func() { r.mover.deadLetter(ctx, s, d, msg, reason, cause, log) })
 }

@@ -200,7 +200,7 @@ func (p *processor) claim(ctx context.Context, n int) ([]buffered.Claimed, error
 // claimFailed pauses for the database's own trouble; anything else is logged
 // and the claim tried again after a poll interval.
 func (p *processor) claimFailed(ctx context.Context, err error) {
-	if cause := p.rt.infrastructure(ctx, failedAt(stepLookup, err)); !cause.isZero() {
+	if cause := p.rt.judge.infrastructure(ctx, failedAt(stepLookup, err)); !cause.isZero() {
 		p.requestPause(cause)
 		return
 	}
@@ -281,7 +281,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	defer span.End()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt, holds: c.Holds}
-	log := &messageLog{r: r, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
+	log := &messageLog{door: &r.door, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	st := bufferedSettler{p: p, c: c, log: log, span: span}
 	if c.Attempts > p.cfg.MaxAttempts {
 		// Claimed that often without settling: the handler crashed the process
@@ -296,7 +296,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	if r.cfg.Decoder != nil {
 		// Decoded at ingest already: this decode fails only if the
 		// Decoder changed since (a new release), and then it always will.
-		ev, err := r.decode(msg.Body, msg.ID)
+		ev, err := r.door.decode(msg.Body, msg.ID)
 		if err != nil {
 			st.end(permanentReason(err), err)
 			return
@@ -320,7 +320,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		log.get().Warn("the lease passed to another worker before the commit; nothing committed", "attempt", c.Attempts)
 		return
 	}
-	v := decide(r.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts, c.Holds))
+	v := decide(r.judge.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts, c.Holds))
 	r.carryOut(v, st, err, span, log, c.Attempts, c.Holds)
 }
 
@@ -347,7 +347,7 @@ func (p *processor) apply(ctx context.Context, msg Message, c buffered.Claimed) 
 	if err != nil {
 		return "", failedAt(stepHandler, err)
 	}
-	p.rt.failures.succeeded() // the outside calls work
+	p.rt.judge.failures.succeeded() // the outside calls work
 	res, err := p.finish.complete(ctx, c.Lease, writes)
 	switch {
 	case err != nil:
@@ -445,7 +445,7 @@ func (p *processor) releaseHeld() {
 	var again []release
 	for _, u := range held {
 		msg := Message{ID: u.claimed.MessageID}
-		log := &messageLog{r: p.rt, msg: &msg, attrs: []any{"ordering_key", u.claimed.OrderingKey, "seq", u.claimed.Seq}}
+		log := &messageLog{door: &p.rt.door, msg: &msg, attrs: []any{"ordering_key", u.claimed.OrderingKey, "seq", u.claimed.Seq}}
 		if !p.releaseOne(u, log) {
 			again = append(again, u)
 		}

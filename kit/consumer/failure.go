@@ -9,15 +9,24 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// judge tells what a failure is: the message's, a dependency's, the
+// database's, or one of a run of distinct messages failing alike.
+type judge struct {
+	cfg *Config
+	// failures is the run of distinct messages whose handler failed with no
+	// success between them (PauseAfterFailures).
+	failures failureStreak
+}
+
 // failure describes a failed run to decide, asking the database and
 // counting the run of failures only when decide needs them. holds are the
 // message's holds so far that count against MaxHolds.
-func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, maxAttempts, holds int) failure {
+func (j *judge) failure(ctx context.Context, err error, id string, attempt, maxAttempts, holds int) failure {
 	return failure{
 		err: err, stopping: ctx.Err() != nil, attempt: attempt, maxAttempts: maxAttempts,
-		holds: holds, maxHolds: r.cfg.MaxHolds,
-		cause:  func() Cause { return r.infrastructure(ctx, err) },
-		inARow: func() bool { return r.failingInARow(id, err) },
+		holds: holds, maxHolds: j.cfg.MaxHolds,
+		cause:  func() Cause { return j.infrastructure(ctx, err) },
+		inARow: func() bool { return j.failingInARow(id, err) },
 	}
 }
 
@@ -35,7 +44,7 @@ func (r *Runtime) failure(ctx context.Context, err error, id string, attempt, ma
 // the database's answer tells them apart: without it, a handler writing
 // through its read-only Reader was put back without an attempt, the check
 // passed, and it failed again, a pause loop.
-func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
+func (j *judge) infrastructure(ctx context.Context, err error) Cause {
 	var se *stepError
 	fromHandler := errors.As(err, &se) && se.step == stepHandler
 	cause := pauseCause(err)
@@ -45,7 +54,7 @@ func (r *Runtime) infrastructure(ctx context.Context, err error) Cause {
 	case se == nil, fromHandler && cause.isZero() && !connectionFault(err):
 		return Cause{} // the message failed
 	}
-	if r.pingDatabase(ctx) != nil {
+	if j.pingDatabase(ctx) != nil {
 		return CauseDatabase
 	}
 	return Cause{}
@@ -64,30 +73,30 @@ func handlerMayCause(err error) bool {
 // pingDatabase tells a database outage from a failure of the message. Error
 // classes alone cannot: a handler's HTTP call fails with the same network
 // errors, and a pool can still answer while new connections are refused.
-func (r *Runtime) pingDatabase(ctx context.Context) error {
+func (j *judge) pingDatabase(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return r.cfg.DatabaseCheck(ctx)
+	return j.cfg.DatabaseCheck(ctx)
 }
 
 // failingInARow counts a retried failure of the handler's outside-call step
 // and reports whether PauseAfterFailures distinct messages have now failed in
 // a row: a dependency down for every message, not this message's fault.
-func (r *Runtime) failingInARow(id string, err error) bool {
+func (j *judge) failingInARow(id string, err error) bool {
 	var se *stepError
-	if r.cfg.PauseAfterFailures < 0 || !errors.As(err, &se) || se.step != stepHandler {
+	if j.cfg.PauseAfterFailures < 0 || !errors.As(err, &se) || se.step != stepHandler {
 		return false
 	}
-	return r.failures.fail(id, r.cfg.PauseAfterFailures) >= r.cfg.PauseAfterFailures
+	return j.failures.fail(id, j.cfg.PauseAfterFailures) >= j.cfg.PauseAfterFailures
 }
 
 // keyExpired refuses a message that may have called out before (a retry, a
 // redelivery, one put back, or a copy marked wire.HeaderMayHaveRun) and is older
 // than the key lifetime. It runs after the inbox look-up, so a message
 // applied already is a duplicate, not refused.
-func (r *Runtime) keyExpired(msg Message) error {
-	if age, expired := keyExpired(r.cfg.KeyTTL, msg.PublishedAt, msg.MayHaveRun()); expired {
-		return keyExpiredError("published", age, r.cfg.KeyTTL)
+func (j *judge) keyExpired(msg Message) error {
+	if age, expired := keyExpired(j.cfg.KeyTTL, msg.PublishedAt, msg.MayHaveRun()); expired {
+		return keyExpiredError("published", age, j.cfg.KeyTTL)
 	}
 	return nil
 }

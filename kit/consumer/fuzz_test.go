@@ -24,7 +24,7 @@ func FuzzAdmit(f *testing.F) {
 	f.Add("m\x00", "text/plain", "other.queue", int64(-1), int64(-5), []byte(`{}`))
 	f.Add(strings.Repeat("x", 300), "application/json;;", "payments.order-placed.retry.", int64(1<<40), int64(1<<62), []byte{0xff})
 	f.Add("\xffid", "", "payments.order-placed.retry.5s", int64(2), int64(0), []byte(`{"id":`))
-	r := &Runtime{cfg: Config{
+	r := assemble(&Runtime{cfg: Config{
 		Topology:     rabbit.Topology{Queue: "payments.order-placed"},
 		MaxBodyBytes: 64, ContentTypes: []string{"application/json"}, // small: the fuzzer's bodies reach it
 		KeyFromBody: func(b []byte) string {
@@ -37,21 +37,21 @@ func FuzzAdmit(f *testing.F) {
 			}
 			return ""
 		},
-	}}
+	}})
 	f.Fuzz(func(t *testing.T, id, contentType, deathQueue string, attempt, publishedMs int64, body []byte) {
 		d := amqp.Delivery{MessageId: id, ContentType: contentType, Body: body, Headers: amqp.Table{
 			wire.HeaderAttempt:         attempt,
 			wire.HeaderTimestampMillis: publishedMs,
 			"x-death":                  []any{amqp.Table{"queue": deathQueue, "count": attempt}},
 		}}
-		msg := r.received(d) // as both modes take a delivery
+		msg := r.door.received(d) // as both modes take a delivery
 		if msg.Attempt < 1 {
 			t.Fatalf("attempt %d", msg.Attempt)
 		}
 		if msg.Attempt > 1 && !strings.HasPrefix(deathQueue, "payments.order-placed.retry.") {
 			t.Fatalf("attempt %d trusted from a delivery that never went through a retry queue (x-death %q)", msg.Attempt, deathQueue)
 		}
-		reason, err := r.admit(d, &msg)
+		reason, err := r.door.admit(d, &msg)
 		if !reason.isZero() {
 			if err == nil {
 				t.Fatalf("reason %q without an error", reason)

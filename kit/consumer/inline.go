@@ -50,7 +50,7 @@ func (m *inlineMode) cancels(reason error) bool {
 	return reason == nil || errors.Is(reason, errRedeclare) || errors.As(reason, new(errPausedSession))
 }
 func (m *inlineMode) rest(ctx context.Context, _ context.CancelFunc, s *session, deliveries <-chan amqp.Delivery) {
-	m.r.returnUnstarted(ctx, s, deliveries)
+	m.r.mover.returnUnstarted(ctx, s, deliveries)
 }
 
 // deliver runs one delivery to its end: it is acked, sent to a retry queue or
@@ -60,16 +60,16 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 	r := m.r
 	ctx, span := r.cfg.Tracer.Process(ctx, d, r.cfg.Topology.Queue, r.cfg.Name)
 	defer span.End()
-	msg := r.received(d)
-	reason, admitErr := r.admit(d, &msg)
+	msg := r.door.received(d)
+	reason, admitErr := r.door.admit(d, &msg)
 	if reason.isZero() && msg.undecoded != nil {
 		reason, admitErr = permanentReason(msg.undecoded), msg.undecoded
 	}
-	log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+	log := &messageLog{door: &r.door, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 	if !reason.isZero() {
 		span.Outcome(string(OutcomeDeadLettered), msg.Attempt)
 		span.FailAs(admitErr, reason.String())
-		r.deadLetter(ctx, s, d, msg, reason, admitErr, log)
+		r.mover.deadLetter(ctx, s, d, msg, reason, admitErr, log)
 		return
 	}
 	out, ack, err := m.apply(ctx, s, d.DeliveryTag, &msg, span)
@@ -84,7 +84,7 @@ func (m *inlineMode) deliver(ctx context.Context, s *session, d amqp.Delivery) {
 		r.ack(ctx, s, d, msg, out, log)
 		return
 	}
-	v := decide(r.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts, msg.holds))
+	v := decide(r.judge.failure(ctx, err, msg.ID, msg.Attempt, r.cfg.MaxAttempts, msg.holds))
 	r.carryOut(v, inlineSettler{r: r, ctx: ctx, s: s, d: d, msg: msg, log: log, span: span}, err, span, log, msg.Attempt, msg.holds)
 }
 
@@ -109,7 +109,7 @@ func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Mes
 	case seen:
 		return OutcomeDuplicate, sentAck{}, nil
 	}
-	if err := r.keyExpired(*msg); err != nil {
+	if err := r.judge.keyExpired(*msg); err != nil {
 		return "", sentAck{}, err
 	}
 	msg.ran = true
@@ -117,7 +117,7 @@ func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Mes
 	if err != nil {
 		return "", sentAck{}, failedAt(stepHandler, err)
 	}
-	r.failures.succeeded() // the outside calls work
+	r.judge.failures.succeeded() // the outside calls work
 	out, fresh, ack, err := m.commits.commit(ctx, *msg, writes, s.acks, tag, span)
 	switch {
 	case err != nil:

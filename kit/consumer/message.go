@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -18,6 +19,16 @@ import (
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
+
+// door is where a delivery becomes a message: the checks every handler
+// needs before a body is trusted, the decode, the dedupe key, and the
+// message's logger.
+type door struct {
+	cfg      *Config
+	metrics  *Metrics
+	log      *slog.Logger
+	frameMax *atomic.Int64 // the publishing connection's frame size (0: not checked)
+}
 
 const maxIDLen = 255
 
@@ -30,9 +41,9 @@ func validID(id string) bool {
 // fromRetryQueue reports whether the broker brought the delivery back from
 // one of our delay queues (x-death names the queue): only then was its
 // x-attempt header written by this runtime.
-func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
+func (dr *door) fromRetryQueue(d amqp.Delivery) bool {
 	deaths, _ := d.Headers["x-death"].([]any)
-	prefix := r.cfg.Topology.Queue + ".retry."
+	prefix := dr.cfg.Topology.Queue + ".retry."
 	for _, x := range deaths {
 		if t, ok := x.(amqp.Table); ok {
 			if q, _ := t["queue"].(string); strings.HasPrefix(q, prefix) {
@@ -47,9 +58,9 @@ func (r *Runtime) fromRetryQueue(d amqp.Delivery) bool {
 // only its own retry path raises the attempt and hold counts, so a
 // producer's x-attempt and x-pause-holds are not trusted unless the delivery
 // came from one of its delay queues.
-func (r *Runtime) received(d amqp.Delivery) Message {
+func (dr *door) received(d amqp.Delivery) Message {
 	msg := message(d)
-	if !r.fromRetryQueue(d) {
+	if !dr.fromRetryQueue(d) {
 		msg.Attempt, msg.holds = 1, 0
 	}
 	return msg
@@ -93,14 +104,14 @@ func publishedAt(d amqp.Delivery) time.Time {
 // original exchange and key, a trace context.
 const copyHeadroom = 8 << 10
 
-func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
-	if len(d.Body) > r.cfg.MaxBodyBytes {
-		return reasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(r.cfg.MaxBodyBytes))
+func (dr *door) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) {
+	if len(d.Body) > dr.cfg.MaxBodyBytes {
+		return reasonBodyTooLarge, errors.New("body of " + strconv.Itoa(len(d.Body)) + " bytes exceeds " + strconv.Itoa(dr.cfg.MaxBodyBytes))
 	}
-	if !r.acceptsContentType(d.ContentType) {
+	if !dr.acceptsContentType(d.ContentType) {
 		return reasonUnsupportedContent, errors.New("content type " + strconv.Quote(d.ContentType) + " is not accepted")
 	}
-	if n, limit := rabbit.HeaderFrameSize(rabbit.Copy(d)), int(r.frameMax.Load())-copyHeadroom; limit > 0 && n > limit {
+	if n, limit := rabbit.HeaderFrameSize(rabbit.Copy(d)), int(dr.frameMax.Load())-copyHeadroom; limit > 0 && n > limit {
 		// A retry, a hold or a dead letter adds the runtime's headers to the
 		// message's: no copy would fit one frame, and the broker would close
 		// the connection on each. Its dead letter leaves the producer's
@@ -108,8 +119,8 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 		return reasonHeadersTooLarge, errors.New("properties and headers of " + strconv.Itoa(n) +
 			" bytes leave no room in one frame for the runtime's (" + strconv.Itoa(limit) + " at most)")
 	}
-	if r.cfg.Decoder != nil {
-		ev, err := r.decode(d.Body, d.MessageId)
+	if dr.cfg.Decoder != nil {
+		ev, err := dr.decode(d.Body, d.MessageId)
 		msg.undecoded = err
 		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
 		switch {
@@ -128,8 +139,8 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 			msg.ID = ev.id
 		}
 	}
-	if msg.ID == "" && r.cfg.KeyFromBody != nil {
-		msg.ID = r.cfg.KeyFromBody(d.Body)
+	if msg.ID == "" && dr.cfg.KeyFromBody != nil {
+		msg.ID = dr.cfg.KeyFromBody(d.Body)
 	}
 	switch {
 	case msg.ID == "":
@@ -147,16 +158,16 @@ func (r *Runtime) admit(d amqp.Delivery, msg *Message) (reason Reason, err error
 // Decoder, counted and logged (ReasonInvalidEvent), without an id, so that a
 // body it cannot take never crashes a replica, at ingest or when the
 // buffered mode decodes a stored message again.
-func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
+func (dr *door) decode(body []byte, id string) (d decoded, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
-			r.log.Error("the Decoder panicked; the message is refused as an invalid event",
+			dr.metrics.panics.WithLabelValues(dr.cfg.Name).Inc()
+			dr.log.Error("the Decoder panicked; the message is refused as an invalid event",
 				"message_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			d, err = decoded{}, Permanent(ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
 		}
 	}()
-	d, err = r.cfg.Decoder.decode(body)
+	d, err = dr.cfg.Decoder.decode(body)
 	if err != nil {
 		cause := err
 		if pe := (*PermanentError)(nil); errors.As(err, &pe) && pe.Err != nil {
@@ -167,7 +178,7 @@ func (r *Runtime) decode(body []byte, id string) (d decoded, err error) {
 	return d, nil
 }
 
-func (r *Runtime) acceptsContentType(ct string) bool {
+func (dr *door) acceptsContentType(ct string) bool {
 	if ct == "" {
 		return true
 	}
@@ -175,7 +186,7 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 	if err != nil {
 		return false
 	}
-	for _, ok := range r.cfg.ContentTypes {
+	for _, ok := range dr.cfg.ContentTypes {
 		if mt == ok {
 			return true
 		}
@@ -184,12 +195,12 @@ func (r *Runtime) acceptsContentType(ct string) bool {
 }
 
 func (r *Runtime) ack(ctx context.Context, s *session, d amqp.Delivery, msg Message, out Outcome, log *messageLog) {
-	r.acked(msg, out, log, r.settle(ctx, s, d.DeliveryTag))
+	r.acked(msg, out, log, r.mover.settle(ctx, s, d.DeliveryTag))
 }
 
 // settle acks a delivery, a settle span of the delivery's trace.
-func (r *Runtime) settle(ctx context.Context, s *session, tag uint64) error {
-	_, span := r.cfg.Tracer.Settle(ctx, "ack", r.cfg.Topology.Queue, tag)
+func (mv *mover) settle(ctx context.Context, s *session, tag uint64) error {
+	_, span := mv.cfg.Tracer.Settle(ctx, "ack", mv.cfg.Topology.Queue, tag)
 	err := s.acks.ack(tag)
 	span.Fail(err)
 	span.End()
@@ -224,7 +235,7 @@ func (r *Runtime) counted(msg Message, out Outcome, log *messageLog) {
 // messageLog builds a message's logger on first use: most messages are never
 // logged about, and the handler's attributes cost a parse of the body.
 type messageLog struct {
-	r           *Runtime
+	door        *door
 	msg         *Message // read at first use: admit may resolve the id from the body
 	tag         uint64
 	redelivered bool
@@ -234,16 +245,16 @@ type messageLog struct {
 
 func (m *messageLog) get() *slog.Logger {
 	if m.l == nil {
-		m.l = m.r.messageLogger(*m.msg, m.tag, m.redelivered).With(m.attrs...)
+		m.l = m.door.messageLogger(*m.msg, m.tag, m.redelivered).With(m.attrs...)
 	}
 	return m.l
 }
 
 // messageLogger puts the message's id (the resolved dedupe key) and the
 // handler's attributes (an order id) on every line about it.
-func (r *Runtime) messageLogger(msg Message, tag uint64, redelivered bool) *slog.Logger {
-	log := r.log.With("message_id", msg.ID, "delivery_tag", tag, "redelivered", redelivered)
-	for _, a := range r.logAttrs(msg.Body) {
+func (dr *door) messageLogger(msg Message, tag uint64, redelivered bool) *slog.Logger {
+	log := dr.log.With("message_id", msg.ID, "delivery_tag", tag, "redelivered", redelivered)
+	for _, a := range dr.logAttrs(msg.Body) {
 		log = log.With(a)
 	}
 	return log
@@ -252,18 +263,18 @@ func (r *Runtime) messageLogger(msg Message, tag uint64, redelivered bool) *slog
 // logAttrs runs the service's LogAttrs, which must not fail: a panic in it
 // costs the attributes and a log line, never the message (it may be settled
 // already when a line about it is logged).
-func (r *Runtime) logAttrs(body []byte) (attrs []slog.Attr) {
-	if r.cfg.LogAttrs == nil || len(body) > r.cfg.MaxBodyBytes {
+func (dr *door) logAttrs(body []byte) (attrs []slog.Attr) {
+	if dr.cfg.LogAttrs == nil || len(body) > dr.cfg.MaxBodyBytes {
 		return nil
 	}
 	defer func() {
 		if v := recover(); v != nil {
-			r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
-			r.log.Error("LogAttrs panicked; logging the message without its attributes", "panic", fmt.Sprint(v))
+			dr.metrics.panics.WithLabelValues(dr.cfg.Name).Inc()
+			dr.log.Error("LogAttrs panicked; logging the message without its attributes", "panic", fmt.Sprint(v))
 			attrs = nil
 		}
 	}()
-	return r.cfg.LogAttrs(body)
+	return dr.cfg.LogAttrs(body)
 }
 
 func intHeader(h amqp.Table, key string) (int, bool) {

@@ -207,8 +207,14 @@ func (c *Config) Validate() error {
 }
 
 // Runtime consumes one queue with a Handler. Create it with New and call Run.
+// Three parts of it have their own types: the door (a delivery becomes a
+// message), the judge (what a failure is) and the mover (a delivery moved on
+// the broker: retried, held, dead-lettered, returned).
 type Runtime struct {
 	cfg      Config
+	door     door
+	judge    judge
+	mover    mover
 	nodes    *rabbit.Nodes     // the broker's nodes (AMQP_URL)
 	node     amqpsession.Nodes // the last session's node; Run's goroutine only
 	inbox    *inbox.Inbox
@@ -229,9 +235,6 @@ type Runtime struct {
 	stopOnce sync.Once
 	stopBy   time.Time
 	stopping chan struct{}
-	// failures is the run of distinct messages whose handler failed with no
-	// success between them (PauseAfterFailures).
-	failures failureStreak
 	// applyTimeout bounds a whole inbox transaction (claim, handler, commit), so
 	// a database that goes silent cannot wedge a worker until TCP gives up.
 	applyTimeout time.Duration
@@ -256,6 +259,7 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	}
 	r := &Runtime{cfg: cfg, nodes: nodes, inbox: ib, metrics: m, log: log.With("consumer", cfg.Name), applyTimeout: time.Hour,
 		stopping: make(chan struct{})}
+	assemble(r)
 	r.inFlight.ids = map[string]chan struct{}{}
 	mws := []Middleware{Recover(r.onPanic), Observe(m, cfg.Name)}
 	if handlerTimeout > 0 {
@@ -275,6 +279,14 @@ func New(cfg Config, ib *inbox.Inbox, h Handler, handlerTimeout time.Duration, m
 	}
 	m.ready.WithLabelValues(cfg.Name).Set(0)
 	return r, nil
+}
+
+// assemble gives the runtime's parts their share of it.
+func assemble(r *Runtime) *Runtime {
+	r.door = door{cfg: &r.cfg, metrics: r.metrics, log: r.log, frameMax: &r.frameMax}
+	r.judge = judge{cfg: &r.cfg}
+	r.mover = mover{cfg: &r.cfg, metrics: r.metrics, log: r.log, door: &r.door}
+	return r
 }
 
 func (r *Runtime) stage(s Stage) {
@@ -302,7 +314,7 @@ const RetryJitter = retryJitter
 
 func (r *Runtime) onPanic(msg Message, v any, stack []byte) {
 	r.metrics.panics.WithLabelValues(r.cfg.Name).Inc()
-	r.messageLogger(msg, 0, false).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))
+	r.door.messageLogger(msg, 0, false).Error("handler panicked", "panic", fmt.Sprint(v), "stack", string(stack))
 }
 
 // Ready reports nil while the runtime is connected, has declared its topology
@@ -444,7 +456,7 @@ func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Durat
 		return ctx.Err()
 	}
 	for cause == CauseDatabase {
-		if r.pingDatabase(ctx) == nil {
+		if r.judge.pingDatabase(ctx) == nil {
 			if r.cfg.ResetDatabase != nil {
 				r.cfg.ResetDatabase()
 			}

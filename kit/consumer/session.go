@@ -175,7 +175,7 @@ func (r *Runtime) openChannels(s *session) error {
 // shutdown, returns nil), the connection or a channel dies, or a worker finds
 // the infrastructure at fault (returns errPausedSession).
 func (r *Runtime) session(ctx context.Context) error {
-	if err := r.pingDatabase(ctx); err != nil {
+	if err := r.judge.pingDatabase(ctx); err != nil {
 		return errPausedSession{cause: CauseDatabase}
 	}
 	s, err := r.openSession()

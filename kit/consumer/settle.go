@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"strconv"
@@ -15,6 +16,16 @@ import (
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
+// mover moves a delivery on the broker: a copy to a delay queue (a retry, a
+// hold), to the dead-letter exchange, or back to the work queue, each
+// published and confirmed before the original is acked.
+type mover struct {
+	cfg     *Config
+	metrics *Metrics
+	log     *slog.Logger
+	door    *door // the logger of a message returned unstarted
+}
+
 // publishTimeout bounds a retry or dead-letter publish and its confirm.
 const publishTimeout = 15 * time.Second
 
@@ -26,8 +37,8 @@ const retryJitter = 0.2
 // retry republishes the message to the delay queue of its attempt with the
 // attempt counter raised, then acks the original. If the copy is not confirmed
 // the original is requeued instead: a duplicate is possible, a loss is not.
-func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
-	delay := retryDelay(r.cfg.Topology.RetryDelays, msg.Attempt)
+func (mv *mover) retry(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, log *messageLog) {
+	delay := retryDelay(mv.cfg.Topology.RetryDelays, msg.Attempt)
 	pub := republish(d, msg)
 	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt + 1)
 	pub.Headers[wire.HeaderLastError] = wire.ErrorText(cause.Error())
@@ -36,12 +47,12 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 	}
 	expire := time.Duration(float64(delay) * (1 - retryJitter*rand.Float64()))
 	pub.Expiration = strconv.FormatInt(max(expire.Milliseconds(), 1), 10)
-	queue := r.cfg.Topology.RetryQueue(delay)
-	if !r.publishThenAck(ctx, s, d, "", queue, pub, log) {
+	queue := mv.cfg.Topology.RetryQueue(delay)
+	if !mv.publishThenAck(ctx, s, d, "", queue, pub, log) {
 		return
 	}
-	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRetried)).Inc()
-	log.get().Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", r.cfg.MaxAttempts,
+	mv.metrics.messages.WithLabelValues(mv.cfg.Name, string(OutcomeRetried)).Inc()
+	log.get().Warn("message failed; retry scheduled", "attempt", msg.Attempt, "max_attempts", mv.cfg.MaxAttempts,
 		"delay", expire.String(), "err", cause)
 }
 
@@ -52,8 +63,8 @@ func (r *Runtime) retry(ctx context.Context, s *session, d amqp.Delivery, msg Me
 // so the work queue's x-delivery-limit never counts an outage against it.
 // counts raises the holds that count against MaxHolds (a pause the service's
 // code asked for).
-func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, counts bool, log *messageLog) {
-	delay := r.cfg.Topology.RetryDelays[0]
+func (mv *mover) hold(ctx context.Context, s *session, d amqp.Delivery, msg Message, cause error, counts bool, log *messageLog) {
+	delay := mv.cfg.Topology.RetryDelays[0]
 	pub := republish(d, msg)
 	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt)
 	held, _ := intHeader(d.Headers, wire.HeaderHeld)
@@ -63,8 +74,8 @@ func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Mes
 	}
 	pub.Headers[wire.HeaderLastError] = wire.ErrorText(cause.Error())
 	pub.Expiration = strconv.FormatInt(max(delay.Milliseconds(), 1), 10)
-	if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.RetryQueue(delay), pub, log) {
-		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeRequeued)).Inc()
+	if mv.publishThenAck(ctx, s, d, "", mv.cfg.Topology.RetryQueue(delay), pub, log) {
+		mv.metrics.messages.WithLabelValues(mv.cfg.Name, string(OutcomeRequeued)).Inc()
 	}
 }
 
@@ -73,11 +84,11 @@ func (r *Runtime) hold(ctx context.Context, s *session, d amqp.Delivery, msg Mes
 // channel's close, the broker would requeue them and a quorum queue would
 // count each return in x-delivery-count, so that enough restarts, pauses or
 // deploys would dead-letter valid messages (delivery_limit) that never failed.
-func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
+func (mv *mover) returnUnstarted(ctx context.Context, s *session, deliveries <-chan amqp.Delivery) {
 	n := 0
 	for d := range deliveries {
 		msg := Message{ID: d.MessageId, Body: d.Body}
-		log := &messageLog{r: r, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
+		log := &messageLog{door: mv.door, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 		pub := rabbit.Copy(d)
 		stampSeen(pub.Headers, publishedAt(d), time.Now())
 		if d.Redelivered {
@@ -85,12 +96,12 @@ func (r *Runtime) returnUnstarted(ctx context.Context, s *session, deliveries <-
 			// message to the broker, without the redelivered flag.
 			pub.Headers[wire.HeaderMayHaveRun] = true
 		}
-		if r.publishThenAck(ctx, s, d, "", r.cfg.Topology.Queue, pub, log) {
+		if mv.publishThenAck(ctx, s, d, "", mv.cfg.Topology.Queue, pub, log) {
 			n++
 		}
 	}
 	if n > 0 {
-		r.log.Info("returned unstarted deliveries to the work queue", "count", n)
+		mv.log.Info("returned unstarted deliveries to the work queue", "count", n)
 	}
 }
 
@@ -103,7 +114,7 @@ func retryDelay(delays []time.Duration, attempt int) time.Duration {
 // deadLetter publishes the message to the dead-letter exchange with the reason
 // and last error in its headers, then acks the original. A broker-side reject
 // could not add those headers.
-func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
+func (mv *mover) deadLetter(ctx context.Context, s *session, d amqp.Delivery, msg Message, reason Reason, cause error, log *messageLog) {
 	pub := republish(d, msg)
 	if reason == reasonHeadersTooLarge {
 		// The producer's headers are what does not fit: the copy keeps the
@@ -119,28 +130,28 @@ func (r *Runtime) deadLetter(ctx context.Context, s *session, d amqp.Delivery, m
 	pub.Headers[wire.HeaderDeadLetterReason] = reason.String()
 	pub.Headers[wire.HeaderDeadLetterError] = wire.ErrorText(cause.Error())
 	pub.Headers[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	pub.Headers[wire.HeaderDeadLetterBy] = r.cfg.Name
+	pub.Headers[wire.HeaderDeadLetterBy] = mv.cfg.Name
 	pub.Headers[wire.HeaderAttempt] = header32(msg.Attempt)
 	if _, ok := pub.Headers[wire.HeaderFirstError]; !ok {
 		pub.Headers[wire.HeaderFirstError] = wire.ErrorText(cause.Error())
 	}
-	t := r.cfg.Topology
-	if !r.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
+	t := mv.cfg.Topology
+	if !mv.publishThenAck(ctx, s, d, t.DeadLetterExchange, t.DeadLetterKey(), pub, log) {
 		return
 	}
-	r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
-	r.metrics.deadLetters.WithLabelValues(r.cfg.Name, reason.String()).Inc()
+	mv.metrics.messages.WithLabelValues(mv.cfg.Name, string(OutcomeDeadLettered)).Inc()
+	mv.metrics.deadLetters.WithLabelValues(mv.cfg.Name, reason.String()).Inc()
 	log.get().Error("message dead-lettered", "reason", reason, "attempt", msg.Attempt, "err", cause)
 }
 
-func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *messageLog) bool {
+func (mv *mover) publishThenAck(ctx context.Context, s *session, d amqp.Delivery, exchange, key string, pub amqp.Publishing, log *messageLog) bool {
 	if err := s.waitUnblocked(ctx); err != nil {
 		// Shutting down: the original stays unacked and is redelivered.
 		tracing.FromContext(ctx).Moved("abandoned", err)
 		return false
 	}
 	if err := rabbit.CheckPublishing(exchange, key, pub, s.pubConn.Config.FrameSize); err != nil {
-		r.rejectUncopyable(s, d, err, log)
+		mv.rejectUncopyable(s, d, err, log)
 		return false
 	}
 	pctx, cancel := context.WithTimeout(ctx, publishTimeout)
@@ -157,7 +168,7 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 		}
 		return false
 	}
-	if err := r.settle(ctx, s, d.DeliveryTag); err != nil {
+	if err := mv.settle(ctx, s, d.DeliveryTag); err != nil {
 		tracing.FromContext(ctx).Moved("copied_unacked", err) // copied, and redelivered as well
 		log.get().Warn("ack failed after the copy was confirmed; the redelivery will repeat this step", "err", err)
 		return false
@@ -171,13 +182,13 @@ func (r *Runtime) publishThenAck(ctx context.Context, s *session, d amqp.Deliver
 // every message in flight with it) to the broker's own dead-lettering: a
 // reject without requeue takes it to the dead-letter queue, its x-death
 // saying why, without the runtime's headers.
-func (r *Runtime) rejectUncopyable(s *session, d amqp.Delivery, err error, log *messageLog) {
+func (mv *mover) rejectUncopyable(s *session, d amqp.Delivery, err error, log *messageLog) {
 	log.get().Error("no copy of the message can be sent; rejected to the work queue's dead-letter exchange (x-death, no reason headers)",
 		"reason", wire.ReasonHeadersTooLarge, "err", err)
 	if d.Reject(false) == nil {
 		s.acks.settled(d.DeliveryTag)
-		r.metrics.messages.WithLabelValues(r.cfg.Name, string(OutcomeDeadLettered)).Inc()
-		r.metrics.deadLetters.WithLabelValues(r.cfg.Name, wire.ReasonHeadersTooLarge).Inc()
+		mv.metrics.messages.WithLabelValues(mv.cfg.Name, string(OutcomeDeadLettered)).Inc()
+		mv.metrics.deadLetters.WithLabelValues(mv.cfg.Name, wire.ReasonHeadersTooLarge).Inc()
 	}
 }
 

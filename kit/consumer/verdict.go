@@ -50,7 +50,7 @@ func (r *Runtime) carryOut(v verdict, st settler, err error, span tracing.Span, 
 		st.putBack(err, false)
 	case actPause:
 		log.get().Warn("not the message's fault: "+putBack+" without spending an attempt and pausing",
-			"cause", v.cause, "messages_failing_in_a_row", r.failures.len(), "attempt", attempt,
+			"cause", v.cause, "messages_failing_in_a_row", r.judge.failures.len(), "attempt", attempt,
 			"pause_holds", holds, "max_holds", r.cfg.MaxHolds, "err", err)
 		st.putBack(err, v.counts)
 		st.pause(v.cause)
@@ -74,12 +74,12 @@ func (st inlineSettler) abandon(error) {} // the transaction rolled back; unacke
 func (st inlineSettler) end(reason Reason, err error) {
 	st.span.Outcome(string(OutcomeDeadLettered), st.msg.Attempt)
 	st.span.FailAs(err, reason.String())
-	st.r.deadLetter(st.ctx, st.s, st.d, st.msg, reason, err, st.log)
+	st.r.mover.deadLetter(st.ctx, st.s, st.d, st.msg, reason, err, st.log)
 }
 func (st inlineSettler) putBack(err error, counts bool) {
-	st.r.hold(st.ctx, st.s, st.d, st.msg, err, counts, st.log)
+	st.r.mover.hold(st.ctx, st.s, st.d, st.msg, err, counts, st.log)
 }
-func (st inlineSettler) retry(err error)   { st.r.retry(st.ctx, st.s, st.d, st.msg, err, st.log) }
+func (st inlineSettler) retry(err error)   { st.r.mover.retry(st.ctx, st.s, st.d, st.msg, err, st.log) }
 func (st inlineSettler) pause(cause Cause) { st.s.requestPause(cause) }
 func (st inlineSettler) words() (string, string) {
 	return "putting it back", "will be redelivered"
