@@ -55,16 +55,17 @@ func (s *Store) Ingest(ctx context.Context, items []Incoming, beforeCommit func(
 		if err != nil {
 			return err
 		}
-		fresh, err := s.claimIDs(tx, items, results)
+		in := ingestion{tx: tx, consumer: s.consumer}
+		fresh, err := in.claimIDs(items, results)
 		if err != nil {
 			return err
 		}
 		if len(fresh) > 0 {
-			seqs, err := s.appendToKeys(tx, items, fresh)
+			seqs, err := in.appendToKeys(items, fresh)
 			if err != nil {
 				return err
 			}
-			if err := s.insertMessages(tx, items, fresh, seqs); err != nil {
+			if err := in.insertMessages(items, fresh, seqs); err != nil {
 				return err
 			}
 		}
@@ -79,11 +80,17 @@ func (s *Store) Ingest(ctx context.Context, items []Incoming, beforeCommit func(
 	return results, nil
 }
 
+// ingestion is one Ingest's transaction, its steps in the order they run.
+type ingestion struct {
+	tx       *queryTx
+	consumer string
+}
+
 // claimIDs inserts the distinct ids into the inbox, in id order (so that two
 // transactions holding some of the same ids lock them in one order), and
 // returns the indexes of the items that are new, in the order of items. The
 // first of several items with one id is the one stored.
-func (s *Store) claimIDs(tx *queryTx, items []Incoming, results []Stored) ([]int, error) {
+func (in ingestion) claimIDs(items []Incoming, results []Stored) ([]int, error) {
 	first := map[string]int{}
 	for i, it := range items {
 		if _, ok := first[it.MessageID]; !ok {
@@ -97,14 +104,14 @@ func (s *Store) claimIDs(tx *queryTx, items []Incoming, results []Stored) ([]int
 	slices.Sort(ids)
 	var v values
 	for _, id := range ids {
-		v.row(id, s.consumer, inbox.Fingerprint(items[first[id]].Body))
+		v.row(id, in.consumer, inbox.Fingerprint(items[first[id]].Body))
 	}
-	claimed, err := tx.strings(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES `+v.sql()+
+	claimed, err := in.tx.strings(`INSERT INTO inbox (message_id, consumer, payload_sha256) VALUES `+v.sql()+
 		` ON CONFLICT DO NOTHING RETURNING message_id`, v.args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim %d message ids in inbox: %w", len(ids), err)
 	}
-	known, err := s.knownFingerprints(tx, ids, claimed)
+	known, err := in.knownFingerprints(ids, claimed)
 	if err != nil {
 		return nil, err
 	}
@@ -130,7 +137,7 @@ func (s *Store) claimIDs(tx *queryTx, items []Incoming, results []Stored) ([]int
 }
 
 // knownFingerprints reads the stored fingerprints of the ids not claimed now.
-func (s *Store) knownFingerprints(tx *queryTx, ids []string, claimed map[string]bool) (map[string][]byte, error) {
+func (in ingestion) knownFingerprints(ids []string, claimed map[string]bool) (map[string][]byte, error) {
 	var old []string
 	for _, id := range ids {
 		if !claimed[id] {
@@ -141,7 +148,7 @@ func (s *Store) knownFingerprints(tx *queryTx, ids []string, claimed map[string]
 	if len(old) == 0 {
 		return known, nil
 	}
-	rows, err := tx.query(`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, s.consumer, old)
+	rows, err := in.tx.query(`SELECT message_id, payload_sha256 FROM inbox WHERE consumer = $1 AND message_id = ANY($2)`, in.consumer, old)
 	if err != nil {
 		return nil, fmt.Errorf("read inbox entries of %d message ids: %w", len(old), err)
 	}
@@ -163,7 +170,7 @@ func (s *Store) knownFingerprints(tx *queryTx, ids []string, claimed map[string]
 // the key's new messages numbered in the order of items. A key that had
 // nothing left to process becomes due now; one with a backlog, a lease or a
 // retry pending keeps its time.
-func (s *Store) appendToKeys(tx *queryTx, items []Incoming, fresh []int) (map[int]int64, error) {
+func (in ingestion) appendToKeys(items []Incoming, fresh []int) (map[int]int64, error) {
 	perKey := map[string][]int{}
 	for _, i := range fresh {
 		k := KeyOf(items[i].OrderingKey, items[i].MessageID)
@@ -176,9 +183,9 @@ func (s *Store) appendToKeys(tx *queryTx, items []Incoming, fresh []int) (map[in
 	slices.Sort(keys)
 	var v values
 	for _, k := range keys {
-		v.row(s.consumer, k, len(perKey[k]))
+		v.row(in.consumer, k, len(perKey[k]))
 	}
-	rows, err := tx.query(`INSERT INTO inbox_keys AS k (consumer, ordering_key, last_seq) VALUES `+v.sql()+`
+	rows, err := in.tx.query(`INSERT INTO inbox_keys AS k (consumer, ordering_key, last_seq) VALUES `+v.sql()+`
 		ON CONFLICT (consumer, ordering_key) DO UPDATE SET
 			last_seq = k.last_seq + EXCLUDED.last_seq,
 			available_at = CASE WHEN k.next_seq > k.last_seq THEN now() ELSE k.available_at END,
@@ -203,7 +210,7 @@ func (s *Store) appendToKeys(tx *queryTx, items []Incoming, fresh []int) (map[in
 	return seqs, rows.Err()
 }
 
-func (s *Store) insertMessages(tx *queryTx, items []Incoming, fresh []int, seqs map[int]int64) error {
+func (in ingestion) insertMessages(items []Incoming, fresh []int, seqs map[int]int64) error {
 	var v values
 	for _, i := range fresh {
 		it := items[i]
@@ -211,10 +218,10 @@ func (s *Store) insertMessages(tx *queryTx, items []Incoming, fresh []int, seqs 
 		if !it.PublishedAt.IsZero() {
 			published = &it.PublishedAt
 		}
-		v.row(s.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i],
+		v.row(in.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i],
 			it.ContentType, rabbit.HeadersJSON(it.Headers), it.Body, published)
 	}
-	_, err := tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at) VALUES `+
+	_, err := in.tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at) VALUES `+
 		v.sql(), v.args...)
 	if err != nil {
 		return fmt.Errorf("store %d messages: %w", len(fresh), err)
