@@ -77,7 +77,32 @@ type Stack struct {
 	clearAlarm func()
 	// chaosRan counts the actions of a chaos run by name.
 	chaosRan map[string]int
+	// view is what the stack sees of the broker and the database.
+	view view
 }
+
+// newStack is a stack of no replicas yet.
+func newStack(t testing.TB, cfg Config) *Stack {
+	s := &Stack{t: t, cfg: cfg}
+	s.view = view{t: t, cfg: &s.cfg, note: s.Note}
+	return s
+}
+
+// view is what the stack sees of the broker and the database: the vhost's
+// queues and the stored backlog, for Pending, Drain and their failures.
+type view struct {
+	t    testing.TB
+	cfg  *Config
+	note func(format string, args ...any)
+}
+
+// Broker is the faults of the trial's broker (Stack.Broker); each supervises
+// the stack's replicas while it lasts.
+type Broker struct{ s *Stack }
+
+// Broker returns the faults of the trial's broker: its connections closed,
+// the app stopped, a memory alarm, a cluster node's leader killed.
+func (s *Stack) Broker() Broker { return Broker{s: s} }
 
 type replica struct {
 	proc  *testenv.Process
@@ -98,7 +123,7 @@ func Start(t testing.TB, cfg Config) *Stack {
 	if cfg.Replicas < 1 {
 		cfg.Replicas = 1
 	}
-	s := &Stack{t: t, cfg: cfg}
+	s := newStack(t, cfg)
 	env := append([]string{"AMQP_URL=" + cfg.AMQPURL, "DATABASE_URL=" + cfg.DBURL, "LOG_LEVEL=info"}, cfg.Env...)
 	for range cfg.Replicas {
 		s.replicas = append(s.replicas, &replica{proc: cfg.Program.Start(t, env...), alive: true})
@@ -334,47 +359,47 @@ func (s *Stack) CrashPhase(point string, p float64, d time.Duration, min int, bu
 
 // CloseConnections makes the broker close every connection of the run's
 // vhost: the replicas' and a publisher's.
-func (s *Stack) CloseConnections() {
-	s.t.Helper()
-	if s.cfg.Cluster != nil {
-		s.cfg.Cluster.Ctl("close_all_connections", "-p", s.vhost(), "fault kit: connections dropped")
+func (b Broker) CloseConnections() {
+	b.s.t.Helper()
+	if b.s.cfg.Cluster != nil {
+		b.s.cfg.Cluster.Ctl("close_all_connections", "-p", b.s.view.vhost(), "fault kit: connections dropped")
 		return
 	}
-	testenv.CloseConnections(s.t, s.vhost(), "fault kit: connections dropped")
+	testenv.CloseConnections(b.s.t, b.s.view.vhost(), "fault kit: connections dropped")
 }
 
 // eval evaluates expr on the trial's broker (the cluster's, or the
 // machine's) and returns its value as rabbitmqctl eval prints it.
-func (s *Stack) eval(expr string) string {
-	s.t.Helper()
-	if s.cfg.Cluster != nil {
-		return s.cfg.Cluster.Eval(expr)
+func (v *view) eval(expr string) string {
+	v.t.Helper()
+	if v.cfg.Cluster != nil {
+		return v.cfg.Cluster.Eval(expr)
 	}
-	return testenv.Eval(s.t, expr)
+	return testenv.Eval(v.t, expr)
 }
 
-func (s *Stack) vhost() string {
-	first, _, _ := strings.Cut(s.cfg.AMQPURL, ",") // a cluster's nodes share it
+func (v *view) vhost() string {
+	first, _, _ := strings.Cut(v.cfg.AMQPURL, ",") // a cluster's nodes share it
 	u, err := url.Parse(first)
 	if err != nil {
-		s.t.Fatal(err)
+		v.t.Fatal(err)
 	}
-	v := strings.TrimPrefix(u.Path, "/")
-	if v == "" {
+	name := strings.TrimPrefix(u.Path, "/")
+	if name == "" {
 		return "/"
 	}
-	v, _ = url.PathUnescape(v)
-	return v
+	name, _ = url.PathUnescape(name)
+	return name
 }
 
 // KillLeader SIGKILLs the cluster node that leads quorum queue q, waiting
 // for the queue to have a leader first (an election after the last kill),
 // and returns the node's number.
-func (s *Stack) KillLeader(q string) int {
-	s.t.Helper()
-	c := s.cluster()
+func (b Broker) KillLeader(q string) int {
+	b.s.t.Helper()
+	c := b.s.view.cluster()
 	n := 0
-	testenv.Eventually(s.t, time.Minute, "a leader of "+q, func() (bool, error) {
+	testenv.Eventually(b.s.t, time.Minute, "a leader of "+q, func() (bool, error) {
 		n = c.Leader(q)
 		return n != 0, nil
 	})
@@ -386,76 +411,76 @@ func (s *Stack) KillLeader(q string) int {
 // n (which is down) leads quorum queue q, and returns it: the queue's other
 // replicas elected it. A queue with every replica on n gets none within a
 // minute, and the test fails saying so.
-func (s *Stack) LeaderOtherThan(q string, n int) int {
-	s.t.Helper()
-	c := s.cluster()
+func (b Broker) LeaderOtherThan(q string, n int) int {
+	b.s.t.Helper()
+	c := b.s.view.cluster()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if m := c.Leader(q); m != 0 && m != n {
 			return m
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("no node but %d, which is down, leads %s a minute after it went: the queue's replicas are not on the three nodes", n, q)
+			b.s.t.Fatalf("no node but %d, which is down, leads %s a minute after it went: the queue's replicas are not on the three nodes", n, q)
 		}
-		s.SuperviseFor(time.Second)
+		b.s.SuperviseFor(time.Second)
 	}
 }
 
 // StartNode starts cluster node n again, supervising the replicas while it
 // boots.
-func (s *Stack) StartNode(n int) {
-	s.t.Helper()
-	s.cluster().Start(n)
-	s.Supervise()
+func (b Broker) StartNode(n int) {
+	b.s.t.Helper()
+	b.s.view.cluster().Start(n)
+	b.s.Supervise()
 }
 
-func (s *Stack) cluster() *testenv.Cluster {
-	if s.cfg.Cluster == nil {
-		s.t.Fatal("this scenario runs on a cluster: the trial must set Config.Cluster")
+func (v *view) cluster() *testenv.Cluster {
+	if v.cfg.Cluster == nil {
+		v.t.Fatal("this scenario runs on a cluster: the trial must set Config.Cluster")
 	}
-	return s.cfg.Cluster
+	return v.cfg.Cluster
 }
 
 // StopBroker stops the broker application (testenv.StopApp: rabbitmqctl
 // stop_app's) for d, supervising the replicas meanwhile, and starts it
 // again. It stops every vhost: only for tests that run alone. If the test
 // ends meanwhile, its cleanup starts the broker again.
-func (s *Stack) StopBroker(d time.Duration) {
-	s.t.Helper()
+func (b Broker) Stop(d time.Duration) {
+	b.s.t.Helper()
 	restarted := false
-	s.t.Cleanup(func() {
+	b.s.t.Cleanup(func() {
 		if !restarted {
-			testenv.StartApp(s.t)
+			testenv.StartApp(b.s.t)
 		}
 	})
-	testenv.StopApp(s.t)
-	s.t.Logf("fault: broker stopped for %s", d)
-	s.SuperviseFor(d)
-	testenv.StartApp(s.t)
+	testenv.StopApp(b.s.t)
+	b.s.t.Logf("fault: broker stopped for %s", d)
+	b.s.SuperviseFor(d)
+	testenv.StartApp(b.s.t)
 	restarted = true
-	s.t.Logf("fault: broker started again")
+	b.s.t.Logf("fault: broker started again")
 }
 
 // MemoryAlarm raises a memory alarm on the broker (testenv.MemoryAlarm):
 // every connection that publishes blocks, on every vhost.
 // ClearMemoryAlarm clears it; the test's cleanup does if the test ends
 // first.
-func (s *Stack) MemoryAlarm() {
-	s.t.Helper()
-	s.clearAlarm = testenv.MemoryAlarm(s.t)
+func (b Broker) MemoryAlarm() {
+	b.s.t.Helper()
+	b.s.clearAlarm = testenv.MemoryAlarm(b.s.t)
 }
 
 // ClearMemoryAlarm sets the broker's memory watermark back.
-func (s *Stack) ClearMemoryAlarm() {
-	if s.clearAlarm != nil {
-		s.clearAlarm()
-		s.clearAlarm = nil
+func (b Broker) ClearMemoryAlarm() {
+	if b.s.clearAlarm != nil {
+		b.s.clearAlarm()
+		b.s.clearAlarm = nil
 	}
 }
 
 // outboxBacklog counts the outbox's events not yet sent.
-func (s *Stack) outboxBacklog() int {
-	return testenv.Count(s.t, s.cfg.DBURL, `SELECT count(*) FROM outbox WHERE status = 'pending'`)
+func (v *view) outboxBacklog() int {
+	return testenv.Count(v.t, v.cfg.DBURL, `SELECT count(*) FROM outbox WHERE status = 'pending'`)
 }
 
 // TerminateBackends terminates every session of the service's database
@@ -473,28 +498,28 @@ func (s *Stack) TerminateBackends() int {
 // outbox's events not yet confirmed by the broker.
 func (s *Stack) Pending() int {
 	s.t.Helper()
-	return s.queued() + s.stored()
+	return s.view.queued() + s.view.stored()
 }
 
 // listQueues lists the vhost's queues: the cluster's or the machine's
 // broker's, through erl_call where it reaches a node (testenv.Queues).
-func (s *Stack) listQueues() []testenv.Queue {
-	s.t.Helper()
-	if s.cfg.Cluster != nil {
-		return s.cfg.Cluster.Queues()
+func (v *view) listQueues() []testenv.Queue {
+	v.t.Helper()
+	if v.cfg.Cluster != nil {
+		return v.cfg.Cluster.Queues()
 	}
-	return testenv.Queues(s.t, s.vhost())
+	return testenv.Queues(v.t, v.vhost())
 }
 
 // queued counts the messages ready or unacked in the vhost's queues but the
 // dead-letter queues and the sinks; a queue listed without counts counts as
 // one pending.
-func (s *Stack) queued() int {
-	s.t.Helper()
+func (v *view) queued() int {
+	v.t.Helper()
 	n := 0
-	for _, q := range s.listQueues() {
+	for _, q := range v.listQueues() {
 		switch {
-		case strings.HasSuffix(q.Name, ".dlq") || slices.Contains(s.cfg.Sinks, q.Name):
+		case strings.HasSuffix(q.Name, ".dlq") || slices.Contains(v.cfg.Sinks, q.Name):
 		case !q.Counted:
 			n++
 		default:
@@ -506,9 +531,9 @@ func (s *Stack) queued() int {
 
 // stored counts the buffered inbox's messages not yet processed and the
 // outbox's events not yet confirmed: one query.
-func (s *Stack) stored() int {
-	s.t.Helper()
-	return testenv.Count(s.t, s.cfg.DBURL, `SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
+func (v *view) stored() int {
+	v.t.Helper()
+	return testenv.Count(v.t, v.cfg.DBURL, `SELECT (SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed'))
 		+ (SELECT count(*) FROM outbox WHERE status = 'pending')`)
 }
 
@@ -517,36 +542,36 @@ func (s *Stack) stored() int {
 // quorum queue's leader: a retry queue whose messages outlived its TTL
 // points at the broker's dead-lettering, not at the service), and the
 // stored backlog by table.
-func (s *Stack) pendingDetail() string {
-	s.t.Helper()
+func (v *view) pendingDetail() string {
+	v.t.Helper()
 	var b strings.Builder
 	b.WriteString("queues holding messages (name, messages, ready, unacked, consumers, leader):\n")
-	for _, q := range s.listQueues() {
+	for _, q := range v.listQueues() {
 		switch {
 		case !q.Counted:
 			fmt.Fprintf(&b, "  %s  (no count: no leader)\n", q.Name)
 		case q.Messages > 0:
 			fmt.Fprintf(&b, "  %s  %d  %d  %d  %d  %s", q.Name, q.Messages, q.Ready, q.Unacked, q.Consumers, q.Leader)
 			if q.Consumers == 0 && !strings.HasSuffix(q.Name, ".dlq") && !strings.Contains(q.Name, ".retry.") &&
-				!slices.Contains(s.cfg.Sinks, q.Name) {
+				!slices.Contains(v.cfg.Sinks, q.Name) {
 				b.WriteString("  (no consumer: if no replica reads it, as a downstream service's queue, name it in Config.Sinks)")
 			}
 			b.WriteString("\n")
 		}
 	}
 	fmt.Fprintf(&b, "buffered inbox not processed: %d; outbox pending: %d",
-		testenv.Count(s.t, s.cfg.DBURL, `SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')`),
-		s.outboxBacklog())
+		testenv.Count(v.t, v.cfg.DBURL, `SELECT count(*) FROM inbox_messages WHERE status IN ('pending', 'processing', 'failed')`),
+		v.outboxBacklog())
 	return b.String()
 }
 
 // strandedRetryQueues are the vhost's retry queues that hold messages
 // neither ready nor unacked: expired, dead-lettered and not yet forwarded
 // to the work queue by the broker's at-least-once dead-letter worker.
-func (s *Stack) strandedRetryQueues() []string {
-	s.t.Helper()
+func (v *view) strandedRetryQueues() []string {
+	v.t.Helper()
 	var out []string
-	for _, q := range s.listQueues() {
+	for _, q := range v.listQueues() {
 		if q.Counted && strings.Contains(q.Name, ".retry.") && q.Messages > q.Ready+q.Unacked {
 			out = append(out, q.Name)
 		}
@@ -561,10 +586,10 @@ func (s *Stack) strandedRetryQueues() []string {
 // rabbit_fifo_dlx_worker", "Do not restart DLX worker if leader is
 // non-local"). A retry queue then keeps its expired messages until its
 // leader changes again.
-func (s *Stack) deadLetterWorkerDefect() bool {
-	s.t.Helper()
+func (v *view) deadLetterWorkerDefect() bool {
+	v.t.Helper()
 	var major, minor, patch int
-	if _, err := fmt.Sscanf(strings.Trim(s.eval("rabbit_misc:version()."), `"`), "%d.%d.%d", &major, &minor, &patch); err != nil {
+	if _, err := fmt.Sscanf(strings.Trim(v.eval("rabbit_misc:version()."), `"`), "%d.%d.%d", &major, &minor, &patch); err != nil {
 		return false
 	}
 	return major == 3 && (minor < 10 || minor == 10 && patch < 20)
@@ -575,20 +600,20 @@ func (s *Stack) deadLetterWorkerDefect() bool {
 // dead-letter worker anew: the remedy for the defect above (an operator's
 // is the same, or a restart of the leader's node; an upgrade ends it). It
 // returns the queues it moved.
-func (s *Stack) nudgeStrandedRetryQueues() []string {
-	s.t.Helper()
+func (v *view) nudgeStrandedRetryQueues() []string {
+	v.t.Helper()
 	var moved []string
-	for _, q := range s.strandedRetryQueues() {
-		out := strings.TrimSpace(s.eval(fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(%s, queue, %s)), `+
+	for _, q := range v.strandedRetryQueues() {
+		out := strings.TrimSpace(v.eval(fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(%s, queue, %s)), `+
 			`{_, L} = amqqueue:get_pid(Q), `+
-			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, erlnode.Binary(s.vhost()), erlnode.Binary(q))))
+			`rabbit_quorum_queue:transfer_leadership(Q, hd(rabbit_nodes:all_running() -- [L])).`, erlnode.Binary(v.vhost()), erlnode.Binary(q))))
 		// {migrated, Node} when the leader moved; {not_migrated, Why}
 		// otherwise, which restarts nothing and is no progress.
 		if !strings.HasPrefix(out, "{migrated,") {
-			s.Note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; moving its leadership failed: %s", q, out)
+			v.note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; moving its leadership failed: %s", q, out)
 			continue
 		}
-		s.Note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; its leadership was moved to restart the worker: %s",
+		v.note("BROKER DEFECT (RabbitMQ before 3.10.20): retry queue %s kept expired messages its dead-letter worker did not forward; its leadership was moved to restart the worker: %s",
 			q, out)
 		moved = append(moved, q)
 	}
@@ -621,14 +646,14 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 	}
 	moved := testenv.NewProgress(s.t, stall)
 	best, fewest, lastStored := -1, math.MaxInt, math.MaxInt
-	defect := s.cfg.Cluster != nil && s.deadLetterWorkerDefect()
+	defect := s.cfg.Cluster != nil && s.view.deadLetterWorkerDefect()
 	// A stranded retry queue is looked for once the drain stood still for
 	// three refreshes of the broker's counts (it was 30 s while each look
 	// booted a rabbitmqctl VM; through erl_call a look is cheap).
 	nudgeAfter, nudges := min(3*statsTick, stall/2), 0
 	for quiet < 2 || time.Since(quietSince) < quietSpan {
 		s.Supervise()
-		n, stored := progress(), s.stored()
+		n, stored := progress(), s.view.stored()
 		if n > best || stored < fewest {
 			moved.Advanced()
 		}
@@ -642,7 +667,7 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 		lastStored = stored
 		// stored again after queued: a message may move from a queue to
 		// the buffered inbox while the queues are listed.
-		if n == last && stored == 0 && s.queued() == 0 && s.stored() == 0 {
+		if n == last && stored == 0 && s.view.queued() == 0 && s.view.stored() == 0 {
 			if quiet == 0 {
 				quietSince = time.Now()
 			}
@@ -655,13 +680,13 @@ func (s *Stack) Drain(stall time.Duration, progress func() int) {
 			// drain at most, each counted as progress: a stall that
 			// moving leaders does not end still fails).
 			if defect && nudges < 3 && moved.Still() >= nudgeAfter {
-				if len(s.nudgeStrandedRetryQueues()) > 0 {
+				if len(s.view.nudgeStrandedRetryQueues()) > 0 {
 					moved.Advanced()
 					nudges++
 				}
 			}
 			if err := moved.Over(); err != nil {
-				s.t.Fatalf("not drained: %v, with %d pending, progress %d\n%s", err, s.Pending(), n, s.pendingDetail())
+				s.t.Fatalf("not drained: %v, with %d pending, progress %d\n%s", err, s.Pending(), n, s.view.pendingDetail())
 			}
 		}
 		last = n

@@ -52,10 +52,10 @@ func TestPendingDetailNamesTheQueuesThatHoldMessages(t *testing.T) {
 		}
 		return nil
 	})
-	s := &Stack{t: t, cfg: Config{AMQPURL: vhost, DBURL: db}}
+	s := newStack(t, Config{AMQPURL: vhost, DBURL: db})
 	var got string
 	testenv.Eventually(t, 30*time.Second, "the two messages listed", func() (bool, error) {
-		got = s.pendingDetail()
+		got = s.view.pendingDetail()
 		return strings.Contains(got, "work.retry.200ms  2  2  0  0  ") && strings.Contains(got, "downstream  1  1  0  0  "), nil
 	})
 	if strings.Contains(got, "empty") {
@@ -67,14 +67,14 @@ func TestPendingDetailNamesTheQueuesThatHoldMessages(t *testing.T) {
 		strings.Count(got, "Config.Sinks") != 1 {
 		t.Errorf("the queue without a consumer is not named as a possible sink, or another is:\n%s", got)
 	}
-	if n := s.queued(); n != 3 {
+	if n := s.view.queued(); n != 3 {
 		t.Errorf("queued %d, want the 3 messages of the retry queue and the downstream one", n)
 	}
 	s.cfg.Sinks = []string{"downstream"}
-	if n := s.queued(); n != 2 {
+	if n := s.view.queued(); n != 2 {
 		t.Errorf("queued %d with downstream a sink, want the retry queue's 2", n)
 	}
-	if d := s.pendingDetail(); strings.Contains(d, "Config.Sinks") {
+	if d := s.view.pendingDetail(); strings.Contains(d, "Config.Sinks") {
 		t.Errorf("a sink is named as a possible sink:\n%s", d)
 	}
 	if !strings.HasSuffix(got, "buffered inbox not processed: 0; outbox pending: 2") {

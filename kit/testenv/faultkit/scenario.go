@@ -119,7 +119,7 @@ func Run(t *testing.T, scenarios []Scenario, trial func(t *testing.T, sc Scenari
 				// they are done (a queue without a leader, or one just
 				// elected, lists no count or 0: a drain could pass with
 				// messages left). Its load keeps running meanwhile.
-				end := s.cluster().Round()
+				end := s.view.cluster().Round()
 				defer end()
 			}
 			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
@@ -235,7 +235,7 @@ var BrokerDropsConnections = Scenario{
 	Replicas: 1,
 	Fault: func(s *Stack, busy func() bool) {
 		underLoad(s, busy, 4, func() time.Duration { return 1500 * time.Millisecond }, func() bool {
-			s.CloseConnections()
+			s.Broker().CloseConnections()
 			return true
 		})
 		s.Note("the broker closed every connection of the vhost %d times under load", s.UnderLoad)
@@ -316,9 +316,9 @@ func BrokerNodeLoss(queue string, kills int) Scenario {
 				}
 				// Tests of other modes may share the cluster (each on its
 				// vhost): one node down at a time, by the cluster's round.
-				end := s.cluster().Round()
+				end := s.view.cluster().Round()
 				defer end()
-				n := s.KillLeader(queue)
+				n := s.Broker().KillLeader(queue)
 				s.t.Logf("fault: node %d, the leader of %s, killed for %s", n, queue, down)
 				nodes = append(nodes, n)
 				s.SuperviseFor(down)
@@ -327,8 +327,8 @@ func BrokerNodeLoss(queue string, kills int) Scenario {
 				// the test fails here). Counted per round, not from the next
 				// round's kill: with another mode's rounds between, the
 				// leadership may be back on the same node by then.
-				next = append(next, s.LeaderOtherThan(queue, n))
-				s.StartNode(n)
+				next = append(next, s.Broker().LeaderOtherThan(queue, n))
+				s.Broker().StartNode(n)
 				return true
 			})
 			s.Note("the node leading %s was killed %d times under load (nodes %v; the leaders elected meanwhile %v), once for 10 s",
@@ -364,7 +364,7 @@ var BrokerRestart = Scenario{
 	WholeBroker: true,
 	Fault: func(s *Stack, busy func() bool) {
 		underLoad(s, busy, 2, func() time.Duration { return 3 * time.Second }, func() bool {
-			s.StopBroker(4 * time.Second)
+			s.Broker().Stop(4 * time.Second)
 			return true
 		})
 		s.Note("RabbitMQ stopped for 4 s and started again %d times under load", s.UnderLoad)
@@ -390,15 +390,15 @@ func BrokerStopOutboxBacklog(backlog int) Scenario {
 		Fault: func(s *Stack, busy func() bool) {
 			s.Hold(0)
 			s.SuperviseWhile(5*time.Minute, "publishing the load", busy)
-			s.MemoryAlarm()
+			s.Broker().MemoryAlarm()
 			s.Release(0)
 			n := 0
 			testenv.Eventually(s.t, 2*time.Minute, fmt.Sprintf("a backlog of %d events in the outbox", backlog), func() (bool, error) {
-				n = s.outboxBacklog()
+				n = s.view.outboxBacklog()
 				return n >= backlog, nil
 			})
-			s.StopBroker(20 * time.Second)
-			s.ClearMemoryAlarm()
+			s.Broker().Stop(20 * time.Second)
+			s.Broker().ClearMemoryAlarm()
 			s.Note("the outbox held %d unsent events when RabbitMQ stopped for 20 s (a memory alarm had blocked the relay)", n)
 			s.backlog = n
 		},
@@ -433,7 +433,7 @@ var (
 		return i >= 0
 	}}
 	DropAction = Action{Name: "connections dropped", Do: func(s *Stack) bool {
-		s.CloseConnections()
+		s.Broker().CloseConnections()
 		s.t.Logf("chaos: the broker closed every connection of the vhost")
 		return true
 	}}
