@@ -108,6 +108,16 @@ func decodeReason(err error) Reason {
 	return ReasonInvalidEvent
 }
 
+// refusal is the Decoder's err as the runtime dead-letters it: a
+// PermanentError with decodeReason's reason, its text naming the reason once.
+func refusal(err error) error {
+	cause := err
+	if pe := (*PermanentError)(nil); errors.As(err, &pe) && pe.Err != nil {
+		cause = pe.Err // the reason once in the text, not twice
+	}
+	return Permanent(decodeReason(err), fmt.Errorf("decode: %w", cause))
+}
+
 // Decode fills msg.Event with d's decoding of msg.Body, and msg.ID, if it is
 // empty, with the event's ID: what the runtime does before it calls the
 // handler, for a service's tests that call the handler themselves. The error
@@ -115,7 +125,7 @@ func decodeReason(err error) Reason {
 func Decode(d Decoder, msg Message) (Message, error) {
 	out, err := d.decode(msg.Body)
 	if err != nil {
-		return msg, Permanent(decodeReason(err), fmt.Errorf("decode: %w", err))
+		return msg, refusal(err)
 	}
 	msg.Event = out.event
 	if msg.ID == "" {

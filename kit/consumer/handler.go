@@ -10,9 +10,11 @@
 // own files: inline.go and inline_*.go (look-up, handler, group commit, ack
 // after commit), buffered.go and buffered_*.go (ingest, claim, process,
 // final commit). Both share the rest: the broker session (session.go), the
-// failure decision (failure.go, decide.go) and its settling (settle.go),
-// admission and decoding (message.go, decoder.go), the batching of commits
-// (batch.go) and the metrics.
+// door where a delivery becomes a message (message.go, decoder.go), the
+// judge of a failure (failure.go) and the decision (decide.go), carried out
+// in one place (verdict.go) by each mode's settler, the mover of deliveries
+// on the broker (settle.go), the batching of commits (batch.go) and the
+// metrics. The runnable examples (example_test.go) show the author's side.
 package consumer
 
 import (

@@ -169,11 +169,7 @@ func (dr *door) decode(body []byte, id string) (d decoded, err error) {
 	}()
 	d, err = dr.cfg.Decoder.decode(body)
 	if err != nil {
-		cause := err
-		if pe := (*PermanentError)(nil); errors.As(err, &pe) && pe.Err != nil {
-			cause = pe.Err // the reason once in the text, not twice
-		}
-		return decoded{id: d.id}, Permanent(decodeReason(err), fmt.Errorf("decode: %w", cause))
+		return decoded{id: d.id}, refusal(err)
 	}
 	return d, nil
 }
