@@ -289,8 +289,15 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 		st.end(reasonRetriesExhausted, fmt.Errorf("claimed %d times without settling", c.Attempts))
 		return
 	}
-	if age, expired := p.keyExpired(c); expired {
-		st.end(reasonKeyExpired, keyExpiredError("published or stored", age, r.cfg.KeyTTL))
+	// A stored message may have called out if it ran before in this table,
+	// or was marked wire.HeaderMayHaveRun when stored; its age counts from
+	// its publish time, else from its ingest.
+	since, what := c.PublishedAt, "published"
+	if since.IsZero() {
+		since, what = c.ReceivedAt, "stored"
+	}
+	if err := keyExpired(r.cfg.KeyTTL, since, what, c.Runs > 1 || wire.MarkedAsRun(c.Headers)); err != nil {
+		st.end(reasonKeyExpired, err)
 		return
 	}
 	if r.cfg.Decoder != nil {
@@ -322,17 +329,6 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	}
 	v := decide(r.judge.failure(ctx, err, c.MessageID, c.Attempts, p.cfg.MaxAttempts, c.Holds))
 	r.carryOut(v, st, err, span, log, c.Attempts, c.Holds)
-}
-
-// keyExpired applies the guard (keyExpired) to a stored message: it may have
-// called out if it ran before in this table, or was marked wire.HeaderMayHaveRun
-// when stored; its age counts from its publish time, else from its ingest.
-func (p *processor) keyExpired(c buffered.Claimed) (time.Duration, bool) {
-	since := c.PublishedAt
-	if since.IsZero() {
-		since = c.ReceivedAt
-	}
-	return keyExpired(p.rt.cfg.KeyTTL, since, c.Runs > 1 || wire.MarkedAsRun(c.Headers))
 }
 
 // signalNext wakes the claimer: the key just settled may have more messages.

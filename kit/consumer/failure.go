@@ -90,35 +90,23 @@ func (j *judge) failingInARow(id string, err error) bool {
 	return j.failures.fail(id, j.cfg.PauseAfterFailures) >= j.cfg.PauseAfterFailures
 }
 
-// keyExpired refuses a message that may have called out before (a retry, a
-// redelivery, one put back, or a copy marked wire.HeaderMayHaveRun) and is older
-// than the key lifetime. It runs after the inbox look-up, so a message
-// applied already is a duplicate, not refused.
-func (j *judge) keyExpired(msg Message) error {
-	if age, expired := keyExpired(j.cfg.KeyTTL, msg.PublishedAt, msg.MayHaveRun()); expired {
-		return keyExpiredError("published", age, j.cfg.KeyTTL)
+// keyExpired is the key-expiry guard, the one of both modes: a message that
+// may have called out before and is older than ttl, the key lifetime of the
+// services the handler calls, must not call again (with a key that may be
+// forgotten, the call could do twice what the first did). It returns that
+// message's PermanentError (wire.ReasonKeyExpired), nil for any other. The
+// age counts from since (what names it); a zero since, or a zero ttl, turns
+// the guard off. It runs after the inbox look-up (inline) or the claim
+// (buffered), so a message applied already is a duplicate, not refused.
+func keyExpired(ttl time.Duration, since time.Time, what string, mayHaveRun bool) error {
+	if ttl <= 0 || since.IsZero() || !mayHaveRun {
+		return nil
+	}
+	if age := time.Since(since); age > ttl {
+		return Permanent(reasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
+			"its idempotency key may be forgotten (the key lifetime is %s)", what, age.Round(time.Second), ttl))
 	}
 	return nil
-}
-
-// keyExpired is the key-expiry guard of both modes: a message that may have
-// called out before and is older than ttl, the key lifetime of the services
-// the handler calls, must not call again (with a key that may be forgotten,
-// the call could do twice what the first did). Its age counts from since; a
-// zero since, or a zero ttl, turns the guard off.
-func keyExpired(ttl time.Duration, since time.Time, mayHaveRun bool) (age time.Duration, expired bool) {
-	if ttl <= 0 || since.IsZero() || !mayHaveRun {
-		return 0, false
-	}
-	age = time.Since(since)
-	return age, age > ttl
-}
-
-// keyExpiredError is the permanent error of a message the guard refused;
-// what says what its age counts from.
-func keyExpiredError(what string, age, ttl time.Duration) error {
-	return Permanent(reasonKeyExpired, fmt.Errorf("%s %s ago, and it may have called out before: "+
-		"its idempotency key may be forgotten (the key lifetime is %s)", what, age.Round(time.Second), ttl))
 }
 
 // permanentReason is the reason a permanent failure dead-letters (parks)

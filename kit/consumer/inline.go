@@ -109,7 +109,9 @@ func (m *inlineMode) apply(ctx context.Context, s *session, tag uint64, msg *Mes
 	case seen:
 		return OutcomeDuplicate, sentAck{}, nil
 	}
-	if err := r.judge.keyExpired(*msg); err != nil {
+	// A retry, a redelivery, one put back, or a copy marked
+	// wire.HeaderMayHaveRun may have called out before.
+	if err := keyExpired(r.cfg.KeyTTL, msg.PublishedAt, "published", msg.MayHaveRun()); err != nil {
 		return "", sentAck{}, err
 	}
 	msg.ran = true
