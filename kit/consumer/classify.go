@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"database/sql/driver"
 	"errors"
@@ -30,16 +31,17 @@ type PauseError struct {
 // Cause names what a pause waits for: readiness shows it, and it is the cause
 // label of consumer_pauses_total. Like a Reason, a short, stable snake_case
 // word ("gateway_misconfigured"), declared once at package level with
-// NewCause, which panics on a malformed word as the program starts. The zero
-// Cause is no cause.
+// NewCause, which panics on a malformed word (see NewReason: at start, or
+// the message dead-lettered invalid_reason when made at run time). The zero
+// Cause is no cause; a pause with it pauses as CauseInvalid.
 type Cause struct{ word string }
 
 // NewCause returns the pause cause named word. It panics if word is not a
 // snake_case word (see NewReason). Call it in a package-level var.
 func NewCause(word string) Cause {
 	if !validWord(word) {
-		panic(fmt.Sprintf("consumer.NewCause(%q): a pause cause is a snake_case word "+
-			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word))
+		panic(&wordError{fmt.Sprintf("consumer.NewCause(%q): a pause cause is a snake_case word "+
+			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word)})
 	}
 	return Cause{word: word}
 }
@@ -52,9 +54,9 @@ func (c Cause) MarshalText() ([]byte, error) { return []byte(c.word), nil }
 
 func (e *PauseError) Error() string {
 	if e.Err == nil {
-		return e.Cause.String()
+		return cmp.Or(e.Cause.String(), causeInvalid.word)
 	}
-	return e.Cause.String() + ": " + e.Err.Error()
+	return cmp.Or(e.Cause.String(), causeInvalid.word) + ": " + e.Err.Error()
 }
 
 // Unwrap returns the cause.
@@ -64,7 +66,8 @@ func (e *PauseError) Unwrap() error { return e.Err }
 func (e *PauseError) Is(target error) bool { return target == ErrPaused }
 
 // Pause marks err as a fault of a dependency that fails for every message.
-// The zero Cause is taken for CauseFailing.
+// The zero Cause pauses as CauseInvalid, a pause the service's code asked
+// for all the same (it counts against MaxHolds).
 func Pause(cause Cause, err error) error {
 	return &PauseError{Cause: cause, Err: err}
 }
@@ -98,12 +101,21 @@ func failedAt(s step, err error) error {
 	return &stepError{step: s, err: err}
 }
 
-// Pause causes the runtime reports.
+// Pause causes the runtime reports: the kit compares its own copies, so
+// these are for reading (a service's tests, its readiness checks).
 var (
-	CauseDatabase = Cause{word: "database"}
-	// CauseFailing: the handler failed PauseAfterFailures times in a row, or
-	// gave Pause no cause.
-	CauseFailing = Cause{word: "handler_failing"}
+	// CauseDatabase: the database failed its check.
+	CauseDatabase = causeDatabase
+	// CauseFailing: PauseAfterFailures distinct messages failed in a row.
+	CauseFailing = causeFailing
+	// CauseInvalid: the service's code paused with the zero Cause.
+	CauseInvalid = causeInvalid
+)
+
+var (
+	causeDatabase = Cause{word: "database"}
+	causeFailing  = Cause{word: "handler_failing"}
+	causeInvalid  = Cause{word: "invalid_cause"}
 )
 
 // pauseCause says whether a failure is the infrastructure's rather than the
@@ -111,21 +123,21 @@ var (
 func pauseCause(err error) Cause {
 	var pe *PauseError
 	if errors.As(err, &pe) {
-		if pe.Cause == (Cause{}) {
-			return CauseFailing
+		if pe.Cause.isZero() {
+			return causeInvalid
 		}
 		return pe.Cause
 	}
 	var pg *pgconn.PgError
 	if errors.As(err, &pg) {
 		if infrastructureState(pg.Code) {
-			return CauseDatabase
+			return causeDatabase
 		}
 		return Cause{}
 	}
 	var se *stepError
 	if errors.As(err, &se) && se.step != stepHandler && connectionFault(err) {
-		return CauseDatabase
+		return causeDatabase
 	}
 	return Cause{}
 }

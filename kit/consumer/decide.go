@@ -130,7 +130,7 @@ func decide(f failure) verdict {
 	case f.attempt >= f.maxAttempts:
 		return verdict{act: actDeadLetter, reason: reasonRetriesExhausted}
 	case inARow:
-		return verdict{act: actPause, cause: CauseFailing}
+		return verdict{act: actPause, cause: causeFailing}
 	}
 	return verdict{act: actRetry}
 }

@@ -105,7 +105,7 @@ func decodeReason(err error) Reason {
 	if errors.As(err, &pe) {
 		return permanentReason(err)
 	}
-	return ReasonInvalidEvent
+	return reasonInvalidEvent
 }
 
 // refusal is the Decoder's err as the runtime dead-letters it: a
@@ -141,7 +141,7 @@ func Decode(d Decoder, msg Message) (Message, error) {
 func EventOf[E any](msg Message) (E, error) {
 	ev, ok := msg.Event.(E)
 	if !ok {
-		return ev, Permanent(ReasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
+		return ev, Permanent(reasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
 			"wire the handler with service.Consume and consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
 	}
 	return ev, nil

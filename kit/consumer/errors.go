@@ -22,10 +22,12 @@ var ErrPermanent = errors.New("permanent failure")
 //	var ReasonInvalidAmount = consumer.NewReason("invalid_amount")
 //
 // NewReason panics on a word not of the form of a reason, so a malformed
-// reason stops the program as it starts, before it consumes anything, and a
-// Reason is never made from a string anywhere else: the handler cannot put
-// text of its own into a header or a metric label at run time. The zero
-// Reason is no reason: Permanent gives it wire.ReasonPermanent.
+// reason declared so stops the program as it starts, before it consumes
+// anything; a string does not convert to a Reason. Made at run time in the
+// handler, its writes or a Decoder, a malformed word dead-letters (parks)
+// the message wire.ReasonInvalidReason at once; a well-formed one made from
+// text would be a metric label per value: declare them all. The zero Reason
+// is no reason: Permanent gives it wire.ReasonPermanent.
 type Reason struct{ word string }
 
 // NewReason returns the reason named word. It panics if word is not a
@@ -34,8 +36,8 @@ type Reason struct{ word string }
 // bad word fails at start.
 func NewReason(word string) Reason {
 	if !validWord(word) {
-		panic(fmt.Sprintf("consumer.NewReason(%q): a reason is a snake_case word "+
-			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word))
+		panic(&wordError{fmt.Sprintf("consumer.NewReason(%q): a reason is a snake_case word "+
+			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word)})
 	}
 	return Reason{word: word}
 }
@@ -63,13 +65,29 @@ var (
 	reasonInvalidOrderingKey = kitReason(wire.ReasonInvalidOrderingKey)
 	reasonIngestFailed       = kitReason(wire.ReasonIngestFailed)
 	reasonHeadersTooLarge    = kitReason(wire.ReasonHeadersTooLarge)
+	reasonNoOutcome          = kitReason(wire.ReasonNoOutcome)
+	reasonInvalidEvent       = kitReason(wire.ReasonInvalidEvent)
+	reasonInvalidReason      = kitReason(wire.ReasonInvalidReason)
+)
+
+// Two of the kit's reasons a service's code may give itself (the kit
+// compares its own copies):
+var (
 	// ReasonNoOutcome is the reason of writes that return no outcome and no
 	// error; a service's own test double of a handler may use it too.
-	ReasonNoOutcome = kitReason(wire.ReasonNoOutcome)
+	ReasonNoOutcome = reasonNoOutcome
 	// ReasonInvalidEvent is the reason of a body the Decoder refused with an
 	// error that is not a PermanentError; a Decoder may give it itself.
-	ReasonInvalidEvent = kitReason(wire.ReasonInvalidEvent)
+	ReasonInvalidEvent = reasonInvalidEvent
 )
+
+// wordError is the panic of NewReason and NewCause on a malformed word. At
+// start (a package-level var) it stops the program; a handler, its writes or
+// a Decoder that made one at run time has its message dead-lettered (parked)
+// wire.ReasonInvalidReason at once, the word in the error (panicError).
+type wordError struct{ msg string }
+
+func (e *wordError) Error() string { return e.msg }
 
 // PermanentError dead-letters a message at once with Reason in its headers.
 type PermanentError struct {
@@ -100,7 +118,14 @@ func Permanent(reason Reason, err error) error {
 // errPanic marks a recovered handler panic; it is retried like any transient failure.
 var errPanic = errors.New("handler panicked")
 
-func panicError(v any) error { return fmt.Errorf("%w: %v", errPanic, v) }
+// panicError is the error of a recovered panic: retried, but for a malformed
+// reason or cause made at run time, which no retry mends.
+func panicError(v any) error {
+	if we, ok := v.(*wordError); ok {
+		return Permanent(reasonInvalidReason, we)
+	}
+	return fmt.Errorf("%w: %v", errPanic, v)
+}
 
 func (r Reason) isZero() bool { return r == Reason{} }
 

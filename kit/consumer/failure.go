@@ -55,7 +55,7 @@ func (j *judge) infrastructure(ctx context.Context, err error) Cause {
 		return Cause{} // the message failed
 	}
 	if j.pingDatabase(ctx) != nil {
-		return CauseDatabase
+		return causeDatabase
 	}
 	return Cause{}
 }

@@ -164,7 +164,10 @@ func (dr *door) decode(body []byte, id string) (d decoded, err error) {
 			dr.metrics.panics.WithLabelValues(dr.cfg.Name).Inc()
 			dr.log.Error("the Decoder panicked; the message is refused as an invalid event",
 				"message_id", id, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			d, err = decoded{}, Permanent(ReasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
+			d, err = decoded{}, Permanent(reasonInvalidEvent, fmt.Errorf("decode: the Decoder panicked: %v", v))
+			if we, ok := v.(*wordError); ok {
+				d, err = decoded{}, Permanent(reasonInvalidReason, fmt.Errorf("decode: %w", we))
+			}
 		}
 	}()
 	d, err = dr.cfg.Decoder.decode(body)

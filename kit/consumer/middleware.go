@@ -56,9 +56,9 @@ func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack
 // errNoOutcome is the error of writes that returned no outcome and no error,
 // errNoWrites that of a Handle that returned no writes and no error.
 var (
-	errNoOutcome = Permanent(ReasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
+	errNoOutcome = Permanent(reasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
 		"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
-	errNoWrites = Permanent(ReasonNoOutcome, errors.New("the handler returned no writes and no error: "+
+	errNoWrites = Permanent(reasonNoOutcome, errors.New("the handler returned no writes and no error: "+
 		"return consumer.NoWrites(outcome) for a message with nothing to write"))
 )
 

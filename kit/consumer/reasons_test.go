@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/buffered"
@@ -30,7 +32,11 @@ func TestReasonsAndCausesAreWordsRefusedAtStart(t *testing.T) {
 		t.Errorf("Permanent with neither a reason nor an error: %q, dead-lettered as %s", err, permanentReason(err))
 	}
 	refused := func(make func()) (msg string) {
-		defer func() { msg, _ = recover().(string) }()
+		defer func() {
+			if we, ok := recover().(*wordError); ok {
+				msg = we.Error()
+			}
+		}()
 		make()
 		return ""
 	}
@@ -64,10 +70,40 @@ func TestReasonsAndCausesAreWordsRefusedAtStart(t *testing.T) {
 			t.Errorf("NewCause(%q) panicked with %q, want a message naming the word", c.word, msg)
 		}
 	}
-	// A PauseError built by hand without a cause pauses as the handler's
-	// run of failures would.
-	if got := pauseCause(&PauseError{}); got != CauseFailing {
-		t.Errorf("PauseError{}: paused as %q, want %s", got, CauseFailing)
+	// A pause without a cause is the service's code's all the same: it
+	// pauses as invalid_cause (and counts against MaxHolds), not as the
+	// runtime's handler_failing, and its text names that.
+	for _, err := range []error{&PauseError{}, Pause(Cause{}, errors.New("down"))} {
+		if got := pauseCause(err); got != causeInvalid || !askedToPause(err) || !strings.HasPrefix(err.Error(), "invalid_cause") {
+			t.Errorf("%#v: paused as %q (asked: %v), text %q; want invalid_cause, asked, named", err, got, askedToPause(err), err)
+		}
+	}
+	// Made at run time by the handler, its writes or the Decoder, a
+	// malformed word dead-letters the message at once with invalid_reason,
+	// the word in the error: no retry mends it.
+	recovered := Recover(func(Message, any, []byte) {})
+	badReason := recovered(HandlerFunc(func(_ context.Context, msg Message) (Writes, error) {
+		return nil, Permanent(NewReason("Bad "+msg.ID), nil)
+	}))
+	badCause := recovered(HandlerFunc(func(_ context.Context, msg Message) (Writes, error) {
+		return func(context.Context, *gorm.DB) (Outcome, error) { return "", Pause(NewCause("down: "+msg.ID), nil) }, nil
+	}))
+	_, err := badReason.Handle(context.Background(), Message{ID: "m-1"})
+	w, _ := badCause.Handle(context.Background(), Message{ID: "m-2"})
+	_, werr := w(context.Background(), nil)
+	for _, c := range []struct {
+		err  error
+		word string
+	}{{err, `"Bad m-1"`}, {werr, `"down: m-2"`}} {
+		if permanentReason(c.err) != reasonInvalidReason || !errors.Is(c.err, ErrPermanent) || !strings.Contains(c.err.Error(), c.word) {
+			t.Errorf("a malformed word made at run time: %v, dead-lettered as %s; want invalid_reason naming %s", c.err, permanentReason(c.err), c.word)
+		}
+	}
+	d := assemble(&Runtime{cfg: Config{Name: "t", Decoder: Events[string]{Decode: func(b []byte) (string, error) {
+		return "", Permanent(NewReason(string(b)), nil)
+	}}}, metrics: NewMetrics(prometheus.NewRegistry()), log: slog.New(slog.DiscardHandler)}).door
+	if _, err := d.decode([]byte("Not A Word"), "m-3"); permanentReason(err) != reasonInvalidReason {
+		t.Errorf("a Decoder's malformed reason: %v, dead-lettered as %s; want invalid_reason", err, permanentReason(err))
 	}
 	// A log's JSON shows the word, not an empty object.
 	if b, err := json.Marshal(map[string]any{"reason": reasonKeyExpired, "cause": CauseDatabase}); err != nil ||

@@ -455,7 +455,7 @@ func (r *Runtime) waitToResume(ctx context.Context, cause Cause, wait time.Durat
 	if !sleep(ctx, wait) {
 		return ctx.Err()
 	}
-	for cause == CauseDatabase {
+	for cause == causeDatabase {
 		if r.judge.pingDatabase(ctx) == nil {
 			if r.cfg.ResetDatabase != nil {
 				r.cfg.ResetDatabase()

@@ -176,7 +176,7 @@ func (r *Runtime) openChannels(s *session) error {
 // the infrastructure at fault (returns errPausedSession).
 func (r *Runtime) session(ctx context.Context) error {
 	if err := r.judge.pingDatabase(ctx); err != nil {
-		return errPausedSession{cause: CauseDatabase}
+		return errPausedSession{cause: causeDatabase}
 	}
 	s, err := r.openSession()
 	if err != nil {

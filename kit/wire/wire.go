@@ -40,7 +40,9 @@ const HeaderTimestampMillis = "timestamp_in_ms"
 
 // Dead-letter reasons the kit itself assigns, as the header's value
 // (d.Headers[HeaderDeadLetterReason] == ReasonX); the runtime holds them as
-// consumer.Reason values, as a service declares its own.
+// consumer.Reason values, as a service declares its own. A header holds the
+// word: compare it with a service's declared reason as
+// d.Headers[HeaderDeadLetterReason] == reason.String().
 const (
 	ReasonMissingID          = "missing_message_id"
 	ReasonInvalidID          = "invalid_message_id"
@@ -53,6 +55,7 @@ const (
 	ReasonPermanent          = "permanent_error"         // a PermanentError without a reason
 	ReasonInvalidOrderingKey = "invalid_ordering_key"    // buffered mode: a key longer than 255 bytes, not UTF-8, or with a control character
 	ReasonIngestFailed       = "ingest_failed"           // buffered mode: the store refused this message's data (SQLSTATE class 22 or 23)
+	ReasonInvalidReason      = "invalid_reason"          // the handler, its writes or the Decoder made a reason (a pause cause) of a malformed word at run time
 	ReasonNoOutcome          = "writes_without_outcome"  // the writes returned no outcome and no error
 	ReasonInvalidEvent       = "invalid_event"           // the Decoder refused the body with an error that is not a PermanentError
 	// ReasonHeadersTooLarge: the message's properties and headers leave no

@@ -16,7 +16,7 @@ func TestRefusedBeforeRunKnowsTheDoorsReasons(t *testing.T) {
 		}
 	}
 	for _, r := range []string{ReasonRetriesExhausted, ReasonPayloadMismatch, ReasonHeldTooOften, ReasonKeyExpired,
-		ReasonPermanent, ReasonNoOutcome, ReasonInvalidEvent, "malformed_json", ""} {
+		ReasonPermanent, ReasonInvalidReason, ReasonNoOutcome, ReasonInvalidEvent, "malformed_json", ""} {
 		if RefusedBeforeRun(r) {
 			t.Errorf("RefusedBeforeRun(%q) = true, want false", r)
 		}

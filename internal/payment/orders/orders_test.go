@@ -3,6 +3,7 @@ package orders_test
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -170,10 +171,19 @@ func TestDecodeRejects(t *testing.T) {
 			if inv.Reason != tt.reason {
 				t.Errorf("Decode(%q) reason = %s (%v), want %s", tt.body, inv.Reason, err, tt.reason)
 			}
+			if !slices.Contains(orders.Reasons, inv.Reason) {
+				t.Errorf("reason %s is missing from orders.Reasons: the consumer would dead-letter it invalid_event", inv.Reason)
+			}
 			if !errors.Is(err, orders.ErrInvalid) {
 				t.Errorf("errors.Is(%v, ErrInvalid) = false", err)
 			}
 		})
+	}
+	// Every reason of the list is one a body can be refused with.
+	for _, r := range orders.Reasons {
+		if !slices.ContainsFunc(tests, func(tt struct{ name, body, reason string }) bool { return tt.reason == r }) {
+			t.Errorf("orders.Reasons holds %s, which no case here refuses a body with", r)
+		}
 	}
 }
 
