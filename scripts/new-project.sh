@@ -3,7 +3,7 @@
 # optionally a new service in it.
 #
 #   scripts/new-project.sh MODULE_PATH DIR
-#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--bare]
+#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--bare]
 #   scripts/new-project.sh example.com/acme/refunds ../refunds \
 #     --service refund-service --event refund-requested --exchange payments --routing-key refund.requested
 #
@@ -34,6 +34,13 @@
 # replay age limit, IDEMPOTENCY_KEY_TTL refused): say so only when it is true,
 # since a call added later under that declaration goes unguarded.
 #
+# With --ordered (and --service), one key's events are processed in the
+# order they were published: the service requires the buffered inbox
+# (INBOX_MODE=buffered: each message stored and acked at once, then processed
+# from the table a key at a time), and a poison message is parked there, its
+# key blocked until an operator acts (inbox retry, skip, export), not
+# dead-lettered; the generated test checks that.
+#
 # With --bare (and --service), the copy keeps the kit and that one service:
 # no payment service, fake gateway, shipping example, demo, bench or fault
 # scripts. It gets its own README, Makefile, .ci/run, Dockerfile,
@@ -50,7 +57,7 @@ old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/dock
   { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--bare]]" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--bare]]" >&2
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
@@ -63,11 +70,12 @@ camel() {
 }
 
 args=()
-svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0
+svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0 ordered=0
 while (($#)); do
   case $1 in
     --bare) bare=1; shift ;;
     --no-outside-calls) no_outside_calls=1; shift ;;
+    --ordered) ordered=1; shift ;;
     --service | --event | --exchange | --routing-key)
       [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
@@ -92,6 +100,10 @@ if ((bare)) && [[ -z $svc ]]; then
 fi
 if ((no_outside_calls)) && [[ -z $svc ]]; then
   echo "$0: --no-outside-calls needs --service: it describes the handler of the service it writes" >&2
+  exit 2
+fi
+if ((ordered)) && [[ -z $svc ]]; then
+  echo "$0: --ordered needs --service: it describes the service it writes" >&2
   exit 2
 fi
 if [[ -n $svc$event$exchange$routing_key ]]; then
@@ -204,6 +216,58 @@ if [[ -n $svc ]]; then
 		// its database (scripts/new-project.sh --no-outside-calls).
 		NoOutsideCalls: false,"
   fi
+  # The order: --ordered requires the buffered inbox, where a poison message
+  # is parked (its key blocked) rather than dead-lettered.
+  if ((ordered)); then
+    mode_option="// --ordered: one key's events are processed in the order they
+		// were published (the Events' OrderingKey), so the service requires
+		// the buffered inbox (INBOX_MODE=buffered): each message is stored
+		// and acked at once, then processed from the table a key at a time.
+		// A message that fails for good is parked and blocks its key until
+		// an operator acts ($svc inbox retry, skip or export).
+		Requires: service.Requirements{Mode: service.ModeBuffered},"
+    poison_doc="the poison parked with its reason (its key blocked)"
+    wire_import=""
+    # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
+    poison_wait='records, parked := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"),
+			testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = '"'parked'"'")
+		dups := p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
+		if records != 20 || parked != 1 || dups < 25 {
+			return false, fmt.Errorf("%d records, %d parked, %v duplicates so far", records, parked, dups)
+		}'
+    inbox_rows='26 {
+		t.Errorf("%d inbox rows, want 26 (one per message id, the poison'"'"'s too: stored, then parked)", n)'
+    poison_check='if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE message_id = '"'poison'"' AND park_reason = '"'malformed_json'"'"); n != 1 {
+		t.Errorf("%d poison messages parked with reason malformed_json, want 1", n)
+	}'
+  else
+    mode_option="// Unordered: the inline inbox (INBOX_MODE, inline by default)
+		// processes each message as its delivery waits. For one key's events
+		// in the order they were published, require the buffered inbox:
+		// Requires: service.Requirements{Mode: service.ModeBuffered}
+		// (scripts/new-project.sh --ordered)."
+    poison_doc="the poison in the dead-letter queue with its reason"
+    wire_import="
+	\"$module/kit/wire\""
+    # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
+    poison_wait='records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
+		dups := p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
+		if records != 20 || dead != 1 || dups < 25 {
+			return false, fmt.Errorf("%d records, %d dead letters, %v duplicates so far", records, dead, dups)
+		}'
+    inbox_rows='25 {
+		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)'
+    # shellcheck disable=SC2016 # Go source
+    poison_check='testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		d, ok, err := ch.Get("$svc.$event.dlq", true)
+		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
+		}
+		return err
+	})'
+  fi
+  poison_wait=${poison_wait//\$table/$table} poison_wait=${poison_wait//\$svc/$svc} poison_wait=${poison_wait//\$event/$event}
+  poison_check=${poison_check//\$svc/$svc} poison_check=${poison_check//\$event/$event}
   mkdir -p "$dst/internal/$pkg/migrations" "$dst/cmd/$svc"
 
   cat >"$dst/internal/$pkg/$pkg.go" <<EOF2
@@ -325,6 +389,7 @@ func Service() service.Options {
 			return []slog.Attr{slog.String("key", ev.Key)}
 		},
 		$calls_option
+		$mode_option
 	},
 		// Each body is decoded once, before the handler runs; a body without
 		// a message_id property is deduped by its event_id. The handler is
@@ -393,8 +458,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"$module/kit/testenv"
-	"$module/kit/wire"
+	"$module/kit/testenv"$wire_import
 )
 
 // service is cmd/$svc, built once and run as a process by each test, against
@@ -408,8 +472,7 @@ func event(id, key string) amqp.Publishing {
 }
 
 // Duplicates (the same message id), the same key under a new message id and a
-// poison message: one record per key, the poison in the dead-letter queue with
-// its reason.
+// poison message: one record per key, $poison_doc.
 func TestRecordsEachKeyOnce(t *testing.T) {
 	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
 	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
@@ -424,15 +487,11 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(\`{"key":\`)})
 	testenv.Publish(t, amqpURL, "$exchange", "$routing_key", msgs...)
 
-	// Every message settled: the records and the dead letter, and the
+	// Every message settled: the records and the poison, and the
 	// duplicates counted (they write nothing: the records can be all there
 	// while the last duplicates are still in a worker).
-	testenv.Eventually(t, time.Minute, "20 records, the poison dead-lettered and 25 duplicates counted", func() (bool, error) {
-		records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
-		dups := p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
-		if records != 20 || dead != 1 || dups < 25 {
-			return false, fmt.Errorf("%d records, %d dead letters, %v duplicates so far", records, dead, dups)
-		}
+	testenv.Eventually(t, time.Minute, "20 records, the poison settled and 25 duplicates counted", func() (bool, error) {
+		$poison_wait
 		return true, nil
 	})
 	// 20 processed; 25 duplicates: 20 with the same message id, 5 of the
@@ -442,16 +501,9 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 			t.Errorf("consumer_messages_total{outcome=%q} = %v, want %v", outcome, n, want)
 		}
 	}
-	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != 25 {
-		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
+	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != $inbox_rows
 	}
-	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
-		d, ok, err := ch.Get("$svc.$event.dlq", true)
-		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
-		}
-		return err
-	})
+	$poison_check
 }
 EOF2
   # The imports' order depends on the names: gofmt sorts them.

@@ -131,6 +131,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "outbox-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "kit's schemas"},
 		{[]string{"--service", "r-service", "--event", "record", "--exchange", "x", "--routing-key", "k"}, "collide"},
 		{[]string{"--no-outside-calls"}, "--no-outside-calls needs --service"},
+		{[]string{"--ordered"}, "--ordered needs --service"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
@@ -147,14 +148,21 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 // nothing of the payment service, the demo or the examples is left, and its
 // .env.example is the service's own env command. With --no-outside-calls
 // the service declares NoOutsideCalls: IDEMPOTENCY_KEY_TTL is refused and
-// left out of .env.example.
+// left out of .env.example. With --ordered it requires the buffered inbox,
+// and its own test expects the poison parked.
 func TestNewProjectScriptBare(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "refunds")
 	const module = "example.com/acme/refunds"
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
 		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare",
-		"--no-outside-calls")
+		"--no-outside-calls", "--ordered")
+	// --ordered: the service requires the buffered inbox, and its test (run
+	// below) expects the poison parked, not dead-lettered.
+	if b, err := os.ReadFile(filepath.Join(dir, "internal/refund/refund.go")); err != nil ||
+		!strings.Contains(string(b), "Requires: service.Requirements{Mode: service.ModeBuffered},") {
+		t.Errorf("the service generated --ordered does not require the buffered inbox (%v)", err)
+	}
 	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
