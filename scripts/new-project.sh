@@ -3,7 +3,7 @@
 # optionally a new service in it.
 #
 #   scripts/new-project.sh MODULE_PATH DIR
-#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--bare]
+#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare]
 #   scripts/new-project.sh example.com/acme/refunds ../refunds \
 #     --service refund-service --event refund-requested --exchange payments --routing-key refund.requested
 #
@@ -41,6 +41,12 @@
 # key blocked until an operator acts (inbox retry, skip, export), not
 # dead-lettered; the generated test checks that.
 #
+# With --publishes X2 (and --service), the service emits an event for each
+# record it makes, through the outbox: <pkg>.recorded on the topic exchange
+# X2, with the record's key as its ordering key, enqueued in the inbox
+# transaction and published by the outbox relay once the broker confirms it;
+# the generated test binds a queue to it and counts one event per record.
+#
 # With --bare (and --service), the copy keeps the kit and that one service:
 # no payment service, fake gateway, shipping example, demo, bench or fault
 # scripts. It gets its own README, Makefile, .ci/run, Dockerfile,
@@ -57,7 +63,7 @@ old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/dock
   { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--bare]]" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare]]" >&2
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
@@ -70,19 +76,20 @@ camel() {
 }
 
 args=()
-svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0 ordered=0
+svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0 ordered=0 publishes=""
 while (($#)); do
   case $1 in
     --bare) bare=1; shift ;;
     --no-outside-calls) no_outside_calls=1; shift ;;
     --ordered) ordered=1; shift ;;
-    --service | --event | --exchange | --routing-key)
+    --service | --event | --exchange | --routing-key | --publishes)
       [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
         --service) svc=$2 ;;
         --event) event=$2 ;;
         --exchange) exchange=$2 ;;
         --routing-key) routing_key=$2 ;;
+        --publishes) publishes=$2 ;;
       esac
       shift 2
       ;;
@@ -100,6 +107,14 @@ if ((bare)) && [[ -z $svc ]]; then
 fi
 if ((no_outside_calls)) && [[ -z $svc ]]; then
   echo "$0: --no-outside-calls needs --service: it describes the handler of the service it writes" >&2
+  exit 2
+fi
+if [[ -n $publishes && -z $svc ]]; then
+  echo "$0: --publishes needs --service: it describes the service it writes" >&2
+  exit 2
+fi
+if [[ -n $publishes && ! $publishes =~ ^[A-Za-z0-9._-]+$ ]]; then
+  echo "$0: --publishes $publishes: letters, digits, . _ - only" >&2
   exit 2
 fi
 if ((ordered)) && [[ -z $svc ]]; then
@@ -266,6 +281,58 @@ if [[ -n $svc ]]; then
 		return err
 	})'
   fi
+  # The emission: --publishes X2 keeps k.Outbox and enqueues one event per
+  # record in the writes; the test counts them on a queue of its own.
+  if [[ -n $publishes ]]; then
+    emit_imports="
+	\"$module/kit/outbox\""
+    emit_field="
+	// outbox emits the service's events from the writes, in the inbox
+	// transaction: the relay publishes them once committed.
+	outbox *outbox.Outbox
+"
+    emit_writes="
+		// The event goes out with the record: enqueued in this
+		// transaction, published by the outbox relay after the commit,
+		// confirmed by the broker, one key's events in order.
+		body, err := json.Marshal(map[string]string{\"key\": ev.Key, \"message_id\": msg.ID})
+		if err != nil {
+			return \"\", err
+		}
+		if _, err := h.outbox.Enqueue(ctx, tx, outbox.Message{
+			Exchange: \"$publishes\", RoutingKey: \"$pkg.recorded\", Body: body, OrderingKey: ev.Key,
+		}); err != nil {
+			return \"\", err
+		}"
+    emit_option="
+		// The exchanges it emits to through k.Outbox (the relay declares
+		// them).
+		Publishes: []string{\"$publishes\"},"
+    emit_new="&Handler{outbox: k.Outbox}"
+    emit_doc=",
+// and one $pkg.recorded event on $publishes per record"
+    emit_bind="
+	// A queue of the test's own receives the service's events: an event
+	// no queue takes is refused by the broker (the relay retries it).
+	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+		if err := ch.ExchangeDeclare(\"$publishes\", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(\"recorded\", true, false, false, false, nil); err != nil {
+			return err
+		}
+		return ch.QueueBind(\"recorded\", \"$pkg.recorded\", \"$publishes\", false, nil)
+	})"
+    emit_check="
+	testenv.Eventually(t, time.Minute, \"one event per record\", func() (bool, error) {
+		if n := testenv.QueueDepth(t, amqpURL, \"recorded\"); n != 20 {
+			return false, fmt.Errorf(\"%d events on the queue\", n)
+		}
+		return true, nil
+	})"
+  else
+    emit_imports="" emit_field="" emit_writes="" emit_option="" emit_new="&Handler{}" emit_doc="" emit_bind="" emit_check=""
+  fi
   poison_wait=${poison_wait//\$table/$table} poison_wait=${poison_wait//\$svc/$svc} poison_wait=${poison_wait//\$event/$event}
   poison_check=${poison_check//\$svc/$svc} poison_check=${poison_check//\$event/$event}
   mkdir -p "$dst/internal/$pkg/migrations" "$dst/cmd/$svc"
@@ -288,7 +355,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"$module/kit/consumer"
-	"$module/kit/migrations"
+	"$module/kit/migrations"$emit_imports
 	"$module/kit/service"
 )
 
@@ -351,7 +418,7 @@ func Decode$Event(body []byte) ($Event, error) {
 //     id); an empty outcome is refused. Nothing to write: consumer.NoWrites.
 //   - One message id, one body: a message whose id was seen with other bytes
 //     (a producer that re-serialized it) is dead-lettered payload_mismatch.
-type Handler struct{}
+type Handler struct{$emit_field}
 
 // Handle takes the event Service's Events made of the body (decoded once,
 // before the handler runs) and returns its writes.
@@ -364,7 +431,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev $Event) (
 			return "", res.Error
 		case res.RowsAffected == 0: // the same key under another message id
 			return consumer.OutcomeDuplicate, nil
-		}
+		}$emit_writes
 		return consumer.OutcomeProcessed, nil
 	}, nil
 }
@@ -389,7 +456,7 @@ func Service() service.Options {
 			return []slog.Attr{slog.String("key", ev.Key)}
 		},
 		$calls_option
-		$mode_option
+		$mode_option$emit_option
 	},
 		// Each body is decoded once, before the handler runs; a body without
 		// a message_id property is deduped by its event_id. The handler is
@@ -402,7 +469,7 @@ func Service() service.Options {
 		// k holds what a handler may keep: k.Reader for reads outside the
 		// transaction, k.Outbox to emit events from the writes (with
 		// Options.Publishes naming their exchanges), k.Config, k.Tracer.
-		func(k *service.Kit) (consumer.HandlerOf[$Event], error) { return &Handler{}, nil })
+		func(k *service.Kit) (consumer.HandlerOf[$Event], error) { return $emit_new, nil })
 }
 EOF2
 
@@ -472,7 +539,7 @@ func event(id, key string) amqp.Publishing {
 }
 
 // Duplicates (the same message id), the same key under a new message id and a
-// poison message: one record per key, $poison_doc.
+// poison message: one record per key, $poison_doc$emit_doc.
 func TestRecordsEachKeyOnce(t *testing.T) {
 	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
 	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
@@ -484,7 +551,7 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 			msgs = append(msgs, event("again-"+key, key)) // the same key, a new message id
 		}
 	}
-	msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(\`{"key":\`)})
+	msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(\`{"key":\`)})$emit_bind
 	testenv.Publish(t, amqpURL, "$exchange", "$routing_key", msgs...)
 
 	// Every message settled: the records and the poison, and the
@@ -503,7 +570,7 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	}
 	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != $inbox_rows
 	}
-	$poison_check
+	$poison_check$emit_check
 }
 EOF2
   # The imports' order depends on the names: gofmt sorts them.

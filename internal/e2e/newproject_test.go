@@ -21,7 +21,14 @@ func TestNewProjectScript(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "shipping-service")
 	const module = "example.com/acme/shipping-service"
 	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
-		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested")
+		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested",
+		"--publishes", "refunds")
+	// --publishes: the handler keeps k.Outbox and emits from its writes; the
+	// generated test (run below) counts one event per record.
+	if b, err := os.ReadFile(filepath.Join(dir, "internal/refund/refund.go")); err != nil ||
+		!strings.Contains(string(b), `Publishes: []string{"refunds"},`) || !strings.Contains(string(b), "h.outbox.Enqueue(ctx, tx,") {
+		t.Errorf("the service generated --publishes does not emit through the outbox (%v)", err)
+	}
 	// The kit is a module of its own (kit/, replaced with ./kit): ./... stops
 	// at it, so its packages are named by their module path.
 	mustRun(t, dir, "go", "build", "./...", module+"/kit/...")
@@ -132,6 +139,8 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "r-service", "--event", "record", "--exchange", "x", "--routing-key", "k"}, "collide"},
 		{[]string{"--no-outside-calls"}, "--no-outside-calls needs --service"},
 		{[]string{"--ordered"}, "--ordered needs --service"},
+		{[]string{"--publishes", "x"}, "--publishes needs --service"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--publishes", "a b"}, "--publishes a b"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
