@@ -24,7 +24,8 @@
 # where <pkg> is NAME without its -service suffix, and an end-to-end test
 # (internal/<pkg>/<pkg>_test.go) that runs the service as a process against
 # the real RabbitMQ and PostgreSQL, as generated: each record once,
-# duplicates suppressed, poison dead-lettered with its reason.
+# duplicates suppressed, poison dead-lettered (--ordered: parked) with its
+# reason.
 #
 # The service is generated for a handler that calls out (a payment gateway, a
 # carrier): the kit keeps its retries, and dlq replay, within
@@ -37,9 +38,12 @@
 # With --ordered (and --service), one key's events are processed in the
 # order they were published: the service requires the buffered inbox
 # (INBOX_MODE=buffered: each message stored and acked at once, then processed
-# from the table a key at a time), and a poison message is parked there, its
-# key blocked until an operator acts (inbox retry, skip, export), not
-# dead-lettered; the generated test checks that.
+# from the table a key at a time) and a single active consumer (one replica
+# consumes the queue at a time, so replicas store one key's messages in the
+# broker's order). A message that fails for good is parked there, blocking
+# its key until an operator acts (inbox retry, skip, export); a poison body
+# is parked as a key of its own, blocking nothing; the generated test checks
+# that.
 #
 # With --publishes X2 (and --service), the service emits an event for each
 # record it makes, through the outbox: <pkg>.recorded on the topic exchange
@@ -83,7 +87,7 @@ while (($#)); do
     --no-outside-calls) no_outside_calls=1; shift ;;
     --ordered) ordered=1; shift ;;
     --service | --event | --exchange | --routing-key | --publishes)
-      [[ $# -ge 2 && -n $2 ]] || { echo "$0: $1 needs a value" >&2; usage; }
+      [[ $# -ge 2 && -n $2 && $2 != -* ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
         --service) svc=$2 ;;
         --event) event=$2 ;;
@@ -232,23 +236,30 @@ if [[ -n $svc ]]; then
 		NoOutsideCalls: false,"
   fi
   # The order: --ordered requires the buffered inbox, where a poison message
-  # is parked (its key blocked) rather than dead-lettered.
+  # is parked (a key of its own) rather than dead-lettered, and a single
+  # active consumer, without which two replicas may store one key's messages
+  # in either order.
   if ((ordered)); then
     mode_option="// --ordered: one key's events are processed in the order they
 		// were published (the Events' OrderingKey), so the service requires
-		// the buffered inbox (INBOX_MODE=buffered): each message is stored
-		// and acked at once, then processed from the table a key at a time.
-		// A message that fails for good is parked and blocks its key until
-		// an operator acts ($svc inbox retry, skip or export).
-		Requires: service.Requirements{Mode: service.ModeBuffered},"
-    poison_doc="the poison parked with its reason (its key blocked)"
+		// the buffered inbox (INBOX_MODE=buffered: each message is stored
+		// and acked at once, then processed from the table a key at a
+		// time) and a single active consumer (SINGLE_ACTIVE_CONSUMER: one
+		// replica consumes the queue at a time, so the replicas store one
+		// key's messages in the broker's order; the broker fixes it when it
+		// first declares the queue). A message that fails for good is
+		// parked and blocks its key until an operator acts ($svc inbox
+		// retry, skip or export); a body the decoder refuses is parked as
+		// a key of its own.
+		Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},"
+    poison_doc="the poison parked with its reason (a key of its own)"
     wire_import=""
     # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
     poison_wait='records, parked := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"),
 			testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = '"'parked'"'")
-		dups := p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
-		if records != 20 || parked != 1 || dups < 25 {
-			return false, fmt.Errorf("%d records, %d parked, %v duplicates so far", records, parked, dups)
+		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
+		if records != 20 || parked != 1 || processed < 20 || dups < 25 {
+			return false, fmt.Errorf("%d records, %d parked, %v processed, %v duplicates so far", records, parked, processed, dups)
 		}'
     inbox_rows='26 {
 		t.Errorf("%d inbox rows, want 26 (one per message id, the poison'"'"'s too: stored, then parked)", n)'
@@ -258,17 +269,18 @@ if [[ -n $svc ]]; then
   else
     mode_option="// Unordered: the inline inbox (INBOX_MODE, inline by default)
 		// processes each message as its delivery waits. For one key's events
-		// in the order they were published, require the buffered inbox:
-		// Requires: service.Requirements{Mode: service.ModeBuffered}
+		// in the order they were published, require the buffered inbox and
+		// a single active consumer:
+		// Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true}
 		// (scripts/new-project.sh --ordered)."
     poison_doc="the poison in the dead-letter queue with its reason"
     wire_import="
 	\"$module/kit/wire\""
     # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
     poison_wait='records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
-		dups := p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
-		if records != 20 || dead != 1 || dups < 25 {
-			return false, fmt.Errorf("%d records, %d dead letters, %v duplicates so far", records, dead, dups)
+		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
+		if records != 20 || dead != 1 || processed < 20 || dups < 25 {
+			return false, fmt.Errorf("%d records, %d dead letters, %v processed, %v duplicates so far", records, dead, processed, dups)
 		}'
     inbox_rows='25 {
 		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)'
@@ -294,7 +306,11 @@ if [[ -n $svc ]]; then
     emit_writes="
 		// The event goes out with the record: enqueued in this
 		// transaction, published by the outbox relay after the commit,
-		// confirmed by the broker, one key's events in order.
+		// confirmed by the broker, one key's events in order, at least
+		// once (a consumer dedupes by its message id). An event no queue
+		// is bound for is refused by the broker, retried and then parked
+		// ($svc outbox parked, retry): bind the consumers' queues first,
+		// or set Optional for an announcement nobody need take yet.
 		body, err := json.Marshal(map[string]string{\"key\": ev.Key, \"message_id\": msg.ID})
 		if err != nil {
 			return \"\", err
@@ -323,15 +339,36 @@ if [[ -n $svc ]]; then
 		}
 		return ch.QueueBind(\"recorded\", \"$pkg.recorded\", \"$publishes\", false, nil)
 	})"
+    emit_test_imports="
+	\"encoding/json\""
     emit_check="
-	testenv.Eventually(t, time.Minute, \"one event per record\", func() (bool, error) {
-		if n := testenv.QueueDepth(t, amqpURL, \"recorded\"); n != 20 {
-			return false, fmt.Errorf(\"%d events on the queue\", n)
+	// One event per record, at least once: the relay may publish one again
+	// (a lost confirm), with the same message id, so the test counts keys.
+	keys := map[string]bool{}
+	testenv.Eventually(t, time.Minute, \"an event for each of the 20 records\", func() (bool, error) {
+		testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+			for {
+				d, ok, err := ch.Get(\"recorded\", true)
+				if err != nil || !ok {
+					return err
+				}
+				var e struct{ Key string }
+				if err := json.Unmarshal(d.Body, &e); err != nil {
+					return err
+				}
+				keys[e.Key] = true
+			}
+		})
+		if len(keys) < 20 {
+			return false, fmt.Errorf(\"events for %d keys so far\", len(keys))
 		}
 		return true, nil
-	})"
+	})
+	if len(keys) != 20 {
+		t.Errorf(\"events for %d keys, want the 20 recorded\", len(keys))
+	}"
   else
-    emit_imports="" emit_field="" emit_writes="" emit_option="" emit_new="&Handler{}" emit_doc="" emit_bind="" emit_check=""
+    emit_imports="" emit_field="" emit_writes="" emit_option="" emit_new="&Handler{}" emit_doc="" emit_bind="" emit_check="" emit_test_imports=""
   fi
   poison_wait=${poison_wait//\$table/$table} poison_wait=${poison_wait//\$svc/$svc} poison_wait=${poison_wait//\$event/$event}
   poison_check=${poison_check//\$svc/$svc} poison_check=${poison_check//\$event/$event}
@@ -378,16 +415,17 @@ type Record struct {
 // TableName is the table the migration creates.
 func (Record) TableName() string { return "$table" }
 
-// The service's dead-letter reasons, declared once: a word not of the form of
-// one stops the program as it starts.
+// The service's dead-letter (buffered: park) reasons, declared once: a word
+// not of the form of one stops the program as it starts.
 var (
 	ReasonMalformedJSON = consumer.NewReason("malformed_json")
 	ReasonMissingField  = consumer.NewReason("missing_field")
 )
 
 // Decode$Event decodes and validates a body. A body it refuses is
-// dead-lettered with the reason given here, before any handler runs, and
-// never retried: refuse here what no retry can fix.
+// dead-lettered (the buffered inbox: parked, a key of its own) with the
+// reason given here, before any handler runs, and never retried: refuse here
+// what no retry can fix.
 func Decode$Event(body []byte) ($Event, error) {
 	var ev $Event
 	if err := json.Unmarshal(body, &ev); err != nil {
@@ -406,7 +444,7 @@ func Decode$Event(body []byte) ($Event, error) {
 //     $calls_contract
 //   - An error from Handle or from the writes is retried with backoff and
 //     then dead-lettered (the buffered mode: parked); one wrapped with
-//     consumer.Permanent is dead-lettered at once with its reason. A fault of
+//     consumer.Permanent is dead-lettered (parked) at once with its reason. A fault of
 //     the database is not the message's: it is put back without spending an
 //     attempt.
 //   - The writes run in the inbox transaction: everything through tx commits
@@ -517,7 +555,7 @@ EOF2
   cat >"$dst/internal/$pkg/${pkg}_test.go" <<EOF2
 package ${pkg}_test
 
-import (
+import ($emit_test_imports
 	"fmt"
 	"os"
 	"testing"
@@ -607,7 +645,8 @@ from the `@EXCHANGE@` exchange (binding key `@ROUTING_KEY@`) with manual acks, a
 applies each message's effect exactly once: its writes commit in one PostgreSQL
 transaction with the message's inbox row, so a redelivery is found there and
 suppressed; a message that cannot be processed goes to the dead-letter queue
-`@SVC@.@EVENT@.dlq` with its reason.
+`@SVC@.@EVENT@.dlq` with its reason (with the buffered inbox, `INBOX_MODE=buffered`:
+it is parked in `inbox_messages`; `@SVC@ inbox parked` lists them).
 
 - `internal/@PKG@/`: the service: the event and its decoder, the handler (its
   contract is its doc comment), `Service()`, the migration;
@@ -840,7 +879,7 @@ fi
 cat <<EOF2
 $dst is your copy, module $module.
 Next:
-  cd $dir
+  cd $(printf %q "$dir")
   git init && git add -A && git commit -m "From the RabbitMQ inbox consumer template"
   go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
 EOF2

@@ -140,6 +140,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--no-outside-calls"}, "--no-outside-calls needs --service"},
 		{[]string{"--ordered"}, "--ordered needs --service"},
 		{[]string{"--publishes", "x"}, "--publishes needs --service"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--publishes", "--bare"}, "--publishes needs a value"},
 		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--publishes", "a b"}, "--publishes a b"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
@@ -169,8 +170,8 @@ func TestNewProjectScriptBare(t *testing.T) {
 	// --ordered: the service requires the buffered inbox, and its test (run
 	// below) expects the poison parked, not dead-lettered.
 	if b, err := os.ReadFile(filepath.Join(dir, "internal/refund/refund.go")); err != nil ||
-		!strings.Contains(string(b), "Requires: service.Requirements{Mode: service.ModeBuffered},") {
-		t.Errorf("the service generated --ordered does not require the buffered inbox (%v)", err)
+		!strings.Contains(string(b), "Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},") {
+		t.Errorf("the service generated --ordered does not require the buffered inbox and a single active consumer (%v)", err)
 	}
 	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
@@ -194,8 +195,9 @@ func TestNewProjectScriptBare(t *testing.T) {
 	}
 	env, err := os.ReadFile(filepath.Join(dir, ".env.example"))
 	if err != nil || !strings.Contains(string(env), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(env), "GATEWAY_URL") ||
-		strings.Contains(string(env), "IDEMPOTENCY_KEY_TTL") {
-		t.Errorf(".env.example is not refund-service's with no outside calls (%v):\n%s", err, env)
+		strings.Contains(string(env), "IDEMPOTENCY_KEY_TTL") || !strings.Contains(string(env), "\nINBOX_MODE=buffered\n") ||
+		!strings.Contains(string(env), "\nSINGLE_ACTIVE_CONSUMER=true\n") {
+		t.Errorf(".env.example is not refund-service's, ordered, with no outside calls (%v):\n%s", err, env)
 	}
 	if out, err := commandOutput(t, dir, []string{"IDEMPOTENCY_KEY_TTL=24h"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
 		!strings.Contains(out, "declares no outside calls") {

@@ -56,6 +56,22 @@ func TestEnvLeavesOutWhatTheServiceRefuses(t *testing.T) {
 	}
 }
 
+// A service that pins settings (Options.Requires) prints the pinned values:
+// the defaults would not start it. From a review: an ordered generated
+// service's .env.example said INBOX_MODE=inline, and it refused to start.
+func TestEnvPrintsWhatTheServiceRequires(t *testing.T) {
+	opts := service.Options{Name: "notes", Event: "note-taken", Exchange: "x", RoutingKey: "k",
+		Requires:   service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},
+		NewHandler: func(k *service.Kit) (consumer.Handler, error) { return nil, nil }}
+	var out strings.Builder
+	if err := ops.Command(context.Background(), opts, []string{"env"}, nil, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "\nINBOX_MODE=buffered\n") || !strings.Contains(out.String(), "\nSINGLE_ACTIVE_CONSUMER=true\n") {
+		t.Errorf("env of a service that requires the buffered mode and a single active consumer:\n%s", out.String())
+	}
+}
+
 // A command line the commands do not take is refused with the mistake and one
 // line naming the program's help, not the whole usage; help itself prints the
 // usage under the program's name.

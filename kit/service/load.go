@@ -268,6 +268,14 @@ func (o Options) Describe() []Variable {
 		if v.Default == "" {
 			vars[i].Default = derived[v.Name]
 		}
+		// What the service pins (Options.Requires) is its default: the only
+		// value it starts with.
+		switch {
+		case v.Name == "INBOX_MODE" && o.Requires.Mode != "":
+			vars[i].Default = o.Requires.Mode
+		case v.Name == "SINGLE_ACTIVE_CONSUMER" && o.Requires.SingleActiveConsumer:
+			vars[i].Default = "true"
+		}
 	}
 	if o.Settings != nil {
 		vars = append(vars, Describe(o.Settings)...)
