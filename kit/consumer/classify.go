@@ -34,29 +34,17 @@ type PauseError struct {
 // NewCause, which panics on a malformed word (see NewReason: at start, or
 // the message dead-lettered invalid_reason when made at run time). The zero
 // Cause is no cause; a pause with it pauses as CauseInvalid.
-type Cause struct{ word string }
+type Cause struct{ word }
 
-// NewCause returns the pause cause named word. It panics if word is not a
+// NewCause returns the pause cause named w. It panics if w is not a
 // snake_case word (see NewReason). Call it in a package-level var.
-func NewCause(word string) Cause {
-	if !validWord(word) {
-		panic(&wordError{fmt.Sprintf("consumer.NewCause(%q): a pause cause is a snake_case word "+
-			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word)})
-	}
-	return Cause{word: word}
-}
-
-// String returns the cause's word, as readiness and the metric label show it.
-func (c Cause) String() string { return c.word }
-
-// MarshalText gives the word, for a log's JSON.
-func (c Cause) MarshalText() ([]byte, error) { return []byte(c.word), nil }
+func NewCause(w string) Cause { return Cause{mustWord("NewCause", "a pause cause", w)} }
 
 func (e *PauseError) Error() string {
 	if e.Err == nil {
-		return cmp.Or(e.Cause.String(), causeInvalid.word)
+		return cmp.Or(e.Cause.String(), causeInvalid.s)
 	}
-	return cmp.Or(e.Cause.String(), causeInvalid.word) + ": " + e.Err.Error()
+	return cmp.Or(e.Cause.String(), causeInvalid.s) + ": " + e.Err.Error()
 }
 
 // Unwrap returns the cause.
@@ -113,9 +101,9 @@ var (
 )
 
 var (
-	causeDatabase = Cause{word: "database"}
-	causeFailing  = Cause{word: "handler_failing"}
-	causeInvalid  = Cause{word: "invalid_cause"}
+	causeDatabase = Cause{word{"database"}}
+	causeFailing  = Cause{word{"handler_failing"}}
+	causeInvalid  = Cause{word{"invalid_cause"}}
 )
 
 // pauseCause says whether a failure is the infrastructure's rather than the
@@ -209,5 +197,3 @@ func connectionFault(err error) bool {
 type errPausedSession struct{ cause Cause }
 
 func (e errPausedSession) Error() string { return fmt.Sprintf("paused: %s", e.cause) }
-
-func (c Cause) isZero() bool { return c == Cause{} }

@@ -28,28 +28,35 @@ var ErrPermanent = errors.New("permanent failure")
 // the message wire.ReasonInvalidReason at once; a well-formed one made from
 // text would be a metric label per value: declare them all. The zero Reason
 // is no reason: Permanent gives it wire.ReasonPermanent.
-type Reason struct{ word string }
+type Reason struct{ word }
 
-// NewReason returns the reason named word. It panics if word is not a
-// snake_case word: a lowercase letter, then lowercase letters, digits and
-// underscores, 64 bytes at most. Call it in a package-level var, so that a
-// bad word fails at start.
-func NewReason(word string) Reason {
-	if !validWord(word) {
-		panic(&wordError{fmt.Sprintf("consumer.NewReason(%q): a reason is a snake_case word "+
-			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", word)})
-	}
-	return Reason{word: word}
-}
-
-// String returns the reason's word, as its header and metric label carry it.
-func (r Reason) String() string { return r.word }
-
-// MarshalText gives the word, for a log's JSON.
-func (r Reason) MarshalText() ([]byte, error) { return []byte(r.word), nil }
+// NewReason returns the reason named w. It panics if w is not a snake_case
+// word: a lowercase letter, then lowercase letters, digits and underscores,
+// 64 bytes at most. Call it in a package-level var, so that a bad word fails
+// at start.
+func NewReason(w string) Reason { return Reason{mustWord("NewReason", "a reason", w)} }
 
 // kitReason is one of the kit's own reasons (wire.Reason*), which are words.
-func kitReason(word string) Reason { return Reason{word: word} }
+func kitReason(w string) Reason { return Reason{word{w}} }
+
+// word is a Reason's or a Cause's snake_case word; its String is the word
+// as a header, a metric label and readiness carry it, its MarshalText the
+// word for a log's JSON.
+type word struct{ s string }
+
+func (w word) String() string               { return w.s }
+func (w word) MarshalText() ([]byte, error) { return []byte(w.s), nil }
+func (w word) isZero() bool                 { return w.s == "" }
+
+// mustWord is s as a word, or the panic (wordError) of constructor, which
+// makes what.
+func mustWord(constructor, what, s string) word {
+	if !validWord(s) {
+		panic(&wordError{fmt.Sprintf("consumer.%s(%q): %s is a snake_case word "+
+			"(a lowercase letter, then lowercase letters, digits and underscores, 64 bytes at most)", constructor, s, what)})
+	}
+	return word{s}
+}
 
 // The kit's own reasons, as values.
 var (
@@ -126,8 +133,6 @@ func panicError(v any) error {
 	}
 	return fmt.Errorf("%w: %v", errPanic, v)
 }
-
-func (r Reason) isZero() bool { return r == Reason{} }
 
 // validWord reports whether s has the form of a reason or a cause: a
 // lowercase letter, then lowercase letters, digits and underscores, 64 bytes
