@@ -44,7 +44,7 @@ build:
 
 # The tests come in two tiers, both against the real PostgreSQL and RabbitMQ:
 #
-# make test, the one to run first (about 10 minutes on 2 cores, 19 to 25 cold): formatting,
+# make test, the one to run first (5 to 10 minutes on 2 cores, about 15 cold): formatting,
 # vet, static analysis and the alert rules; the whole suite with the race
 # detector (group commit, the default) but the slow proofs below; beside it
 # the tests whose subject is the commit path (COMMIT_PATH) again with a
