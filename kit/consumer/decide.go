@@ -75,7 +75,7 @@ func (v verdict) errorType() string {
 
 // failure is what decide needs to know about a failed run. The two facts
 // that cost something to learn are asked only when the rules reach them:
-// cause (the infrastructure at fault, "" for none: it may ask the database)
+// cause (the infrastructure at fault, the zero Cause for none: it may ask the database)
 // and inARow (it counts this failure in the run of failing messages, and
 // reports whether that run now pauses consumption).
 type failure struct {

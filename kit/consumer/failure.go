@@ -34,7 +34,7 @@ func (j *judge) failure(ctx context.Context, err error, id string, attempt, maxA
 // dependency the handler found misconfigured, an SQLSTATE of the database's
 // own trouble, a database step that got no answer, or a database that fails
 // its check after an unknown error of a database step or a connection fault
-// of the handler's. "" means the message failed.
+// of the handler's. The zero Cause means the message failed.
 //
 // The handler's connection faults and database errors need the check: its
 // own reads (the payment handler looks for a recorded payment) fail like the
