@@ -8,6 +8,7 @@ require (
 	github.com/pressly/goose/v3 v3.26.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rabbitmq/amqp091-go v1.16.0
+	golang.org/x/mod v0.41.0
 	gorm.io/gorm v1.31.2
 )
 

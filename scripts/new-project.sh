@@ -3,7 +3,7 @@
 # optionally a new service in it.
 #
 #   scripts/new-project.sh MODULE_PATH DIR
-#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare]
+#   scripts/new-project.sh MODULE_PATH DIR --service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare [--kit-version V] [--kit-proxy DIR2]]
 #   scripts/new-project.sh example.com/acme/refunds ../refunds \
 #     --service refund-service --event refund-requested --exchange payments --routing-key refund.requested
 #
@@ -51,11 +51,18 @@
 # transaction and published by the outbox relay once the broker confirms it;
 # the generated test binds a queue to it and counts one event per record.
 #
-# With --bare (and --service), the copy keeps the kit and that one service:
-# no payment service, fake gateway, shipping example, demo, bench or fault
-# scripts. It gets its own README, Makefile, .ci/run, Dockerfile,
-# docker-compose.yml (RabbitMQ, PostgreSQL, the service) and .env.example
-# (the service's `env` command), and go mod tidy drops what it no longer uses.
+# With --bare (and --service), the project is that one service on the kit as
+# a library: no copy of the kit, the payment service, the demo, the examples,
+# the bench or the fault scripts. Its go.mod requires the kit's module (under
+# its own path, not renamed) at a version: --kit-version V, by default the
+# Version this checkout's kit/kit.go declares; a kit upgrade is then
+# `go get <kit module>@V2` (docs/upgrading.md). The go command must find the
+# kit at that version: published, or served from a module proxy of your own.
+# --kit-proxy DIR serves this checkout's kit into DIR (a file-based module
+# proxy, written by scripts/kitproxy) and resolves it from there. The project
+# gets its own README, Makefile, .ci/run, Dockerfile, docker-compose.yml
+# (RabbitMQ, PostgreSQL, the service) and .env.example (the service's `env`
+# command), and go mod tidy keeps only what it uses.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -63,11 +70,14 @@ old_module=$(awk '$1 == "module" { print $2; exit }' "$here/go.mod")
 # The names of this copy as they are now: a copy of a copy renames its own.
 old_project=$(awk '$1 == "name:" { print $2; exit }' "$here/docker-compose.yml")
 old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/docker-compose.yml" | sed -E 's#^ +image: ([^/]+)/.*#\1#')
-[[ -n $old_module && -n $old_project && -n $old_prefix ]] ||
-  { echo "$0: cannot read the module path, the Compose project or the image prefix of $here" >&2; exit 1; }
+# The kit: its module path and the release this checkout holds.
+kit_module=$(awk '$1 == "module" { print $2; exit }' "$here/kit/go.mod")
+kit_release=$(sed -nE 's/^const Version = "([^"]+)"$/\1/p' "$here/kit/kit.go")
+[[ -n $old_module && -n $old_project && -n $old_prefix && -n $kit_module && -n $kit_release ]] ||
+  { echo "$0: cannot read the module path, the Compose project, the image prefix or the kit's module and Version of $here" >&2; exit 1; }
 
 usage() {
-  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare]]" >&2
+  echo "usage: $0 MODULE_PATH DIR [--service NAME --event EVENT --exchange X --routing-key K [--no-outside-calls] [--ordered] [--publishes X2] [--bare [--kit-version V] [--kit-proxy DIR2]]]" >&2
   echo "  e.g. $0 example.com/acme/refunds ../refunds --service refund-service --event refund-requested --exchange payments --routing-key refund.requested" >&2
   exit 2
 }
@@ -80,15 +90,17 @@ camel() {
 }
 
 args=()
-svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0 ordered=0 publishes=""
+svc="" event="" exchange="" routing_key="" bare=0 no_outside_calls=0 ordered=0 publishes="" kit_version="" kit_proxy=""
 while (($#)); do
   case $1 in
     --bare) bare=1; shift ;;
     --no-outside-calls) no_outside_calls=1; shift ;;
     --ordered) ordered=1; shift ;;
-    --service | --event | --exchange | --routing-key | --publishes)
+    --service | --event | --exchange | --routing-key | --publishes | --kit-version | --kit-proxy)
       [[ $# -ge 2 && -n $2 && $2 != -* ]] || { echo "$0: $1 needs a value" >&2; usage; }
       case $1 in
+        --kit-version) kit_version=$2 ;;
+        --kit-proxy) kit_proxy=$2 ;;
         --service) svc=$2 ;;
         --event) event=$2 ;;
         --exchange) exchange=$2 ;;
@@ -109,6 +121,19 @@ if ((bare)) && [[ -z $svc ]]; then
   echo "$0: --bare needs --service: the copy keeps the kit and one service of yours" >&2
   exit 2
 fi
+if [[ -n $kit_version$kit_proxy ]] && ((!bare)); then
+  echo "$0: --kit-version and --kit-proxy need --bare: a full copy holds the kit's source" >&2
+  exit 2
+fi
+if [[ -n $kit_version && ! $kit_version =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
+  echo "$0: --kit-version $kit_version: want a version like v0.1.0" >&2
+  exit 2
+fi
+if [[ -n $kit_proxy && -n $kit_version && $kit_version != "$kit_release" ]]; then
+  echo "$0: --kit-proxy serves this checkout's kit, which is $kit_release (kit/kit.go), not --kit-version $kit_version" >&2
+  exit 2
+fi
+kit_version=${kit_version:-$kit_release}
 if ((no_outside_calls)) && [[ -z $svc ]]; then
   echo "$0: --no-outside-calls needs --service: it describes the handler of the service it writes" >&2
   exit 2
@@ -175,8 +200,16 @@ dst=$(realpath -m -- "$dir")
 [[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
 mkdir -p "$dst"
 
-# tar keeps the modes: the scripts stay executable.
-if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+# The kit's import path in the service's code: the copy's own kit/, renamed
+# with the module, or (--bare) the kit's module at a version.
+kit=$module/kit
+# tar keeps the modes: the scripts stay executable. --bare takes only what
+# its files do not write: the broker's setting of the Compose stack.
+if ((bare)); then
+  kit=$kit_module
+  mkdir -p "$dst/deploy/rabbitmq" "$dst/deploy/postgres" "$dst/.ci"
+  cp "$src/deploy/rabbitmq/20-max-message-size.conf" "$dst/deploy/rabbitmq/"
+elif git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   git -C "$src" ls-files -z --cached --others --exclude-standard |
     tar -C "$src" --null -T - -cf - | tar -C "$dst" -xf -
 else
@@ -192,7 +225,7 @@ while IFS= read -r -d '' f; do
     sed -i -E -e "s#$old_module#$module#g" -e "s#$image_re#\1$name/\2:#g" "$f"
   fi
 done < <(find "$dst" -type f -not -path '*/.git/*' -print0)
-sed -i -e "s#^name: $old_project\$#name: $name#" "$dst/docker-compose.yml"
+((bare)) || sed -i -e "s#^name: $old_project\$#name: $name#" "$dst/docker-compose.yml"
 
 left=$(grep -rIl --exclude-dir=.git -e "$old_module" "$dst" || true)
 if [[ -n $left ]]; then
@@ -275,7 +308,7 @@ if [[ -n $svc ]]; then
 		// (scripts/new-project.sh --ordered)."
     poison_doc="the poison in the dead-letter queue with its reason"
     wire_import="
-	\"$module/kit/wire\""
+	\"$kit/wire\""
     # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
     poison_wait='records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
 		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
@@ -297,7 +330,7 @@ if [[ -n $svc ]]; then
   # record in the writes; the test counts them on a queue of its own.
   if [[ -n $publishes ]]; then
     emit_imports="
-	\"$module/kit/outbox\""
+	\"$kit/outbox\""
     emit_field="
 	// outbox emits the service's events from the writes, in the inbox
 	// transaction: the relay publishes them once committed.
@@ -391,9 +424,9 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"$module/kit/consumer"
-	"$module/kit/migrations"$emit_imports
-	"$module/kit/service"
+	"$kit/consumer"
+	"$kit/migrations"$emit_imports
+	"$kit/service"
 )
 
 // $Event is the event this service consumes. TODO: its fields, as the
@@ -538,7 +571,7 @@ import (
 	"syscall"
 
 	app "$module/internal/$pkg"
-	"$module/kit/ops"
+	"$kit/ops"
 )
 
 func main() {
@@ -563,7 +596,7 @@ import ($emit_test_imports
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"$module/kit/testenv"$wire_import
+	"$kit/testenv"$wire_import
 )
 
 // service is cmd/$svc, built once and run as a process by each test, against
@@ -622,25 +655,23 @@ fi
 fill() {
   sed -i -e "s#@SVC@#$svc#g" -e "s#@PKG@#$pkg#g" -e "s#@EVENT@#$event#g" -e "s#@EVENTTYPE@#$Event#g" \
     -e "s#@EXCHANGE@#$exchange#g" -e "s#@ROUTING_KEY@#$routing_key#g" -e "s#@NAME@#$name#g" \
-    -e "s#@DB@#$db#g" -e "s#@GO_VERSION@#$go_version#g" "$@"
+    -e "s#@DB@#$db#g" -e "s#@GO_VERSION@#$go_version#g" -e "s#@KIT@#$kit_module#g" "$@"
 }
 
 if ((bare)); then
   db=${svc//-/_}
-  go_version=$(awk '$1 == "go" { print $2; exit }' "$dst/go.mod")
-  (
-    cd "$dst"
-    rm -rf internal/payment internal/demo internal/e2e examples bench scripts/faults docs deploy/prometheus \
-      .ci/stack .ci/stack-images .ci/compose-check .ci/compose-plugin.sh .env.example
-    rm -f scripts/chaos.sh scripts/lib.sh scripts/faults-cleanup.sh scripts/up.sh
-    for c in cmd/*; do [[ $c == "cmd/$svc" ]] || rm -rf "$c"; done
-    printf 'bin/\n*.test\n*.out\n.env\n' >.gitignore
-  )
+  go_version=$(awk '$1 == "go" { print $2; exit }' "$src/go.mod")
+  printf 'bin/\n*.test\n*.out\n.env\n' >"$dst/.gitignore"
+  # The kit at a version, as any module: go mod tidy (below) adds what it
+  # requires. The template's go.sum holds the hashes of the kit's
+  # dependencies, checked where the template was; tidy drops the rest.
+  printf 'module %s\n\ngo %s\n\nrequire %s %s\n' "$module" "$go_version" "$kit_module" "$kit_version" >"$dst/go.mod"
+  cp "$src/go.sum" "$dst/go.sum"
 
   cat >"$dst/README.md" <<'EOF2'
 # @SVC@
 
-A RabbitMQ consumer on the inbox kit (`kit/`): it consumes @EVENTTYPE@ events
+A RabbitMQ consumer on the inbox kit: it consumes @EVENTTYPE@ events
 from the `@EXCHANGE@` exchange (binding key `@ROUTING_KEY@`) with manual acks, and
 applies each message's effect exactly once: its writes commit in one PostgreSQL
 transaction with the message's inbox row, so a redelivery is found there and
@@ -651,11 +682,11 @@ it is parked in `inbox_messages`; `@SVC@ inbox parked` lists them).
 - `internal/@PKG@/`: the service: the event and its decoder, the handler (its
   contract is its doc comment), `Service()`, the migration;
 - `cmd/@SVC@/`: its main, which also carries the operations commands
-  (`@SVC@ help`: `env`, `migrate`, `dlq`, `inbox`, `outbox`, `healthcheck`);
-- `kit/`: the kit, a Go module of its own (go.mod replaces it with `./kit`):
-  configuration, the consumer runtime (inline and buffered modes), the inbox,
-  the outbox, retries and dead letters, metrics, health, shutdown. Its tests
-  run here too.
+  (`@SVC@ help`: `env`, `version`, `migrate`, `dlq`, `inbox`, `outbox`, `healthcheck`);
+- the kit is a library, `@KIT@` at the version `go.mod` requires
+  (`@SVC@ version` prints it): configuration, the consumer runtime (inline and
+  buffered modes), the inbox, the outbox, retries and dead letters, metrics,
+  health, shutdown. None of its source is here.
 
 ## Run it
 
@@ -679,6 +710,23 @@ make test
 gofmt, go vet, then every test with the race detector against the local broker and
 database (each test makes its own vhost and database). CI runs `.ci/run`, which
 starts both servers if they are down and then runs the same.
+
+## Take a kit upgrade
+
+```sh
+go get @KIT@@v0.2.0 && go mod tidy
+make test
+```
+
+The kit's release notes say what changed; `@SVC@ version` then prints the new
+version. The go command fetches the kit through `GOPROXY` like any module. Where
+it is not published (a fork, a network without the internet), serve it from a
+module proxy of your own (the template's `scripts/kitproxy` writes a file-based
+one from a checkout of the kit: `GOPROXY=file:///srv/goproxy,https://proxy.golang.org`
+and `GONOSUMDB=@KIT@`). The kit comes from the module cache once fetched.
+
+A team that must vendor runs `go mod vendor` after each upgrade and commits
+`vendor/`: the go command and the Dockerfile then build from it, with no proxy.
 EOF2
 
   cat >"$dst/Makefile" <<'EOF2'
@@ -687,10 +735,6 @@ EOF2
 # rabbitmqctl on PATH: the tests create their own databases and vhosts.
 GO  ?= go
 BIN ?= bin
-# The kit is a module of its own: ./... stops at kit/, so the kit's packages
-# are named by their module path.
-KIT := $(shell awk '$$1 == "module" { print $$2; exit }' kit/go.mod)
-
 .PHONY: all build test check fmt vet clean
 all: check build
 
@@ -699,7 +743,7 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
 
 test: check
-	$(GO) test -race -count=1 -timeout 40m ./... $(KIT)/...
+	$(GO) test -race -count=1 -timeout 40m ./...
 
 check: fmt vet
 
@@ -707,7 +751,7 @@ fmt:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 vet:
-	$(GO) vet ./... $(KIT)/...
+	$(GO) vet ./...
 
 clean:
 	rm -rf $(BIN)
@@ -753,17 +797,17 @@ EOF2
   cat >"$dst/Dockerfile" <<'EOF2'
 # The service's image: a static binary on distroless static.
 #   docker build -t @NAME@/@SVC@:dev .
-# It needs BuildKit (the cache mounts); Docker Compose builds with it.
+# It needs BuildKit (the cache mounts); Docker Compose builds with it. The
+# modules come from vendor/ when it is there (go mod vendor), and otherwise
+# through GOPROXY, which the kit must be served from: a build argument, with
+# GONOSUMDB for a kit that is not published.
 ARG GO_VERSION=@GO_VERSION@
 
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
+ARG GOPROXY=https://proxy.golang.org,direct
+ARG GONOSUMDB=
 WORKDIR /src
-COPY go.mod go.sum ./
-COPY kit/go.mod kit/go.sum kit/
-RUN --mount=type=cache,target=/go/pkg/mod go mod download
-COPY kit/ kit/
-COPY cmd/ cmd/
-COPY internal/ internal/
+COPY . .
 ARG TARGETOS TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
@@ -779,13 +823,13 @@ ENTRYPOINT ["/usr/local/bin/@SVC@"]
 EOF2
 
   cat >"$dst/.dockerignore" <<'EOF2'
-# The image is built from go.mod, go.sum, kit/, cmd/ and internal/ only.
+# The image is built from go.mod, go.sum, cmd/, internal/ and vendor/ only.
 *
 !go.mod
 !go.sum
-!kit/
 !cmd/
 !internal/
+!vendor/
 **/*_test.go
 **/testdata/
 EOF2
@@ -871,8 +915,20 @@ EOF2
   fill "$dst/README.md" "$dst/Dockerfile" "$dst/deploy/postgres/init-databases.sql" "$dst/docker-compose.yml"
 
   if command -v go >/dev/null; then
-    (cd "$dst" && go mod tidy && go run "./cmd/$svc" env >.env.example) ||
-      { echo "$0: go mod tidy or $svc env failed in $dst" >&2; exit 1; }
+    # --kit-proxy: this checkout's kit, served at its version from a
+    # file-based module proxy, ahead of the go command's own.
+    if [[ -n $kit_proxy ]]; then
+      proxy_dir=$(realpath -m -- "$kit_proxy")
+      (cd "$src" && go run ./scripts/kitproxy -kit kit -out "$proxy_dir") ||
+        { echo "$0: scripts/kitproxy could not serve the kit into $kit_proxy" >&2; exit 1; }
+      GOPROXY="file://$proxy_dir,$(go env GOPROXY)"
+      GONOSUMDB="${GONOSUMDB:+$GONOSUMDB,}$kit_module"
+      export GOPROXY GONOSUMDB
+    fi
+    (cd "$dst" && go mod tidy && go run "./cmd/$svc" env >.env.example) || {
+      echo "$0: go mod tidy or $svc env failed in $dst: is $kit_module@$kit_version served where GOPROXY looks? --kit-proxy DIR serves this checkout's kit" >&2
+      exit 1
+    }
   fi
 fi
 
@@ -884,6 +940,10 @@ Next:
   go build ./... && make test        # needs the local PostgreSQL and RabbitMQ (README)
 EOF2
 ((bare)) || echo "Then write your handler: docs/writing-a-service.md (examples/shipping is one)."
+if ((bare)); then
+  echo "It requires the kit $kit_module $kit_version; an upgrade is: go get $kit_module@VERSION (its README)."
+  [[ -z $kit_proxy ]] || echo "The kit is served from $proxy_dir: where it is not in the module cache yet, GOPROXY=file://$proxy_dir,\$(go env GOPROXY) GONOSUMDB=$kit_module"
+fi
 if [[ -n $svc ]]; then
   cat <<EOF2
 The new service: internal/$pkg/$pkg.go (the TODOs), its migration in internal/$pkg/migrations/,

@@ -2,12 +2,16 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
@@ -142,6 +146,9 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--publishes", "x"}, "--publishes needs --service"},
 		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--publishes", "--bare"}, "--publishes needs a value"},
 		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--publishes", "a b"}, "--publishes a b"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--kit-version", "v0.1.0"}, "need --bare"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--bare", "--kit-version", "0.1"}, "--kit-version 0.1"},
+		{[]string{"--service", "r-service", "--event", "e", "--exchange", "x", "--routing-key", "k", "--bare", "--kit-version", "v9.9.9", "--kit-proxy", "p"}, "not --kit-version v9.9.9"},
 	} {
 		dir := filepath.Join(t.TempDir(), "copy")
 		cmd := exec.Command("bash", append([]string{"scripts/new-project.sh", "example.com/acme/x", dir}, tc.args...)...)
@@ -153,63 +160,164 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 	}
 }
 
-// --bare: the copy keeps the kit and the generated service only. It builds,
-// vets, is gofmt-clean and the generated service passes its end-to-end test;
-// nothing of the payment service, the demo or the examples is left, and its
-// .env.example is the service's own env command. With --no-outside-calls
-// the service declares NoOutsideCalls: IDEMPOTENCY_KEY_TTL is refused and
-// left out of .env.example. With --ordered it requires the buffered inbox,
-// and its own test expects the poison parked.
+// --bare: the project is the generated service on the kit as a library: no
+// copy of the kit's source, go.mod requiring the kit's module at the version
+// this checkout's kit declares, served by --kit-proxy from a file-based
+// module proxy made in the test. It vets, is gofmt-clean and the generated
+// service passes its end-to-end test; nothing of the payment service, the
+// demo or the examples is there, and its .env.example is the service's own
+// env command. With --no-outside-calls the service declares NoOutsideCalls:
+// IDEMPOTENCY_KEY_TTL is refused and left out of .env.example. With
+// --ordered it requires the buffered inbox, and its own test expects the
+// poison parked. Then the kit's next release (this kit with its Version
+// bumped, as a release does) is served beside it, and one command, go get,
+// moves the project to it: its binary then holds the new kit, and the
+// project vendors and builds from vendor/.
 func TestNewProjectScriptBare(t *testing.T) {
 	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "refunds")
+	proxy := t.TempDir()
 	const module = "example.com/acme/refunds"
-	mustRun(t, "../..", "bash", "scripts/new-project.sh", module, dir,
+	kitModule := strings.TrimSuffix(reflect.TypeFor[testenv.Program]().PkgPath(), "/testenv")
+	env := bareEnv(t)
+	mustRunEnv(t, "../..", env, "bash", "scripts/new-project.sh", module, dir,
 		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare",
-		"--no-outside-calls", "--ordered")
+		"--no-outside-calls", "--ordered", "--kit-proxy", proxy)
+	// The generator served the kit into the proxy; what the project runs
+	// next finds it there (or in the module cache it filled).
+	env = append(env, "GOPROXY=file://"+proxy+","+goEnv(t, env, "GOPROXY"), "GONOSUMDB="+kitModule)
 	// --ordered: the service requires the buffered inbox, and its test (run
 	// below) expects the poison parked, not dead-lettered.
 	if b, err := os.ReadFile(filepath.Join(dir, "internal/refund/refund.go")); err != nil ||
 		!strings.Contains(string(b), "Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},") {
 		t.Errorf("the service generated --ordered does not require the buffered inbox and a single active consumer (%v)", err)
 	}
-	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
+	checkRequiresKit(t, dir, kitModule, kit.Version)
+	mustRunEnv(t, dir, env, "go", "vet", "./...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
 	}
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", module+"/kit/ops", module+"/kit/migrations")
+	mustRunEnv(t, dir, env, "go", "test", "-count=1", "./...")
 	cmds, _ := filepath.Glob(filepath.Join(dir, "cmd", "*"))
 	if len(cmds) != 1 || filepath.Base(cmds[0]) != "refund-service" {
 		t.Errorf("cmd/ holds %v, want refund-service only", cmds)
 	}
-	for _, gone := range []string{"internal/payment", "internal/demo", "internal/e2e", "examples", "bench", "scripts/faults", "scripts/lib.sh", ".ci/stack", "docs"} {
+	for _, gone := range []string{"kit", "internal/payment", "internal/demo", "internal/e2e", "examples", "bench", "scripts", ".ci/stack", "docs"} {
 		if _, err := os.Stat(filepath.Join(dir, gone)); err == nil {
-			t.Errorf("%s is still in the bare copy", gone)
+			t.Errorf("%s is in the bare project", gone)
 		}
 	}
-	// The kit's comments may name the template's services as examples, and
-	// the generator knows what --bare removes; the copy's own files must not.
-	if out, err := exec.Command("grep", "-rIlE", "--exclude-dir=kit", "--exclude=new-project.sh",
+	// No package of the kit's, under any directory: the project holds only
+	// its own (refund, main).
+	if out, err := exec.Command("grep", "-rlE", "--include=*.go", "^package (consumer|service|outbox|inbox|buffered|ops|testenv|wire|kit)$", dir).Output(); err == nil {
+		t.Errorf("the bare project holds the kit's source:\n%s", out)
+	}
+	if out, err := exec.Command("grep", "-rIlE",
 		"OrderPlaced|order-placed|fake-gateway|fake-carrier|order-publisher|inboxctl|internal/payment|internal/demo|examples/shipping", dir).Output(); err == nil {
-		t.Errorf("the bare copy still names the payment stack:\n%s", out)
+		t.Errorf("the bare project still names the payment stack:\n%s", out)
 	}
-	env, err := os.ReadFile(filepath.Join(dir, ".env.example"))
-	if err != nil || !strings.Contains(string(env), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(env), "GATEWAY_URL") ||
-		strings.Contains(string(env), "IDEMPOTENCY_KEY_TTL") || !strings.Contains(string(env), "\nINBOX_MODE=buffered\n") ||
-		!strings.Contains(string(env), "\nSINGLE_ACTIVE_CONSUMER=true\n") {
-		t.Errorf(".env.example is not refund-service's, ordered, with no outside calls (%v):\n%s", err, env)
+	envFile, err := os.ReadFile(filepath.Join(dir, ".env.example"))
+	if err != nil || !strings.Contains(string(envFile), "\nQUEUE=refund-service.refund-requested\n") || strings.Contains(string(envFile), "GATEWAY_URL") ||
+		strings.Contains(string(envFile), "IDEMPOTENCY_KEY_TTL") || !strings.Contains(string(envFile), "\nINBOX_MODE=buffered\n") ||
+		!strings.Contains(string(envFile), "\nSINGLE_ACTIVE_CONSUMER=true\n") {
+		t.Errorf(".env.example is not refund-service's, ordered, with no outside calls (%v):\n%s", err, envFile)
 	}
-	if out, err := commandOutput(t, dir, []string{"IDEMPOTENCY_KEY_TTL=24h"}, "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
+	if out, err := commandOutput(t, dir, append(env, "IDEMPOTENCY_KEY_TTL=24h"), "go", "run", "./cmd/refund-service", "migrate"); err == nil ||
 		!strings.Contains(out, "declares no outside calls") {
 		t.Errorf("the service generated --no-outside-calls with IDEMPOTENCY_KEY_TTL set: %v, want a refusal:\n%s", err, out)
 	}
 	for f, want := range map[string]string{
-		"docker-compose.yml": "\n  refund-service:\n", "Dockerfile": "./cmd/refund-service", "README.md": "# refund-service\n",
+		"docker-compose.yml": "\n  refund-service:\n", "Dockerfile": "./cmd/refund-service", "README.md": "go get " + kitModule + "@v",
 		".ci/run": "make test", "Makefile": "$(GO) test", "deploy/postgres/init-databases.sql": "CREATE DATABASE refund_service;",
 	} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil || !strings.Contains(string(b), want) {
 			t.Errorf("%s lacks %q (%v)", f, want, err)
 		}
+	}
+	if out, err := commandOutput(t, dir, env, "go", "run", "./cmd/refund-service", "version"); err != nil ||
+		!strings.Contains(out, fmt.Sprintf("kit %s (module %s %s)", kit.Version, kitModule, kit.Version)) {
+		t.Errorf("refund-service version: %v, want kit %s at module version %[2]s:\n%s", err, kit.Version, out)
+	}
+
+	// The kit's next release: this kit with its Version bumped.
+	next := nextMinor(t, kit.Version)
+	release := filepath.Join(t.TempDir(), "kit")
+	mustRun(t, "../..", "cp", "-r", "kit", release)
+	kitGo := filepath.Join(release, "kit.go")
+	src, err := os.ReadFile(kitGo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bumped := strings.Replace(string(src), fmt.Sprintf("const Version = %q", kit.Version), fmt.Sprintf("const Version = %q", next), 1)
+	if bumped == string(src) {
+		t.Fatalf("kit/kit.go does not declare const Version = %q", kit.Version)
+	}
+	if err := os.WriteFile(kitGo, []byte(bumped), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "../..", "go", "run", "./scripts/kitproxy", "-kit", release, "-out", proxy)
+	// The upgrade: one command.
+	mustRunEnv(t, dir, env, "go", "get", kitModule+"@"+next)
+	checkRequiresKit(t, dir, kitModule, next)
+	if out, err := commandOutput(t, dir, env, "go", "run", "./cmd/refund-service", "version"); err != nil ||
+		!strings.Contains(out, fmt.Sprintf("kit %s (module %s %s)", next, kitModule, next)) {
+		t.Errorf("refund-service version after go get: %v, want kit %s at module version %[2]s:\n%s", err, next, out)
+	}
+	// A team that must vendor: go mod vendor, and the build needs no proxy.
+	mustRunEnv(t, dir, env, "go", "mod", "vendor")
+	mustRunEnv(t, dir, append(env, "GOPROXY=off"), "go", "build", "./...")
+	if b, err := os.ReadFile(filepath.Join(dir, "vendor", filepath.FromSlash(kitModule), "kit.go")); err != nil || !strings.Contains(string(b), next) {
+		t.Errorf("vendor/ does not hold the kit %s (%v)", next, err)
+	}
+}
+
+// bareEnv is the environment of a --bare project's go commands: a module
+// cache of the test's own (the kit's versions served here must not meet a
+// kit of the same version cached by an earlier run), filled from the
+// machine's module cache first (the kit's dependencies, with no network),
+// writable so that the test can remove it.
+func bareEnv(t *testing.T) []string {
+	shared := goEnv(t, nil, "GOMODCACHE")
+	return []string{
+		"GOMODCACHE=" + t.TempDir(),
+		"GOPROXY=file://" + filepath.Join(shared, "cache", "download") + "," + goEnv(t, nil, "GOPROXY"),
+		"GOFLAGS=" + strings.TrimSpace(os.Getenv("GOFLAGS")+" -trimpath -modcacherw"),
+	}
+}
+
+// goEnv is go env NAME in the environment with extra added.
+func goEnv(t *testing.T, extra []string, name string) string {
+	out, err := commandOutput(t, ".", extra, "go", "env", name)
+	if err != nil {
+		t.Fatalf("go env %s: %v\n%s", name, err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+// checkRequiresKit checks that dir's go.mod requires the kit at version,
+// with no replace: the kit comes as a module.
+func checkRequiresKit(t *testing.T, dir, kitModule, version string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil || !regexp.MustCompile(`(?m)^\s*(require\s+)?`+regexp.QuoteMeta(kitModule)+` `+regexp.QuoteMeta(version)+`$`).Match(b) ||
+		strings.Contains(string(b), "replace") {
+		t.Errorf("go.mod does not require %s %s without a replace (%v):\n%s", kitModule, version, err, b)
+	}
+}
+
+// nextMinor is the release after version: v0.1.0 gives v0.2.0.
+func nextMinor(t *testing.T, version string) string {
+	var major, minor, patch int
+	if _, err := fmt.Sscanf(version, "v%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("kit.Version %q: %v", version, err)
+	}
+	return fmt.Sprintf("v%d.%d.0", major, minor+1)
+}
+
+func mustRunEnv(t *testing.T, dir string, extra []string, name string, args ...string) {
+	t.Helper()
+	if out, err := commandOutput(t, dir, extra, name, args...); err != nil {
+		t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out)
 	}
 }

@@ -1,5 +1,5 @@
 // Package ops holds the operations commands that every service built on the
-// kit carries in its own binary: env, migrate, dlq list|replay|purge, inbox
+// kit carries in its own binary: env, version, migrate, dlq list|replay|purge, inbox
 // prune|status|parked|retry|skip|export and outbox status|parked|retry|skip. They
 // read the service's own configuration (the same variables and defaults as
 // the running service), so they find its database, queues and retention:
@@ -18,9 +18,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"reflect"
+	"runtime/debug"
 	"strings"
 	"time"
 
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/migrations"
@@ -34,6 +37,8 @@ const Usage = `commands:
   env                          print every variable the service reads, each
                                with its description and default, as a .env
                                file (NAME=default)
+  version                      print the kit's release and the module
+                               version the binary was built from
   migrate                      apply the service's schemas (the inbox and the
                                buffered inbox, then its own) to DATABASE_URL
                                and print their versions
@@ -156,6 +161,12 @@ func Command(ctx context.Context, opts service.Options, args []string, stdin io.
 			return usageErrorf("env: unexpected arguments %q", args[1:])
 		}
 		return env(opts, stdout)
+	case "version":
+		if len(args) > 1 {
+			return usageErrorf("version: unexpected arguments %q", args[1:])
+		}
+		_, err := fmt.Fprintln(stdout, version(opts.Name))
+		return err
 	case "migrate":
 		if len(args) > 1 {
 			return usageErrorf("migrate: unexpected arguments %q", args[1:])
@@ -186,6 +197,34 @@ func env(opts service.Options, stdout io.Writer) error {
 	}
 	_, err := io.WriteString(stdout, b.String())
 	return err
+}
+
+// kitModule is the kit's module path: this package's, without /ops (a copy
+// of the template renames the module, and this follows).
+var kitModule = strings.TrimSuffix(reflect.TypeFor[UsageError]().PkgPath(), "/ops")
+
+// version says which kit the binary holds: the release its source declares
+// (kit.Version) and the module version go build took it at, from the
+// binary's build information: "v0.2.0" after go get …/kit@v0.2.0, a local
+// directory where go.mod replaces the kit (the template's own services).
+func version(program string) string {
+	built := "unknown: no build information"
+	if info, ok := debug.ReadBuildInfo(); ok {
+		built = "not a dependency (the kit's own test binary)"
+		for _, m := range info.Deps {
+			if m.Path != kitModule {
+				continue
+			}
+			built = m.Version
+			if m.Replace != nil {
+				built = fmt.Sprintf("%s, replaced by %s", m.Version, m.Replace.Path)
+				if v := m.Replace.Version; v != "" && v != "(devel)" {
+					built += " " + v
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("%s: kit %s (module %s %s)", program, kit.Version, kitModule, built)
 }
 
 // parseFlags parses a subcommand's flags and allows no positional arguments.

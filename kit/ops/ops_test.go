@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/service"
@@ -80,7 +81,7 @@ func TestUsageErrorsPointToHelp(t *testing.T) {
 		NewHandler: func(k *service.Kit) (consumer.Handler, error) { return nil, nil }}
 	for _, args := range [][]string{
 		{"bogus"}, {"env", "x"}, {"migrate", "x"}, {"dlq"}, {"dlq", "peek"}, {"dlq", "list", "--bogus"},
-		{"dlq", "list", "extra"}, {"dlq", "replay"}, {"inbox"}, {"inbox", "vacuum"}, {"inbox", "retry"},
+		{"dlq", "list", "extra"}, {"version", "x"}, {"dlq", "replay"}, {"inbox"}, {"inbox", "vacuum"}, {"inbox", "retry"},
 		{"inbox", "skip"}, {"inbox", "export"}, {"outbox"}, {"outbox", "flush"}, {"outbox", "retry"}, {"outbox", "skip"},
 	} {
 		err := ops.Run(context.Background(), opts, args, nil, io.Discard)
@@ -100,5 +101,18 @@ func TestUsageErrorsPointToHelp(t *testing.T) {
 	if err := ops.Run(context.Background(), opts, []string{"help"}, nil, &out); err != nil ||
 		!strings.HasPrefix(out.String(), "usage: refund-service [command]\n") || strings.Contains(out.String(), "SERVICE") {
 		t.Errorf("help: %v\n%s", err, out.String())
+	}
+}
+
+// version names the kit's release; which module version the binary holds
+// depends on how it was built (internal/e2e checks a service built on the
+// kit at a version, before and after go get): the kit's own test binary
+// holds it as its main module.
+func TestVersionNamesTheKitsRelease(t *testing.T) {
+	var out strings.Builder
+	opts := service.Options{Name: "refund-service"}
+	if err := ops.Run(context.Background(), opts, []string{"version"}, nil, &out); err != nil ||
+		!strings.HasPrefix(out.String(), "refund-service: kit "+kit.Version+" (module github.com/inbox-template/payment-service/kit not a dependency") {
+		t.Errorf("version: %v\n%s", err, out.String())
 	}
 }

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"archive/zip"
+	"bytes"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A version is written once: the same tree again changes nothing, another
+// tree under the same version is refused, and the list keeps every version
+// in semantic order. The zip holds the module's files under module@version/,
+// without a nested module's.
+func TestServeWritesAVersionOnce(t *testing.T) {
+	kit := t.TempDir()
+	write(t, kit, "go.mod", "module example.com/kit\n\ngo 1.26\n")
+	write(t, kit, "kit.go", "package kit\n\nconst Version = \"v0.10.0\"\n")
+	write(t, kit, "nested/go.mod", "module example.com/kit/nested\n")
+	write(t, kit, "nested/x.go", "package nested\n")
+	out := t.TempDir()
+
+	if err := run([]string{"-kit", kit, "-out", out}); err != nil {
+		t.Fatalf("serving the declared version: %v", err)
+	}
+	if err := run([]string{"-kit", kit, "-out", out}); err != nil {
+		t.Errorf("serving the same tree again: %v, want nothing done", err)
+	}
+	if err := run([]string{"-kit", kit, "-version", "v0.9.0", "-out", out}); err != nil {
+		t.Fatalf("serving v0.9.0: %v", err)
+	}
+	write(t, kit, "kit.go", "package kit\n\nconst Version = \"v0.10.0\" // changed\n")
+	if err := run([]string{"-kit", kit, "-out", out}); err == nil || !strings.Contains(err.Error(), "already served") {
+		t.Errorf("serving other content as v0.10.0: %v, want a refusal", err)
+	}
+	for _, bad := range []string{"0.11.0", "v0.11", "v0.11.0+meta"} {
+		if err := run([]string{"-kit", kit, "-version", bad, "-out", out}); err == nil {
+			t.Errorf("-version %s accepted", bad)
+		}
+	}
+
+	vdir := filepath.Join(out, "example.com", "kit", "@v")
+	list, err := os.ReadFile(filepath.Join(vdir, "list"))
+	if err != nil || string(list) != "v0.9.0\nv0.10.0\n" {
+		t.Errorf("list = %q (%v), want v0.9.0 then v0.10.0", list, err)
+	}
+	b, err := os.ReadFile(filepath.Join(vdir, "v0.10.0.zip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := zip.NewReader(bytes.NewReader(b), int64(len(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, f := range zr.File {
+		names = append(names, f.Name)
+	}
+	if want := []string{"example.com/kit@v0.10.0/go.mod", "example.com/kit@v0.10.0/kit.go"}; !slices.Equal(names, want) {
+		t.Errorf("the zip holds %q, want %q", names, want)
+	}
+	if mod, err := os.ReadFile(filepath.Join(vdir, "v0.10.0.mod")); err != nil || !strings.HasPrefix(string(mod), "module example.com/kit\n") {
+		t.Errorf("v0.10.0.mod = %q (%v)", mod, err)
+	}
+}
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	p := filepath.Join(dir, filepath.FromSlash(name))
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
