@@ -18,7 +18,9 @@
 # exist or be empty. It changes nothing here. Next steps are printed at the end.
 #
 # With --service, it also writes a new service in the copy, consuming EVENT
-# from the topic exchange X with the binding key K: internal/<pkg>/ (the
+# from the topic exchange X with the binding key K, rendered from
+# scripts/template (a service of this repository, compiled and tested with
+# it; its README tells how the options select its lines): internal/<pkg>/ (the
 # handler with its contract spelled out and a TODO where the business logic
 # goes, the event and its decoder, Service(), a migration) and cmd/NAME/main.go,
 # where <pkg> is NAME without its -service suffix, and an end-to-end test
@@ -238,420 +240,82 @@ fi
 if [[ -n $svc ]]; then
   Event=$(camel "$event")
   table="${pkg}_records"
-  # The outside calls: guarded by default; --no-outside-calls declares none.
-  if ((no_outside_calls)); then
-    calls_contract="An outside call made here must be idempotent, with a key derived
-//     from the business entity (ev.Key), never from the message or a fresh
-//     one. This service was generated with --no-outside-calls: set
-//     NoOutsideCalls to false in Service before Handle calls out, or nothing
-//     keeps the retries within the callee's memory of the key."
-    calls_todo="// TODO: the business logic. No outside call here while Service
-	// declares NoOutsideCalls: true."
-    calls_option="// true (generated with --no-outside-calls): the handler calls
-		// nothing outside its database, so no idempotency key can expire:
-		// no key-expiry guard, no replay age limit, IDEMPOTENCY_KEY_TTL
-		// refused. Set it to false before Handle calls out, or a retry after
-		// the callee forgot the key repeats the side effect.
-		NoOutsideCalls: true,"
-  else
-    calls_contract="An outside call made here must be idempotent, with a key derived
-//     from the business entity (ev.Key), never from the message or a fresh
-//     one; the kit keeps the retries and dlq replay within
-//     IDEMPOTENCY_KEY_TTL (default 24h: set it to what the service you call
-//     promises), so that no retry comes after the callee forgot the key."
-    calls_todo="// TODO: the business logic. An outside call goes here, before the
-	// writes, with no transaction open."
-    calls_option="// false: the handler may call out, and the kit keeps its retries
-		// and dlq replay within IDEMPOTENCY_KEY_TTL, how long the services
-		// it calls remember an idempotency key (the key-expiry guard). true
-		// turns the guard off: only for a handler that calls nothing outside
-		// its database (scripts/new-project.sh --no-outside-calls).
-		NoOutsideCalls: false,"
-  fi
-  # The order: --ordered requires the buffered inbox, where a poison message
-  # is parked (a key of its own) rather than dead-lettered, and a single
-  # active consumer, without which two replicas may store one key's messages
-  # in either order.
-  if ((ordered)); then
-    mode_option="// --ordered: one key's events are processed in the order they
-		// were published (the Events' OrderingKey), so the service requires
-		// the buffered inbox (INBOX_MODE=buffered: each message is stored
-		// and acked at once, then processed from the table a key at a
-		// time) and a single active consumer (SINGLE_ACTIVE_CONSUMER: one
-		// replica consumes the queue at a time, so the replicas store one
-		// key's messages in the broker's order; the broker fixes it when it
-		// first declares the queue). A message that fails for good is
-		// parked and blocks its key until an operator acts ($svc inbox
-		// retry, skip or export); a body the decoder refuses is parked as
-		// a key of its own.
-		Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},"
-    poison_doc="the poison parked with its reason (a key of its own)"
-    wire_import=""
-    # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
-    poison_wait='records, parked := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"),
-			testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = '"'parked'"'")
-		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
-		if records != 20 || parked != 1 || processed < 20 || dups < 25 {
-			return false, fmt.Errorf("%d records, %d parked, %v processed, %v duplicates so far", records, parked, processed, dups)
-		}'
-    inbox_rows='26 {
-		t.Errorf("%d inbox rows, want 26 (one per message id, the poison'"'"'s too: stored, then parked)", n)'
-    poison_check='if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE message_id = '"'poison'"' AND park_reason = '"'malformed_json'"'"); n != 1 {
-		t.Errorf("%d poison messages parked with reason malformed_json, want 1", n)
-	}'
-  else
-    mode_option="// Unordered: the inline inbox (INBOX_MODE, inline by default)
-		// processes each message as its delivery waits. For one key's events
-		// in the order they were published, require the buffered inbox and
-		// a single active consumer:
-		// Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true}
-		// (scripts/new-project.sh --ordered)."
-    poison_doc="the poison in the dead-letter queue with its reason"
-    wire_import="
-	\"$kit/wire\""
-    # shellcheck disable=SC2016 # Go source, its $table and $svc replaced below
-    poison_wait='records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM $table"), testenv.QueueDepth(t, amqpURL, "$svc.$event.dlq")
-		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
-		if records != 20 || dead != 1 || processed < 20 || dups < 25 {
-			return false, fmt.Errorf("%d records, %d dead letters, %v processed, %v duplicates so far", records, dead, processed, dups)
-		}'
-    inbox_rows='25 {
-		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)'
-    # shellcheck disable=SC2016 # Go source
-    poison_check='testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
-		d, ok, err := ch.Get("$svc.$event.dlq", true)
-		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
-		}
-		return err
-	})'
-  fi
-  # The emission: --publishes X2 keeps k.Outbox and enqueues one event per
-  # record in the writes; the test counts them on a queue of its own.
-  if [[ -n $publishes ]]; then
-    emit_imports="
-	\"$kit/outbox\""
-    emit_field="
-	// outbox emits the service's events from the writes, in the inbox
-	// transaction: the relay publishes them once committed.
-	outbox *outbox.Outbox
-"
-    emit_writes="
-		// The event goes out with the record: enqueued in this
-		// transaction, published by the outbox relay after the commit,
-		// confirmed by the broker, one key's events in order, at least
-		// once (a consumer dedupes by its message id). An event no queue
-		// is bound for is refused by the broker, retried and then parked
-		// ($svc outbox parked, retry): bind the consumers' queues first,
-		// or set Optional for an announcement nobody need take yet.
-		body, err := json.Marshal(map[string]string{\"key\": ev.Key, \"message_id\": msg.ID})
-		if err != nil {
-			return \"\", err
-		}
-		if _, err := h.outbox.Enqueue(ctx, tx, outbox.Message{
-			Exchange: \"$publishes\", RoutingKey: \"$pkg.recorded\", Body: body, OrderingKey: ev.Key,
-		}); err != nil {
-			return \"\", err
-		}"
-    emit_option="
-		// The exchanges it emits to through k.Outbox (the relay declares
-		// them).
-		Publishes: []string{\"$publishes\"},"
-    emit_new="&Handler{outbox: k.Outbox}"
-    emit_doc=",
-// and one $pkg.recorded event on $publishes per record"
-    emit_bind="
-	// A queue of the test's own receives the service's events: an event
-	// no queue takes is refused by the broker (the relay retries it).
-	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
-		if err := ch.ExchangeDeclare(\"$publishes\", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
-			return err
-		}
-		if _, err := ch.QueueDeclare(\"recorded\", true, false, false, false, nil); err != nil {
-			return err
-		}
-		return ch.QueueBind(\"recorded\", \"$pkg.recorded\", \"$publishes\", false, nil)
-	})"
-    emit_test_imports="
-	\"encoding/json\""
-    emit_check="
-	// One event per record, at least once: the relay may publish one again
-	// (a lost confirm), with the same message id, so the test counts keys.
-	keys := map[string]bool{}
-	testenv.Eventually(t, time.Minute, \"an event for each of the 20 records\", func() (bool, error) {
-		testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
-			for {
-				d, ok, err := ch.Get(\"recorded\", true)
-				if err != nil || !ok {
-					return err
-				}
-				var e struct{ Key string }
-				if err := json.Unmarshal(d.Body, &e); err != nil {
-					return err
-				}
-				keys[e.Key] = true
-			}
-		})
-		if len(keys) < 20 {
-			return false, fmt.Errorf(\"events for %d keys so far\", len(keys))
-		}
-		return true, nil
-	})
-	if len(keys) != 20 {
-		t.Errorf(\"events for %d keys, want the 20 recorded\", len(keys))
-	}"
-  else
-    emit_imports="" emit_field="" emit_writes="" emit_option="" emit_new="&Handler{}" emit_doc="" emit_bind="" emit_check="" emit_test_imports=""
-  fi
-  poison_wait=${poison_wait//\$table/$table} poison_wait=${poison_wait//\$svc/$svc} poison_wait=${poison_wait//\$event/$event}
-  poison_check=${poison_check//\$svc/$svc} poison_check=${poison_check//\$event/$event}
-  mkdir -p "$dst/internal/$pkg/migrations" "$dst/cmd/$svc"
-
-  cat >"$dst/internal/$pkg/$pkg.go" <<EOF2
-// Package $pkg is $svc: it consumes $Event events from the $exchange
-// exchange (binding key $routing_key) and records each one exactly once.
-// Written by scripts/new-project.sh; the TODOs mark what is yours to write.
-// The template's docs/writing-a-service.md explains every part, and its
-// shipping example is a service with an outside call.
-package $pkg
-
-import (
-	"context"
-	"embed"
-	"encoding/json"
-	"log/slog"
-
-	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
-
-	"$kit/consumer"
-	"$kit/migrations"$emit_imports
-	"$kit/service"
-)
-
-// $Event is the event this service consumes. TODO: its fields, as the
-// producer sends them.
-type $Event struct {
-	EventID string \`json:"event_id"\`
-	// Key names the business entity the event is about (an order, an
-	// account): the unique key of the service's effect, and the ordering key
-	// of the buffered mode.
-	Key string \`json:"key"\`
-}
-
-// Record is one row of the $table table: the service's effect, one per key.
-type Record struct {
-	Key       string \`gorm:"primaryKey"\`
-	MessageID string
-}
-
-// TableName is the table the migration creates.
-func (Record) TableName() string { return "$table" }
-
-// The service's dead-letter (buffered: park) reasons, declared once: a word
-// not of the form of one stops the program as it starts.
-var (
-	ReasonMalformedJSON = consumer.NewReason("malformed_json")
-	ReasonMissingField  = consumer.NewReason("missing_field")
-)
-
-// Decode$Event decodes and validates a body. A body it refuses is
-// dead-lettered (the buffered inbox: parked, a key of its own) with the
-// reason given here, before any handler runs, and never retried: refuse here
-// what no retry can fix.
-func Decode$Event(body []byte) ($Event, error) {
-	var ev $Event
-	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, consumer.Permanent(ReasonMalformedJSON, err)
-	}
-	if ev.Key == "" {
-		return ev, consumer.Permanent(ReasonMissingField, nil)
-	}
-	return ev, nil
-}
-
-// Handler handles $Event events, on up to WORKERS goroutines at once. The
-// contract (the kit keeps its side of it):
-//   - Handle runs with no transaction open, at least once per message: a
-//     redelivery after a crash runs it again, and so may a second replica.
-//     $calls_contract
-//   - An error from Handle or from the writes is retried with backoff and
-//     then dead-lettered (the buffered mode: parked); one wrapped with
-//     consumer.Permanent is dead-lettered (parked) at once with its reason. A fault of
-//     the database is not the message's: it is put back without spending an
-//     attempt.
-//   - The writes run in the inbox transaction: everything through tx commits
-//     together with the message's inbox row, or nothing does. They may run
-//     again (a rolled-back batch is retried) or not at all (the inbox row
-//     exists: a duplicate), so they touch nothing but tx.
-//   - The writes return the outcome: OutcomeProcessed, or OutcomeDuplicate
-//     when the effect was already there (the same key under another message
-//     id); an empty outcome is refused. Nothing to write: consumer.NoWrites.
-//   - One message id, one body: a message whose id was seen with other bytes
-//     (a producer that re-serialized it) is dead-lettered payload_mismatch.
-type Handler struct{$emit_field}
-
-// Handle takes the event Service's Events made of the body (decoded once,
-// before the handler runs) and returns its writes.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev $Event) (consumer.Writes, error) {
-	$calls_todo
-	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
-		res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&Record{Key: ev.Key, MessageID: msg.ID})
-		switch {
-		case res.Error != nil:
-			return "", res.Error
-		case res.RowsAffected == 0: // the same key under another message id
-			return consumer.OutcomeDuplicate, nil
-		}$emit_writes
-		return consumer.OutcomeProcessed, nil
-	}, nil
-}
-
-//go:embed migrations/*.sql
-var migrationFiles embed.FS
-
-// Service describes $svc to the kit. Its queues are derived:
-// $svc.$event, $svc.dlx, $svc.$event.dlq and the retry queues.
-func Service() service.Options {
-	return service.Consume(service.Options{
-		Name:       "$svc",
-		Event:      "$event",
-		Exchange:   "$exchange",
-		RoutingKey: "$routing_key",
-		Migrations: []migrations.Set{migrations.NewSet("$svc", migrations.Must(migrationFiles, "migrations"))},
-		LogAttrs: func(body []byte) []slog.Attr {
-			var ev $Event
-			if json.Unmarshal(body, &ev) != nil {
-				return nil
-			}
-			return []slog.Attr{slog.String("key", ev.Key)}
-		},
-		$calls_option
-		$mode_option$emit_option
-	},
-		// Each body is decoded once, before the handler runs; a body without
-		// a message_id property is deduped by its event_id. The handler is
-		// typed to the same event: one of another does not compile.
-		consumer.Events[$Event]{
-			Decode:      Decode$Event,
-			ID:          func(e $Event) string { return e.EventID },
-			OrderingKey: func(e $Event) string { return e.Key },
-		},
-		// k holds what a handler may keep: k.Reader for reads outside the
-		// transaction, k.Outbox to emit events from the writes (with
-		// Options.Publishes naming their exchanges), k.Config, k.Tracer.
-		func(k *service.Kit) (consumer.HandlerOf[$Event], error) { return $emit_new, nil })
-}
-EOF2
-
-  cat >"$dst/internal/$pkg/migrations/00001_$table.sql" <<EOF2
--- +goose Up
--- $table holds one row per key: the unique key makes the same entity under
--- another message id a duplicate. TODO: the service's own columns.
-CREATE TABLE $table (
-    key        text        PRIMARY KEY,
-    message_id text        NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now()
-);
-
--- +goose Down
-DROP TABLE $table;
-EOF2
-
-  cat >"$dst/cmd/$svc/main.go" <<EOF2
-// Command $svc runs the $pkg service (internal/$pkg) on the kit: the
-// consumer, and its operations commands (dlq, inbox; $svc help).
-package main
-
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
-	app "$module/internal/$pkg"
-	"$kit/ops"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := ops.Run(ctx, app.Service(), os.Args[1:], os.Stdin, os.Stdout)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "$svc:", err)
-		os.Exit(1)
-	}
-}
-EOF2
-
-  cat >"$dst/internal/$pkg/${pkg}_test.go" <<EOF2
-package ${pkg}_test
-
-import ($emit_test_imports
-	"fmt"
-	"os"
-	"testing"
-	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"$kit/testenv"$wire_import
-)
-
-// service is cmd/$svc, built once and run as a process by each test, against
-// the real RabbitMQ and PostgreSQL (testenv: a vhost and a database per test).
-var service = testenv.NewProgram("../../cmd/$svc")
-
-func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
-
-func event(id, key string) amqp.Publishing {
-	return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, \`{"event_id":%q,"key":%q}\`, id, key)}
-}
-
-// Duplicates (the same message id), the same key under a new message id and a
-// poison message: one record per key, $poison_doc$emit_doc.
-func TestRecordsEachKeyOnce(t *testing.T) {
-	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
-	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
-	var msgs []amqp.Publishing
-	for i := range 20 {
-		key := fmt.Sprintf("k-%d", i)
-		msgs = append(msgs, event("m-"+key, key), event("m-"+key, key)) // a producer's duplicate
-		if i < 5 {
-			msgs = append(msgs, event("again-"+key, key)) // the same key, a new message id
-		}
-	}
-	msgs = append(msgs, amqp.Publishing{MessageId: "poison", Body: []byte(\`{"key":\`)})$emit_bind
-	testenv.Publish(t, amqpURL, "$exchange", "$routing_key", msgs...)
-
-	// Every message settled: the records and the poison, and the
-	// duplicates counted (they write nothing: the records can be all there
-	// while the last duplicates are still in a worker).
-	testenv.Eventually(t, time.Minute, "20 records, the poison settled and 25 duplicates counted", func() (bool, error) {
-		$poison_wait
-		return true, nil
-	})
-	// 20 processed; 25 duplicates: 20 with the same message id, 5 of the
-	// same key under a new one.
-	for outcome, want := range map[string]float64{"processed": 20, "duplicate": 25} {
-		if n := p.Metric(t, "consumer_messages_total", "outcome", outcome); n != want {
-			t.Errorf("consumer_messages_total{outcome=%q} = %v, want %v", outcome, n, want)
-		}
-	}
-	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = '$svc'"); n != $inbox_rows
-	}
-	$poison_check$emit_check
-}
-EOF2
+  # The service is scripts/template's, a real service in this repository
+  # (compiled, vetted and tested with it: widget-service, its package
+  # widget, its event widget-ordered), rendered for this one: each option's
+  # blocks kept or dropped, then every name of the template's replaced by
+  # the new service's.
+  #   // gen:if OPTION, // gen:if !OPTION, // gen:else, // gen:end
+  #       bracket the lines of one choice (OPTION: ordered, publishes,
+  #       outside-calls); not nested;
+  #   // gen> LINE
+  #       a line of the choice the template itself does not make, kept as a
+  #       comment there: the generator takes it out of the comment.
+  # The replacements are made in one pass, so a name given here that holds
+  # one of the template's (an event named widget-x) is not replaced again.
+  render() { # render FILE: the rendered FILE on stdout
+    awk -v ordered="$ordered" -v publishes="$([[ -n $publishes ]] && echo 1 || echo 0)" \
+      -v outside="$((!no_outside_calls))" -v file="$1" '
+      function fail(msg) { printf "%s:%d: %s\n", file, FNR, msg > "/dev/stderr"; failed = 1; exit 1 }
+      function chosen(name, neg) {
+        neg = sub(/^!/, "", name)
+        if (name == "ordered") v = ordered
+        else if (name == "publishes") v = publishes
+        else if (name == "outside-calls") v = outside
+        else fail("unknown option " name)
+        return neg ? !v : v
+      }
+      BEGIN { keep = 1 }
+      /^[ \t]*\/\/[ \t]*gen:if [!a-z-]+$/ { if (open) fail("gen:if inside a block"); open = 1; keep = chosen($NF); next }
+      /^[ \t]*\/\/[ \t]*gen:else$/ { if (!open) fail("gen:else outside a block"); keep = !keep; next }
+      /^[ \t]*\/\/[ \t]*gen:end$/ { if (!open) fail("gen:end outside a block"); open = 0; keep = 1; next }
+      /gen:(if|else|end)/ { fail("a gen: line not of the forms above") }
+      !keep { next }
+      match($0, /^[ \t]*\/\/ gen> /) {
+        if (!open) fail("gen> outside a block")
+        $0 = substr($0, 1, RLENGTH - 8) substr($0, RLENGTH + 1)
+      }
+      { print }
+      END { if (!failed && open) fail("a block not ended") }' "$1" |
+      GEN_FROM="$old_module/scripts/template/internal/widget
+$old_module/kit
+widget-service
+widget-ordered
+WidgetOrdered
+widget_records
+widget.ordered
+widget-events
+widgets
+widget" GEN_TO="$module/internal/$pkg
+$kit
+$svc
+$event
+$Event
+$table
+$routing_key
+$publishes
+$exchange
+$pkg" perl -pe '
+        BEGIN { my @from = split /\n/, $ENV{GEN_FROM}; my @to = split /\n/, $ENV{GEN_TO}, -1;
+          @map{@from} = @to; $re = join "|", map { quotemeta } @from }
+        s/($re)/$map{$1}/g'
+  }
+  template=$src/scripts/template
+  while IFS= read -r -d '' f; do
+    rel=${f#"$template"/}
+    out=${rel//widget-service/$svc}
+    out=${out//widget_records/$table}
+    out=${out//widget/$pkg}
+    mkdir -p "$(dirname "$dst/$out")"
+    render "$f" >"$dst/$out" || { echo "$0: cannot render $rel" >&2; exit 1; }
+  done < <(find "$template/internal" "$template/cmd" -type f -print0)
   # The imports' order depends on the names: gofmt sorts them.
   if command -v gofmt >/dev/null; then gofmt -w "$dst/internal/$pkg" "$dst/cmd/$svc"; fi
 fi
 
 # ---------------------------------------------------------------- --bare
 
-# fill FILE...: replaces the placeholders of the --bare files (written from
-# quoted here-documents: nothing in them is expanded by the shell).
+# fill FILE...: replaces the placeholders of the --bare files.
 fill() {
   sed -i -e "s#@SVC@#$svc#g" -e "s#@PKG@#$pkg#g" -e "s#@EVENT@#$event#g" -e "s#@EVENTTYPE@#$Event#g" \
     -e "s#@EXCHANGE@#$exchange#g" -e "s#@ROUTING_KEY@#$routing_key#g" -e "s#@NAME@#$name#g" \
@@ -668,251 +332,16 @@ if ((bare)); then
   printf 'module %s\n\ngo %s\n\nrequire %s %s\n' "$module" "$go_version" "$kit_module" "$kit_version" >"$dst/go.mod"
   cp "$src/go.sum" "$dst/go.sum"
 
-  cat >"$dst/README.md" <<'EOF2'
-# @SVC@
-
-A RabbitMQ consumer on the inbox kit: it consumes @EVENTTYPE@ events
-from the `@EXCHANGE@` exchange (binding key `@ROUTING_KEY@`) with manual acks, and
-applies each message's effect exactly once: its writes commit in one PostgreSQL
-transaction with the message's inbox row, so a redelivery is found there and
-suppressed; a message that cannot be processed goes to the dead-letter queue
-`@SVC@.@EVENT@.dlq` with its reason (with the buffered inbox, `INBOX_MODE=buffered`:
-it is parked in `inbox_messages`; `@SVC@ inbox parked` lists them).
-
-- `internal/@PKG@/`: the service: the event and its decoder, the handler (its
-  contract is its doc comment), `Service()`, the migration;
-- `cmd/@SVC@/`: its main, which also carries the operations commands
-  (`@SVC@ help`: `env`, `version`, `migrate`, `dlq`, `inbox`, `outbox`, `healthcheck`);
-- the kit is a library, `@KIT@` at the version `go.mod` requires
-  (`@SVC@ version` prints it): configuration, the consumer runtime (inline and
-  buffered modes), the inbox, the outbox, retries and dead letters, metrics,
-  health, shutdown. None of its source is here.
-
-## Run it
-
-Needs Go, PostgreSQL on `127.0.0.1:5432` (user `postgres`, trust auth) and RabbitMQ
-on `127.0.0.1:5672` (`guest`/`guest`, with `rabbitmqctl`).
-
-```sh
-createdb -h 127.0.0.1 -U postgres @DB@
-go run ./cmd/@SVC@            # every variable and its default: go run ./cmd/@SVC@ env
-```
-
-Or the whole stack, with Docker Compose: `docker compose up --build --wait`
-(RabbitMQ, PostgreSQL and the service; `docker compose down -v` removes it).
-
-## Test it
-
-```sh
-make test
-```
-
-gofmt, go vet, then every test with the race detector against the local broker and
-database (each test makes its own vhost and database). CI runs `.ci/run`, which
-starts both servers if they are down and then runs the same.
-
-## Take a kit upgrade
-
-```sh
-go get @KIT@@v0.2.0 && go mod tidy
-make test
-```
-
-The kit's release notes say what changed; `@SVC@ version` then prints the new
-version. The go command fetches the kit through `GOPROXY` like any module. Where
-it is not published (a fork, a network without the internet), serve it from a
-module proxy of your own (the template's `scripts/kitproxy` writes a file-based
-one from a checkout of the kit: `GOPROXY=file:///srv/goproxy,https://proxy.golang.org`
-and `GONOSUMDB=@KIT@`). The kit comes from the module cache once fetched.
-
-A team that must vendor runs `go mod vendor` after each upgrade and commits
-`vendor/`: the go command and the Dockerfile then build from it, with no proxy.
-EOF2
-
-  cat >"$dst/Makefile" <<'EOF2'
-# The test command CI runs is `make test`. It needs PostgreSQL on 127.0.0.1:5432
-# (trust auth, user postgres) and RabbitMQ on 127.0.0.1:5672 (guest/guest) with
-# rabbitmqctl on PATH: the tests create their own databases and vhosts.
-GO  ?= go
-BIN ?= bin
-.PHONY: all build test check fmt vet clean
-all: check build
-
-build:
-	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
-
-test: check
-	$(GO) test -race -count=1 -timeout 40m ./...
-
-check: fmt vet
-
-fmt:
-	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-
-vet:
-	$(GO) vet ./...
-
-clean:
-	rm -rf $(BIN)
-EOF2
-
-  cat >"$dst/.ci/run" <<'EOF2'
-#!/usr/bin/env bash
-# CI entry point: make sure PostgreSQL and RabbitMQ are up, then run the
-# README's test command. The tests create (and drop) their own databases and
-# vhosts, named <prefix>_<run>_…: at the end this run removes what it left.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export CI=true
-
-if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
-  version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf "%f\n" | sort -n | tail -n1)
-  pg_ctlcluster --skip-systemctl-redirect "$version" main start
-  for _ in $(seq 60); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done
-fi
-if ! rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; then
-  rabbitmq-server -detached || true
-  rabbitmqctl -q await_startup --timeout 120
-fi
-
-TEST_RUN_ID="ci$(date +%s)$$"
-export TEST_RUN_ID
-[[ ${TEST_NAME_PREFIX:-t} =~ ^[a-z][a-z0-9]{0,11}$ ]] || {
-  echo "TEST_NAME_PREFIX='${TEST_NAME_PREFIX}': want a lowercase letter, then up to 11 lowercase letters and digits" >&2
-  exit 2
-}
-cleanup_run() {
-  for vh in $(rabbitmqctl -q list_vhosts name | grep "^${TEST_NAME_PREFIX:-t}_${TEST_RUN_ID}_" || true); do rabbitmqctl -q delete_vhost "$vh" || true; done
-  for db in $(psql -h 127.0.0.1 -U postgres -d postgres -Atqc "select datname from pg_database where datname like '${TEST_NAME_PREFIX:-t}\_${TEST_RUN_ID}\_%'"); do
-    psql -h 127.0.0.1 -U postgres -d postgres -qc "drop database if exists \"$db\" with (force)" || true
-  done
-}
-trap cleanup_run EXIT
-
-make test
-EOF2
+  # The project's own files: scripts/template/bare, each FILE.tmpl with its
+  # placeholders (@SVC@, …) filled.
+  while IFS= read -r -d '' f; do
+    rel=${f#"$src/scripts/template/bare/"}
+    rel=${rel%.tmpl}
+    mkdir -p "$(dirname "$dst/$rel")"
+    cp "$f" "$dst/$rel"
+    fill "$dst/$rel"
+  done < <(find "$src/scripts/template/bare" -type f -name '*.tmpl' -print0)
   chmod +x "$dst/.ci/run"
-
-  cat >"$dst/Dockerfile" <<'EOF2'
-# The service's image: a static binary on distroless static.
-#   docker build -t @NAME@/@SVC@:dev .
-# It needs BuildKit (the cache mounts); Docker Compose builds with it. The
-# modules come from vendor/ when it is there (go mod vendor), and otherwise
-# through GOPROXY, which the kit must be served from: a build argument, with
-# GONOSUMDB for a kit that is not published.
-ARG GO_VERSION=@GO_VERSION@
-
-FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
-ARG GOPROXY=https://proxy.golang.org,direct
-ARG GONOSUMDB=
-WORKDIR /src
-COPY . .
-ARG TARGETOS TARGETARCH
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
-    go build -trimpath -ldflags="-s -w" -o /out/ ./cmd/@SVC@
-
-FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/@SVC@ /usr/local/bin/
-USER nonroot:nonroot
-# /healthz, /readyz and /metrics.
-EXPOSE 8080
-ENTRYPOINT ["/usr/local/bin/@SVC@"]
-EOF2
-
-  cat >"$dst/.dockerignore" <<'EOF2'
-# The image is built from go.mod, go.sum, cmd/, internal/ and vendor/ only.
-*
-!go.mod
-!go.sum
-!cmd/
-!internal/
-!vendor/
-**/*_test.go
-**/testdata/
-EOF2
-
-  cat >"$dst/deploy/postgres/init-databases.sql" <<'EOF2'
--- Run by the postgres image's entrypoint once, when the data volume is empty.
--- @SVC@ creates its tables itself at start.
-CREATE DATABASE @DB@;
-EOF2
-
-  cat >"$dst/docker-compose.yml" <<'EOF2'
-# RabbitMQ, PostgreSQL and @SVC@.
-#   docker compose up --build --wait
-#   docker compose down -v
-name: @NAME@
-
-services:
-  rabbitmq:
-    image: rabbitmq:4.1-management
-    hostname: rabbitmq
-    restart: unless-stopped
-    ports:
-      - "127.0.0.1:${RABBITMQ_HOST_PORT:-5672}:5672"
-      - "127.0.0.1:${RABBITMQ_UI_HOST_PORT:-15672}:15672"
-    volumes:
-      - rabbitmq-data:/var/lib/rabbitmq
-      - ./deploy/rabbitmq/20-max-message-size.conf:/etc/rabbitmq/conf.d/20-max-message-size.conf:ro
-    healthcheck:
-      test: ["CMD", "rabbitmq-diagnostics", "-q", "ping"]
-      interval: 5s
-      timeout: 30s
-      retries: 5
-      start_period: 60s
-
-  postgres:
-    image: postgres:17
-    restart: unless-stopped
-    environment:
-      POSTGRES_USER: postgres
-      POSTGRES_PASSWORD: postgres
-    ports:
-      - "127.0.0.1:${POSTGRES_HOST_PORT:-5432}:5432"
-    volumes:
-      - postgres-data:/var/lib/postgresql/data
-      - ./deploy/postgres/init-databases.sql:/docker-entrypoint-initdb.d/10-databases.sql:ro
-    healthcheck:
-      test: ["CMD", "pg_isready", "-h", "127.0.0.1", "-U", "postgres", "-d", "@DB@"]
-      interval: 2s
-      timeout: 5s
-      retries: 5
-      start_period: 120s
-
-  @SVC@:
-    image: @NAME@/@SVC@:dev
-    build:
-      context: .
-    restart: unless-stopped
-    environment:
-      AMQP_URL: amqp://guest:guest@rabbitmq:5672/
-      DATABASE_URL: postgres://postgres:postgres@postgres:5432/@DB@?sslmode=disable
-      HTTP_ADDR: ":8080"
-      LOG_LEVEL: ${LOG_LEVEL:-info}
-    ports:
-      - target: 8080
-        host_ip: 127.0.0.1
-    depends_on:
-      rabbitmq:
-        condition: service_healthy
-      postgres:
-        condition: service_healthy
-    healthcheck:
-      test: ["CMD", "/usr/local/bin/@SVC@", "healthcheck"]
-      interval: 2s
-      timeout: 5s
-      retries: 3
-      start_period: 120s
-    stop_grace_period: 30s
-
-volumes:
-  rabbitmq-data:
-  postgres-data:
-EOF2
-  fill "$dst/README.md" "$dst/Dockerfile" "$dst/deploy/postgres/init-databases.sql" "$dst/docker-compose.yml"
 
   if command -v go >/dev/null; then
     # --kit-proxy: this checkout's kit, served at its version from a

@@ -125,6 +125,40 @@ func firstLine(s string) string {
 	return line
 }
 
+// Every choice of the generator's options makes a service that vets, its
+// test included: the template (scripts/template) is itself ordered,
+// publishing and calling out, and the other two tests run one more choice
+// each; here each of the eight is rendered and vetted.
+func TestNewProjectScriptEveryChoiceVets(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{false, true} {
+		for _, publishes := range []bool{false, true} {
+			for _, noCalls := range []bool{false, true} {
+				args := []string{"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested"}
+				if ordered {
+					args = append(args, "--ordered")
+				}
+				if publishes {
+					args = append(args, "--publishes", "refunds")
+				}
+				if noCalls {
+					args = append(args, "--no-outside-calls")
+				}
+				// The module path of TestNewProjectScript's copy: the kit's
+				// packages built for one are in the build cache for the other.
+				dir := filepath.Join(t.TempDir(), "shipping-service")
+				mustRun(t, "../..", "bash", append([]string{"scripts/new-project.sh", "example.com/acme/shipping-service", dir}, args...)...)
+				if out, err := commandOutput(t, dir, nil, "go", "vet", "./internal/refund", "./cmd/refund-service"); err != nil {
+					t.Errorf("new-project.sh %s: go vet: %v\n%s", strings.Join(args[8:], " "), err, out)
+				}
+				if out, err := exec.Command("grep", "-rn", "gen:\\|gen>\\|widget", filepath.Join(dir, "internal/refund"), filepath.Join(dir, "cmd/refund-service")).Output(); err == nil {
+					t.Errorf("new-project.sh %s: the template's marks or names are left:\n%s", strings.Join(args[8:], " "), out)
+				}
+			}
+		}
+	}
+}
+
 // The generator refuses what would not make a service, naming the flag.
 func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 	t.Parallel()
