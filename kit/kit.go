@@ -1,7 +1,33 @@
-// Package kit is the inbox kit: the runtime every RabbitMQ consumer on it
-// keeps (kit/consumer, kit/service, kit/outbox, kit/ops and the rest). It is
-// a Go module of its own, released on its own: a service requires it at a
-// version and takes an upgrade with
+// Package kit is the inbox kit's API for a service's author: what a
+// RabbitMQ consumer on the kit is written with, in one package. A service is
+// a handler typed to its event, a description of the service and its main:
+//
+//	var ReasonMalformed = kit.NewReason("malformed_json")
+//
+//	type Handler struct{}
+//
+//	func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev RefundRequested) (kit.Writes, error) {
+//		return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
+//			// the service's writes, in the inbox transaction
+//			return kit.OutcomeProcessed, nil
+//		}, nil
+//	}
+//
+//	func Service() kit.Service {
+//		return kit.Consume(kit.Service{Name: "refund-service", Event: "refund-requested", …},
+//			kit.Events[RefundRequested]{Decode: DecodeRefundRequested, …},
+//			func(d *kit.Deps) (kit.Handler[RefundRequested], error) { return &Handler{}, nil })
+//	}
+//
+//	func main() { … kit.Run(ctx, refund.Service(), os.Args[1:], os.Stdin, os.Stdout) … }
+//
+// The kit does the rest: configuration, the database and migrations, the
+// consumer runtime (inline or buffered inbox), retries and dead letters, the
+// outbox and its relay, metrics, health, traces and the shutdown order. Its
+// packages below this one (consumer, service, outbox, …) are its machinery.
+//
+// The kit is a Go module of its own, released on its own: a service requires
+// it at a version and takes an upgrade with
 //
 //	go get github.com/inbox-template/payment-service/kit@v0.2.0
 //
@@ -9,9 +35,9 @@
 // proxy for a kit that is not published, vendoring).
 package kit
 
-// Version is this kit's release, as its tag names it (kit/v0.1.0 in the
-// template's repository): what scripts/new-project.sh --bare requires and
-// scripts/kitproxy serves by default. A release changes it with the tag; a
-// service's `version` command prints it beside the module version it was
-// built from.
-const Version = "v0.1.0"
+import "github.com/inbox-template/payment-service/kit/internal/release"
+
+// Version is this kit's release, as its tag names it (kit/v0.1.0): a
+// service's `version` command prints it beside the module version the
+// binary was built from.
+const Version = release.Version

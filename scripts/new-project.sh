@@ -57,7 +57,7 @@
 # a library: no copy of the kit, the payment service, the demo, the examples,
 # the bench or the fault scripts. Its go.mod requires the kit's module (under
 # its own path, not renamed) at a version: --kit-version V, by default the
-# Version this checkout's kit/kit.go declares; a kit upgrade is then
+# Version this checkout's kit declares (kit.Version); a kit upgrade is then
 # `go get <kit module>@V2` (docs/upgrading.md). The go command must find the
 # kit at that version: published, or served from a module proxy of your own.
 # --kit-proxy DIR serves this checkout's kit into DIR (a file-based module
@@ -74,7 +74,7 @@ old_project=$(awk '$1 == "name:" { print $2; exit }' "$here/docker-compose.yml")
 old_prefix=$(grep -m1 -oE '^ +image: [a-z0-9._-]+/[a-z0-9._-]+:dev$' "$here/docker-compose.yml" | sed -E 's#^ +image: ([^/]+)/.*#\1#')
 # The kit: its module path and the release this checkout holds.
 kit_module=$(awk '$1 == "module" { print $2; exit }' "$here/kit/go.mod")
-kit_release=$(sed -nE 's/^const Version = "([^"]+)"$/\1/p' "$here/kit/kit.go")
+kit_release=$(sed -nE 's/^const Version = "([^"]+)"$/\1/p' "$here/kit/internal/release/release.go")
 [[ -n $old_module && -n $old_project && -n $old_prefix && -n $kit_module && -n $kit_release ]] ||
   { echo "$0: cannot read the module path, the Compose project, the image prefix or the kit's module and Version of $here" >&2; exit 1; }
 
@@ -132,7 +132,7 @@ if [[ -n $kit_version && ! $kit_version =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.
   exit 2
 fi
 if [[ -n $kit_proxy && -n $kit_version && $kit_version != "$kit_release" ]]; then
-  echo "$0: --kit-proxy serves this checkout's kit, which is $kit_release (kit/kit.go), not --kit-version $kit_version" >&2
+  echo "$0: --kit-proxy serves this checkout's kit, which is $kit_release (kit/internal/release/release.go), not --kit-version $kit_version" >&2
   exit 2
 fi
 kit_version=${kit_version:-$kit_release}

@@ -17,12 +17,12 @@ import (
 	"syscall"
 
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := ops.Run(ctx, payment.Service(), os.Args[1:], os.Stdin, os.Stdout)
+	err := kit.Run(ctx, payment.Service(), os.Args[1:], os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "payment-service:", err)

@@ -10,12 +10,12 @@ import (
 	"syscall"
 
 	"github.com/inbox-template/payment-service/examples/shipping"
-	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := ops.Run(ctx, shipping.Service(), os.Args[1:], os.Stdin, os.Stdout)
+	err := kit.Run(ctx, shipping.Service(), os.Args[1:], os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "shipping-service:", err)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // Pickup asks the carrier to collect one order's parcel. Key is the
@@ -60,7 +60,7 @@ func (c *Carrier) Book(ctx context.Context, p Pickup) (string, error) {
 		err := fmt.Errorf("book pickup of order %s: carrier answered %d: %.200s", p.OrderID, resp.StatusCode, raw)
 		if resp.StatusCode/100 == 4 && resp.StatusCode != http.StatusRequestTimeout &&
 			resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusTooManyRequests {
-			return "", consumer.Permanent(ReasonCarrierRejected, err)
+			return "", kit.Permanent(ReasonCarrierRejected, err)
 		}
 		return "", err
 	}

@@ -1,7 +1,7 @@
 // Package shipping is the example consumer of docs/writing-a-service.md: it
 // books a carrier pickup for each OrderPaid event and records the shipment,
 // exactly once. It is a handler, an event, a carrier client and a migration;
-// the kit (kit/service) does the rest.
+// the kit (the root package kit) does the rest.
 package shipping
 
 import (
@@ -13,11 +13,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
-	"github.com/inbox-template/payment-service/kit/faults"
-	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/service"
-	"github.com/inbox-template/payment-service/kit/tracing"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // OrderPaid is the event this service consumes.
@@ -37,9 +33,9 @@ type Shipment struct {
 // The service's dead-letter reasons, declared once: a word not of the form of
 // one stops the program as it starts.
 var (
-	ReasonMalformedJSON   = consumer.NewReason("malformed_json")
-	ReasonMissingField    = consumer.NewReason("missing_field")
-	ReasonCarrierRejected = consumer.NewReason("carrier_rejected")
+	ReasonMalformedJSON   = kit.NewReason("malformed_json")
+	ReasonMissingField    = kit.NewReason("missing_field")
+	ReasonCarrierRejected = kit.NewReason("carrier_rejected")
 )
 
 // DecodeOrderPaid decodes and validates a body; a refused one is
@@ -47,10 +43,10 @@ var (
 func DecodeOrderPaid(body []byte) (OrderPaid, error) {
 	var ev OrderPaid
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, consumer.Permanent(ReasonMalformedJSON, err)
+		return ev, kit.Permanent(ReasonMalformedJSON, err)
 	}
 	if ev.OrderID == "" || ev.Address == "" {
-		return ev, consumer.Permanent(ReasonMissingField, nil)
+		return ev, kit.Permanent(ReasonMissingField, nil)
 	}
 	return ev, nil
 }
@@ -63,22 +59,22 @@ type Handler struct {
 // Handle books the pickup of the paid order (the event, decoded once by
 // Service's Events) with no transaction open, then returns the shipment
 // insert for the runtime to commit with the inbox row.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev OrderPaid) (consumer.Writes, error) {
+func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev OrderPaid) (kit.Writes, error) {
 	// The idempotency key is the order's: a redelivery books the same pickup.
 	pickupID, err := h.book(ctx, Pickup{Key: "pickup:" + ev.OrderID, OrderID: ev.OrderID, Address: ev.Address})
 	if err != nil {
 		return nil, err // retried with backoff, then dead-lettered
 	}
-	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
 		res := tx.Clauses(clause.OnConflict{DoNothing: true}).
 			Create(&Shipment{OrderID: ev.OrderID, MessageID: msg.ID, PickupID: pickupID})
 		switch {
 		case res.Error != nil:
 			return "", res.Error
 		case res.RowsAffected == 0: // the same order under another message id
-			return consumer.OutcomeDuplicate, nil
+			return kit.OutcomeDuplicate, nil
 		}
-		return consumer.OutcomeProcessed, nil
+		return kit.OutcomeProcessed, nil
 	}, nil
 }
 
@@ -97,31 +93,31 @@ var migrationFiles embed.FS
 
 // Service describes the shipping service to the kit. Its queues are derived:
 // shipping-service.order-paid, shipping-service.dlx, ….
-func Service() service.Options {
-	return service.ConsumeWithSettings(service.Options{
+func Service() kit.Service {
+	return kit.ConsumeWithSettings(kit.Service{
 		Name:       "shipping-service",
 		Event:      "order-paid",
 		Exchange:   "payments",
 		RoutingKey: "order.paid",
-		Migrations: []migrations.Set{migrations.NewSet("shipping", migrations.Must(migrationFiles, "migrations"))},
-		LogAttrs:   service.JSONAttrs("order_id"),
+		Migrations: []kit.MigrationSet{kit.Migrations("shipping", migrationFiles, "migrations")},
+		LogAttrs:   kit.JSONAttrs("order_id"),
 	},
 		// Each body is decoded once; in the buffered mode, one order's
 		// events are processed in order. The handler is typed to the same
 		// event: one of another would not compile.
-		consumer.Events[OrderPaid]{
+		kit.Events[OrderPaid]{
 			Decode:      DecodeOrderPaid,
 			OrderingKey: func(e OrderPaid) string { return e.OrderID },
 		},
-		func(k *service.Kit, s *Settings) (consumer.HandlerOf[OrderPaid], error) {
-			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, k.Config.Workers)
-			book := tracing.Call(k.Tracer, "carrier book", carrier.Book) // a span under the message's
-			return &Handler{book: faults.After(k.Crasher, "after-carrier-book", book)}, nil
+		func(d *kit.Deps, s *Settings) (kit.Handler[OrderPaid], error) {
+			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, d.Config.Workers)
+			// A span under the message's, and the crash point right after it.
+			return &Handler{book: kit.OutsideCall(d, "carrier book", "after-carrier-book", carrier.Book)}, nil
 		})
 }
 
 // Check validates the settings against the kit's configuration.
-func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
+func (s *Settings) Check(cfg *kit.Config, v *kit.Checks) {
 	v.URL("CARRIER_URL", s.CarrierURL, "http", "https")
 	v.Require(s.CarrierTimeout > 0 && s.CarrierTimeout < cfg.HandlerTimeout, "CARRIER_TIMEOUT",
 		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.CarrierTimeout)

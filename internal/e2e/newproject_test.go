@@ -223,7 +223,7 @@ func TestNewProjectScriptBare(t *testing.T) {
 	// --ordered: the service requires the buffered inbox, and its test (run
 	// below) expects the poison parked, not dead-lettered.
 	if b, err := os.ReadFile(filepath.Join(dir, "internal/refund/refund.go")); err != nil ||
-		!strings.Contains(string(b), "Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},") {
+		!strings.Contains(string(b), "Requires: kit.Requirements{Mode: kit.ModeBuffered, SingleActiveConsumer: true},") {
 		t.Errorf("the service generated --ordered does not require the buffered inbox and a single active consumer (%v)", err)
 	}
 	checkRequiresKit(t, dir, kitModule, kit.Version)
@@ -278,14 +278,14 @@ func TestNewProjectScriptBare(t *testing.T) {
 	next := nextMinor(t, kit.Version)
 	release := filepath.Join(t.TempDir(), "kit")
 	mustRun(t, "../..", "cp", "-r", "kit", release)
-	kitGo := filepath.Join(release, "kit.go")
+	kitGo := filepath.Join(release, "internal", "release", "release.go")
 	src, err := os.ReadFile(kitGo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	bumped := strings.Replace(string(src), fmt.Sprintf("const Version = %q", kit.Version), fmt.Sprintf("const Version = %q", next), 1)
 	if bumped == string(src) {
-		t.Fatalf("kit/kit.go does not declare const Version = %q", kit.Version)
+		t.Fatalf("kit/internal/release/release.go does not declare const Version = %q", kit.Version)
 	}
 	if err := os.WriteFile(kitGo, []byte(bumped), 0o644); err != nil {
 		t.Fatal(err)
@@ -301,7 +301,7 @@ func TestNewProjectScriptBare(t *testing.T) {
 	// A team that must vendor: go mod vendor, and the build needs no proxy.
 	mustRunEnv(t, dir, env, "go", "mod", "vendor")
 	mustRunEnv(t, dir, append(env, "GOPROXY=off"), "go", "build", "./...")
-	if b, err := os.ReadFile(filepath.Join(dir, "vendor", filepath.FromSlash(kitModule), "kit.go")); err != nil || !strings.Contains(string(b), next) {
+	if b, err := os.ReadFile(filepath.Join(dir, "vendor", filepath.FromSlash(kitModule), "internal", "release", "release.go")); err != nil || !strings.Contains(string(b), next) {
 		t.Errorf("vendor/ does not hold the kit %s (%v)", next, err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/outbox"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // The events the payment service emits, through its outbox, to the topic
@@ -50,25 +50,25 @@ type PaymentDeclined struct {
 // OrderPaid is mandatory (a missing shipping queue parks it rather than
 // losing it) and ordered by the order; PaymentDeclined is an announcement
 // nobody need subscribe to.
-func emit(ctx context.Context, ob *outbox.Outbox, tx *gorm.DB, ev orders.OrderPlaced, p Payment) error {
+func emit(ctx context.Context, ob *kit.Outbox, tx *gorm.DB, ev orders.OrderPlaced, p Payment) error {
 	if ob == nil {
 		return nil
 	}
-	var msg outbox.Message
+	var msg kit.OutboxMessage
 	if p.Status == StatusDeclined {
 		body, err := json.Marshal(PaymentDeclined{EventID: "payment-declined:" + ev.OrderID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
 			AmountCents: ev.AmountCents, Currency: ev.Currency, DeclineReason: *p.DeclineReason, DeclinedAt: time.Now().UTC()})
 		if err != nil {
 			return err
 		}
-		msg = outbox.Message{Exchange: ExchangePayments, RoutingKey: KeyPaymentDeclined, Body: body, OrderingKey: ev.OrderID, Optional: true}
+		msg = kit.OutboxMessage{Exchange: ExchangePayments, RoutingKey: KeyPaymentDeclined, Body: body, OrderingKey: ev.OrderID, Optional: true}
 	} else {
 		body, err := json.Marshal(OrderPaid{EventID: "order-paid:" + ev.OrderID, OrderID: ev.OrderID, CustomerID: ev.CustomerID,
 			AmountCents: ev.AmountCents, Currency: ev.Currency, ChargeID: p.ChargeID, Address: ev.ShippingAddress, PaidAt: time.Now().UTC()})
 		if err != nil {
 			return err
 		}
-		msg = outbox.Message{Exchange: ExchangePayments, RoutingKey: KeyOrderPaid, Body: body, OrderingKey: ev.OrderID}
+		msg = kit.OutboxMessage{Exchange: ExchangePayments, RoutingKey: KeyOrderPaid, Body: body, OrderingKey: ev.OrderID}
 	}
 	if _, err := ob.Enqueue(ctx, tx, msg); err != nil {
 		return fmt.Errorf("emit the event of order %s: %w", ev.OrderID, err)

@@ -3,7 +3,7 @@ package payment
 import (
 	"embed"
 
-	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 //go:embed migrations/*.sql
@@ -11,4 +11,4 @@ var migrationFiles embed.FS
 
 // Migrations is the payment service's own schema: the payments table. The
 // inbox table is the kit's (migrations.Inbox), applied first.
-var Migrations = migrations.NewSet("payments", migrations.Must(migrationFiles, "migrations"))
+var Migrations = kit.Migrations("payments", migrationFiles, "migrations")

@@ -15,9 +15,8 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/database"
-	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 // Payment statuses.
@@ -27,7 +26,7 @@ const (
 )
 
 // OutcomeDeclined counts a card decline: a business outcome, recorded and acked.
-const OutcomeDeclined consumer.Outcome = "declined"
+const OutcomeDeclined kit.Outcome = "declined"
 
 // The service's dead-letter reasons and pause cause, declared once: a word
 // not of the form of one stops the program as it starts.
@@ -37,19 +36,19 @@ var (
 	// flight, the gateway refuses the order's key for another request (422),
 	// and a payment already recorded is compared too, in case the gateway
 	// forgot the key.
-	ReasonOrderConflict = consumer.NewReason("order_conflict")
+	ReasonOrderConflict = kit.NewReason("order_conflict")
 	// ReasonGatewayRejected: the gateway refused the charge request itself.
-	ReasonGatewayRejected = consumer.NewReason("gateway_rejected")
+	ReasonGatewayRejected = kit.NewReason("gateway_rejected")
 	// CauseGatewayMisconfigured: the gateway refuses every request alike (a
 	// rotated key, a wrong URL): not the message's fault.
-	CauseGatewayMisconfigured = consumer.NewCause("gateway_misconfigured")
+	CauseGatewayMisconfigured = kit.NewCause("gateway_misconfigured")
 	// decodeReasons are the contract's refusals (orders.Reason*) as reasons.
-	decodeReasons = map[string]consumer.Reason{}
+	decodeReasons = map[string]kit.Reason{}
 )
 
 func init() {
 	for _, word := range orders.Reasons {
-		decodeReasons[word] = consumer.NewReason(word)
+		decodeReasons[word] = kit.NewReason(word)
 	}
 }
 
@@ -79,14 +78,14 @@ type Charger interface {
 type Handler struct {
 	gateway Charger
 	paid    *database.Lookup[string, Payment] // the read of a recorded payment; writes go through the runtime's tx
-	outbox  *outbox.Outbox
+	outbox  *kit.Outbox
 }
 
 // NewHandler returns a handler that charges through gw, reads the payments
 // already recorded through db (read-only transactions), and emits OrderPaid
 // or PaymentDeclined through ob with each payment it records (nil emits
 // nothing).
-func NewHandler(gw Charger, db database.Reader, ob *outbox.Outbox) *Handler {
+func NewHandler(gw Charger, db database.Reader, ob *kit.Outbox) *Handler {
 	return &Handler{gateway: gw, paid: database.NewLookup(db, paidLookupMax, readPaid), outbox: ob}
 }
 
@@ -118,9 +117,9 @@ func DecodeOrder(body []byte) (orders.OrderPlaced, error) {
 	if errors.As(err, &invalid) {
 		reason, ok := decodeReasons[invalid.Reason]
 		if !ok {
-			reason = consumer.ReasonInvalidEvent // a refusal missing from orders.Reasons; its word stays in err's text
+			reason = kit.ReasonInvalidEvent // a refusal missing from orders.Reasons; its word stays in err's text
 		}
-		return ev, consumer.Permanent(reason, err)
+		return ev, kit.Permanent(reason, err)
 	}
 	return ev, err
 }
@@ -133,7 +132,7 @@ func IdempotencyKey(orderID string) string { return "order-charge:" + orderID }
 // Handle charges the order the event names (decoded once, by the service's
 // Events), with no transaction open, then returns the payment insert for the
 // runtime to commit with the inbox row.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.OrderPlaced) (consumer.Writes, error) {
+func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev orders.OrderPlaced) (kit.Writes, error) {
 	// The same order under a new message id (a producer retry) is found here
 	// once paid, without asking the gateway: a gateway forgets its keys (Stripe
 	// after 24 hours) and would charge the card again. A plain read, no lock:
@@ -147,7 +146,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.Or
 		if err := conflict(paid, ev); err != nil {
 			return nil, err
 		}
-		return consumer.NoWrites(consumer.OutcomeDuplicate), nil
+		return kit.NoWrites(kit.OutcomeDuplicate), nil
 	}
 	charge, err := h.gateway.Charge(ctx, gateway.ChargeRequest{
 		IdempotencyKey: IdempotencyKey(ev.OrderID),
@@ -159,15 +158,15 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.Or
 	switch {
 	case errors.Is(err, gateway.ErrKeyReused):
 		// The order's key was charged for another amount, currency or customer.
-		return nil, consumer.Permanent(ReasonOrderConflict, err)
+		return nil, kit.Permanent(ReasonOrderConflict, err)
 	case errors.Is(err, gateway.ErrRejected):
-		return nil, consumer.Permanent(ReasonGatewayRejected, err)
+		return nil, kit.Permanent(ReasonGatewayRejected, err)
 	case errors.Is(err, gateway.ErrMisconfigured):
-		return nil, consumer.Pause(CauseGatewayMisconfigured, err) // every message alike: not theirs
+		return nil, kit.Pause(CauseGatewayMisconfigured, err) // every message alike: not theirs
 	case err != nil:
 		return nil, err // the client's error names the order
 	}
-	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
 		return h.record(ctx, tx, msg.ID, ev, charge)
 	}, nil
 }
@@ -176,7 +175,7 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev orders.Or
 // transaction. A concurrent transaction inserting the same order makes this
 // insert wait on the unique index and then insert nothing: that message is a
 // duplicate of the order, not an error, and emits nothing.
-func (h *Handler) record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderPlaced, charge gateway.Charge) (consumer.Outcome, error) {
+func (h *Handler) record(ctx context.Context, tx *gorm.DB, messageID string, ev orders.OrderPlaced, charge gateway.Charge) (kit.Outcome, error) {
 	p := Payment{
 		OrderID:     ev.OrderID,
 		MessageID:   messageID,
@@ -202,13 +201,13 @@ func (h *Handler) record(ctx context.Context, tx *gorm.DB, messageID string, ev 
 	if p.Status == StatusDeclined {
 		return OutcomeDeclined, nil
 	}
-	return consumer.OutcomeProcessed, nil
+	return kit.OutcomeProcessed, nil
 }
 
 // sameOrder decides about an order already paid under another message id: the
 // same order again is a duplicate; another amount, currency or customer is a
 // conflict, dead-lettered for a person to look at.
-func sameOrder(ctx context.Context, tx *gorm.DB, ev orders.OrderPlaced) (consumer.Outcome, error) {
+func sameOrder(ctx context.Context, tx *gorm.DB, ev orders.OrderPlaced) (kit.Outcome, error) {
 	var paid Payment
 	if err := tx.WithContext(ctx).Where("order_id = ?", ev.OrderID).Take(&paid).Error; err != nil {
 		return "", fmt.Errorf("read payment of order %s: %w", ev.OrderID, err)
@@ -216,7 +215,7 @@ func sameOrder(ctx context.Context, tx *gorm.DB, ev orders.OrderPlaced) (consume
 	if err := conflict(paid, ev); err != nil {
 		return "", err
 	}
-	return consumer.OutcomeDuplicate, nil
+	return kit.OutcomeDuplicate, nil
 }
 
 // conflict dead-letters an event for an order paid with another amount,
@@ -225,7 +224,7 @@ func conflict(paid Payment, ev orders.OrderPlaced) error {
 	if paid.AmountCents == ev.AmountCents && paid.Currency == ev.Currency && paid.CustomerID == ev.CustomerID {
 		return nil
 	}
-	return consumer.Permanent(ReasonOrderConflict, fmt.Errorf(
+	return kit.Permanent(ReasonOrderConflict, fmt.Errorf(
 		"order %s was paid as %d %s for customer %s, now published as %d %s for customer %s",
 		ev.OrderID, paid.AmountCents, paid.Currency, paid.CustomerID, ev.AmountCents, ev.Currency, ev.CustomerID))
 }

@@ -6,11 +6,7 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/consumer"
-	"github.com/inbox-template/payment-service/kit/faults"
-	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/service"
-	"github.com/inbox-template/payment-service/kit/tracing"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // Settings are the payment handler's own: the gateway it charges through.
@@ -25,12 +21,12 @@ type Settings struct {
 
 // AfterGatewayCharge is the payment service's own crash point: the card is
 // charged, nothing of the message is committed yet.
-const AfterGatewayCharge faults.Point = "after-gateway-charge"
+const AfterGatewayCharge kit.CrashPoint = "after-gateway-charge"
 
 // Service describes the payment service to the kit: it consumes OrderPlaced
 // from the orders exchange under the names it was released with.
-func Service() service.Options {
-	return service.ConsumeWithSettings(service.Options{
+func Service() kit.Service {
+	return kit.ConsumeWithSettings(kit.Service{
 		Name:               "payment-service",
 		Event:              "order-placed",
 		Exchange:           "orders",
@@ -38,32 +34,33 @@ func Service() service.Options {
 		Queue:              "payments.order-placed",
 		DeadLetterExchange: "payments.dlx",
 		Database:           "payments",
-		Migrations:         []migrations.Set{Migrations},
+		Migrations:         []kit.MigrationSet{Migrations},
 		// OrderPaid and PaymentDeclined leave through the outbox (events.go).
 		Publishes: []string{ExchangePayments},
 		// Read from the body as it is: a dead letter's log lines and `dlq
 		// list` name its order even when it is not a valid OrderPlaced.
-		LogAttrs: service.JSONAttrs("order_id"),
+		LogAttrs: kit.JSONAttrs("order_id"),
 	},
 		// Each body is decoded once: a message without a message_id property
 		// is deduped by its event_id, and the buffered mode processes the
 		// events of one order one at a time. The handler is typed to the
 		// same event: one of another would not compile.
-		consumer.Events[orders.OrderPlaced]{
+		kit.Events[orders.OrderPlaced]{
 			Decode:      DecodeOrder,
 			ID:          func(e orders.OrderPlaced) string { return e.EventID },
 			OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
 		},
-		func(k *service.Kit, s *Settings) (consumer.HandlerOf[orders.OrderPlaced], error) {
+		func(k *kit.Deps, s *Settings) (kit.Handler[orders.OrderPlaced], error) {
 			// One keep-alive connection per worker: each may be in a gateway call.
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)
-			charge := tracing.Call(k.Tracer, "gateway charge", client.Charge) // a span under the message's
-			return NewHandler(chargeFunc(faults.After(k.Crasher, AfterGatewayCharge, charge)), k.Reader, k.Outbox), nil
+			// A span under the message's, and the crash point right after it.
+			charge := kit.OutsideCall(k, "gateway charge", AfterGatewayCharge, client.Charge)
+			return NewHandler(chargeFunc(charge), k.Reader, k.Outbox), nil
 		})
 }
 
 // Check validates the settings against each other and the kit's.
-func (s *Settings) Check(cfg *service.Config, v *service.Checks) {
+func (s *Settings) Check(cfg *kit.Config, v *kit.Checks) {
 	v.URL("GATEWAY_URL", s.GatewayURL, "http", "https")
 	v.Require(s.GatewayTimeout > 0 && s.GatewayTimeout < cfg.HandlerTimeout, "GATEWAY_TIMEOUT",
 		"must be positive and below HANDLER_TIMEOUT (%s), got %s", cfg.HandlerTimeout, s.GatewayTimeout)

@@ -23,8 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/release"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/service"
@@ -204,7 +204,7 @@ func env(opts service.Options, stdout io.Writer) error {
 var kitModule = strings.TrimSuffix(reflect.TypeFor[UsageError]().PkgPath(), "/ops")
 
 // version says which kit the binary holds: the release its source declares
-// (kit.Version) and the module version go build took it at, from the
+// (release.Version) and the module version go build took it at, from the
 // binary's build information: "v0.2.0" after go get …/kit@v0.2.0, a local
 // directory where go.mod replaces the kit (the template's own services).
 func version(program string) string {
@@ -224,7 +224,7 @@ func version(program string) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s: kit %s (module %s %s)", program, kit.Version, kitModule, built)
+	return fmt.Sprintf("%s: kit %s (module %s %s)", program, release.Version, kitModule, built)
 }
 
 // parseFlags parses a subcommand's flags and allows no positional arguments.

@@ -43,7 +43,7 @@ func main() {
 func run(args []string) error {
 	fset := flag.NewFlagSet("kitproxy", flag.ContinueOnError)
 	dir := fset.String("kit", "kit", "the kit's module directory (its go.mod names the module)")
-	version := fset.String("version", "", "the version to serve it as (default: the Version its kit.go declares)")
+	version := fset.String("version", "", "the version to serve it as (default: the Version its internal/release declares)")
 	out := fset.String("out", "", "the proxy's directory (GOPROXY=file://<it>); made if missing")
 	if err := fset.Parse(args); err != nil {
 		return err
@@ -99,15 +99,16 @@ func modulePath(kitDir *os.Root) (string, error) {
 	return string(m[1]), nil
 }
 
-// declaredVersion reads `const Version = "…"` from the kit's kit.go.
+// declaredVersion reads `const Version = "…"` from the kit's
+// internal/release/release.go (kit.Version).
 func declaredVersion(kitDir *os.Root) (string, error) {
-	b, err := kitDir.ReadFile("kit.go")
+	b, err := kitDir.ReadFile("internal/release/release.go")
 	if err != nil {
 		return "", fmt.Errorf("no -version, and %w", err)
 	}
 	m := regexp.MustCompile(`(?m)^const Version = "([^"]+)"`).FindSubmatch(b)
 	if m == nil {
-		return "", fmt.Errorf("no -version, and %s/kit.go declares no Version", kitDir.Name())
+		return "", fmt.Errorf("no -version, and %s/internal/release/release.go declares no Version", kitDir.Name())
 	}
 	return string(m[1]), nil
 }

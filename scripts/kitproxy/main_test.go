@@ -17,7 +17,7 @@ import (
 func TestServeWritesAVersionOnce(t *testing.T) {
 	kit := t.TempDir()
 	write(t, kit, "go.mod", "module example.com/kit\n\ngo 1.26\n")
-	write(t, kit, "kit.go", "package kit\n\nconst Version = \"v0.10.0\"\n")
+	write(t, kit, "internal/release/release.go", "package release\n\nconst Version = \"v0.10.0\"\n")
 	write(t, kit, "nested/go.mod", "module example.com/kit/nested\n")
 	write(t, kit, "nested/x.go", "package nested\n")
 	out := t.TempDir()
@@ -31,7 +31,7 @@ func TestServeWritesAVersionOnce(t *testing.T) {
 	if err := run([]string{"-kit", kit, "-version", "v0.9.0", "-out", out}); err != nil {
 		t.Fatalf("serving v0.9.0: %v", err)
 	}
-	write(t, kit, "kit.go", "package kit\n\nconst Version = \"v0.10.0\" // changed\n")
+	write(t, kit, "internal/release/release.go", "package release\n\nconst Version = \"v0.10.0\" // changed\n")
 	if err := run([]string{"-kit", kit, "-out", out}); err == nil || !strings.Contains(err.Error(), "already served") {
 		t.Errorf("serving other content as v0.10.0: %v, want a refusal", err)
 	}
@@ -58,7 +58,7 @@ func TestServeWritesAVersionOnce(t *testing.T) {
 	for _, f := range zr.File {
 		names = append(names, f.Name)
 	}
-	if want := []string{"example.com/kit@v0.10.0/go.mod", "example.com/kit@v0.10.0/kit.go"}; !slices.Equal(names, want) {
+	if want := []string{"example.com/kit@v0.10.0/go.mod", "example.com/kit@v0.10.0/internal/release/release.go"}; !slices.Equal(names, want) {
 		t.Errorf("the zip holds %q, want %q", names, want)
 	}
 	if mod, err := os.ReadFile(filepath.Join(vdir, "v0.10.0.mod")); err != nil || !strings.HasPrefix(string(mod), "module example.com/kit\n") {

@@ -9,13 +9,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit"
 	app "github.com/inbox-template/payment-service/scripts/template/internal/widget"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := ops.Run(ctx, app.Service(), os.Args[1:], os.Stdin, os.Stdout)
+	err := kit.Run(ctx, app.Service(), os.Args[1:], os.Stdin, os.Stdout)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "widget-service:", err)

@@ -15,12 +15,7 @@ import (
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
-	"github.com/inbox-template/payment-service/kit/migrations"
-	// gen:if publishes
-	"github.com/inbox-template/payment-service/kit/outbox"
-	// gen:end
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // WidgetOrdered is the event this service consumes. TODO: its fields, as the
@@ -45,8 +40,8 @@ func (Record) TableName() string { return "widget_records" }
 // The service's dead-letter (buffered: park) reasons, declared once: a word
 // not of the form of one stops the program as it starts.
 var (
-	ReasonMalformedJSON = consumer.NewReason("malformed_json")
-	ReasonMissingField  = consumer.NewReason("missing_field")
+	ReasonMalformedJSON = kit.NewReason("malformed_json")
+	ReasonMissingField  = kit.NewReason("missing_field")
 )
 
 // DecodeWidgetOrdered decodes and validates a body. A body it refuses is
@@ -56,10 +51,10 @@ var (
 func DecodeWidgetOrdered(body []byte) (WidgetOrdered, error) {
 	var ev WidgetOrdered
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return ev, consumer.Permanent(ReasonMalformedJSON, err)
+		return ev, kit.Permanent(ReasonMalformedJSON, err)
 	}
 	if ev.Key == "" {
-		return ev, consumer.Permanent(ReasonMissingField, nil)
+		return ev, kit.Permanent(ReasonMissingField, nil)
 	}
 	return ev, nil
 }
@@ -81,7 +76,7 @@ func DecodeWidgetOrdered(body []byte) (WidgetOrdered, error) {
 //     gen:end
 //   - An error from Handle or from the writes is retried with backoff and
 //     then dead-lettered (the buffered mode: parked); one wrapped with
-//     consumer.Permanent is dead-lettered (parked) at once with its reason. A fault of
+//     kit.Permanent is dead-lettered (parked) at once with its reason. A fault of
 //     the database is not the message's: it is put back without spending an
 //     attempt.
 //   - The writes run in the inbox transaction: everything through tx commits
@@ -90,7 +85,7 @@ func DecodeWidgetOrdered(body []byte) (WidgetOrdered, error) {
 //     exists: a duplicate), so they touch nothing but tx.
 //   - The writes return the outcome: OutcomeProcessed, or OutcomeDuplicate
 //     when the effect was already there (the same key under another message
-//     id); an empty outcome is refused. Nothing to write: consumer.NoWrites.
+//     id); an empty outcome is refused. Nothing to write: kit.NoWrites.
 //   - One message id, one body: a message whose id was seen with other bytes
 //     (a producer that re-serialized it) is dead-lettered payload_mismatch.
 //
@@ -98,7 +93,7 @@ func DecodeWidgetOrdered(body []byte) (WidgetOrdered, error) {
 type Handler struct {
 	// outbox emits the service's events from the writes, in the inbox
 	// transaction: the relay publishes them once committed.
-	outbox *outbox.Outbox
+	outbox *kit.Outbox
 }
 
 // gen:else
@@ -107,7 +102,7 @@ type Handler struct {
 
 // Handle takes the event Service's Events made of the body (decoded once,
 // before the handler runs) and returns its writes.
-func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev WidgetOrdered) (consumer.Writes, error) {
+func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev WidgetOrdered) (kit.Writes, error) {
 	// gen:if outside-calls
 	// TODO: the business logic. An outside call goes here, before the
 	// writes, with no transaction open.
@@ -115,13 +110,13 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev WidgetOrd
 	// TODO: the business logic. No outside call here while Service
 	// declares NoOutsideCalls: true.
 	// gen:end
-	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
 		res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&Record{Key: ev.Key, MessageID: msg.ID})
 		switch {
 		case res.Error != nil:
 			return "", res.Error
 		case res.RowsAffected == 0: // the same key under another message id
-			return consumer.OutcomeDuplicate, nil
+			return kit.OutcomeDuplicate, nil
 		}
 		// gen:if publishes
 		// The event goes out with the record: enqueued in this
@@ -135,13 +130,13 @@ func (h *Handler) Handle(ctx context.Context, msg consumer.Message, ev WidgetOrd
 		if err != nil {
 			return "", err
 		}
-		if _, err := h.outbox.Enqueue(ctx, tx, outbox.Message{
+		if _, err := h.outbox.Enqueue(ctx, tx, kit.OutboxMessage{
 			Exchange: "widget-events", RoutingKey: "widget.recorded", Body: body, OrderingKey: ev.Key,
 		}); err != nil {
 			return "", err
 		}
 		// gen:end
-		return consumer.OutcomeProcessed, nil
+		return kit.OutcomeProcessed, nil
 	}, nil
 }
 
@@ -150,13 +145,13 @@ var migrationFiles embed.FS
 
 // Service describes widget-service to the kit. Its queues are derived:
 // widget-service.widget-ordered, widget-service.dlx, widget-service.widget-ordered.dlq and the retry queues.
-func Service() service.Options {
-	return service.Consume(service.Options{
+func Service() kit.Service {
+	return kit.Consume(kit.Service{
 		Name:       "widget-service",
 		Event:      "widget-ordered",
 		Exchange:   "widgets",
 		RoutingKey: "widget.ordered",
-		Migrations: []migrations.Set{migrations.NewSet("widget-service", migrations.Must(migrationFiles, "migrations"))},
+		Migrations: []kit.MigrationSet{kit.Migrations("widget-service", migrationFiles, "migrations")},
 		LogAttrs: func(body []byte) []slog.Attr {
 			var ev WidgetOrdered
 			if json.Unmarshal(body, &ev) != nil {
@@ -191,17 +186,17 @@ func Service() service.Options {
 		// parked and blocks its key until an operator acts (widget-service inbox
 		// retry, skip or export); a body the decoder refuses is parked as
 		// a key of its own.
-		Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true},
+		Requires: kit.Requirements{Mode: kit.ModeBuffered, SingleActiveConsumer: true},
 		// gen:else
 		// gen> // Unordered: the inline inbox (INBOX_MODE, inline by default)
 		// gen> // processes each message as its delivery waits. For one key's events
 		// gen> // in the order they were published, require the buffered inbox and
 		// gen> // a single active consumer:
-		// gen> // Requires: service.Requirements{Mode: service.ModeBuffered, SingleActiveConsumer: true}
+		// gen> // Requires: kit.Requirements{Mode: kit.ModeBuffered, SingleActiveConsumer: true}
 		// gen> // (scripts/new-project.sh --ordered).
 		// gen:end
 		// gen:if publishes
-		// The exchanges it emits to through k.Outbox (the relay declares
+		// The exchanges it emits to through d.Outbox (the relay declares
 		// them).
 		Publishes: []string{"widget-events"},
 		// gen:end
@@ -209,17 +204,18 @@ func Service() service.Options {
 		// Each body is decoded once, before the handler runs; a body without
 		// a message_id property is deduped by its event_id. The handler is
 		// typed to the same event: one of another does not compile.
-		consumer.Events[WidgetOrdered]{
+		kit.Events[WidgetOrdered]{
 			Decode:      DecodeWidgetOrdered,
 			ID:          func(e WidgetOrdered) string { return e.EventID },
 			OrderingKey: func(e WidgetOrdered) string { return e.Key },
 		},
-		// k holds what a handler may keep: k.Reader for reads outside the
-		// transaction, k.Outbox to emit events from the writes (with
-		// Options.Publishes naming their exchanges), k.Config, k.Tracer.
-		func(k *service.Kit) (consumer.HandlerOf[WidgetOrdered], error) {
+		// d holds what a handler may keep: d.Reader for reads outside the
+		// transaction, d.Outbox to emit events from the writes (with
+		// Publishes naming their exchanges), d.Config; an outside call is
+		// declared with kit.OutsideCall(d, …), traced, with its crash point.
+		func(d *kit.Deps) (kit.Handler[WidgetOrdered], error) {
 			// gen:if publishes
-			return &Handler{outbox: k.Outbox}, nil
+			return &Handler{outbox: d.Outbox}, nil
 			// gen:else
 			// gen> return &Handler{}, nil
 			// gen:end

@@ -1,0 +1,129 @@
+package kit_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing/fstest"
+
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/kit"
+)
+
+// A service declares its dead-letter reasons once, at package level: a
+// malformed word panics as the program starts, never at run time.
+var (
+	ReasonMalformedJSON  = kit.NewReason("malformed_json")
+	ReasonInvalidAmount  = kit.NewReason("invalid_amount")
+	CauseLedgerForbidden = kit.NewCause("ledger_forbidden")
+)
+
+// InvoiceDue is the event of the examples.
+type InvoiceDue struct {
+	EventID     string `json:"event_id"`
+	InvoiceID   string `json:"invoice_id"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// DecodeInvoiceDue refuses what no retry can fix, with a reason: the
+// message is dead-lettered before any handler runs.
+func DecodeInvoiceDue(body []byte) (InvoiceDue, error) {
+	var ev InvoiceDue
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return ev, kit.Permanent(ReasonMalformedJSON, err)
+	}
+	if ev.AmountCents <= 0 {
+		return ev, kit.Permanent(ReasonInvalidAmount, fmt.Errorf("amount_cents %d", ev.AmountCents))
+	}
+	return ev, nil
+}
+
+// Ledger is a service outside the database, called with an idempotency key.
+type Ledger struct{}
+
+// Post records an invoice in the ledger once per key.
+func (Ledger) Post(ctx context.Context, key string) (string, error) { return "entry-" + key, nil }
+
+// Invoices handles InvoiceDue events: a kit.Handler[InvoiceDue].
+type Invoices struct {
+	post   func(ctx context.Context, key string) (string, error)
+	outbox *kit.Outbox
+}
+
+// Handle calls out with no transaction open, keyed by the business entity,
+// then returns the writes the kit runs in the inbox transaction.
+func (h *Invoices) Handle(ctx context.Context, msg kit.Message, ev InvoiceDue) (kit.Writes, error) {
+	entry, err := h.post(ctx, "invoice:"+ev.InvoiceID)
+	if err != nil {
+		return nil, err // retried with backoff, then dead-lettered
+	}
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
+		if err := tx.Exec(`INSERT INTO invoices (invoice_id, entry, message_id) VALUES (?, ?, ?)
+			ON CONFLICT DO NOTHING`, ev.InvoiceID, entry, msg.ID).Error; err != nil {
+			return "", err
+		}
+		// An event emitted with the effect: published by the relay after
+		// the commit.
+		if _, err := h.outbox.Enqueue(ctx, tx, kit.OutboxMessage{
+			Exchange: "billing", RoutingKey: "invoice.posted", Body: []byte(`{"invoice_id":"` + ev.InvoiceID + `"}`), OrderingKey: ev.InvoiceID,
+		}); err != nil {
+			return "", err
+		}
+		return kit.OutcomeProcessed, nil
+	}, nil
+}
+
+// migrationFiles holds the service's schema. In a service:
+//
+//	//go:embed migrations/*.sql
+//	var migrationFiles embed.FS
+var migrationFiles = fstest.MapFS{"migrations/00001_invoices.sql": {Data: []byte(`-- +goose Up
+CREATE TABLE invoices (invoice_id text PRIMARY KEY, entry text NOT NULL, message_id text NOT NULL);
+-- +goose Down
+DROP TABLE invoices;
+`)}}
+
+// A service is its description, its events and its handler's constructor,
+// all typed to one event: a handler of another event does not compile. Its
+// main runs it with kit.Run(ctx, Service(), os.Args[1:], os.Stdin, os.Stdout).
+func ExampleConsume() {
+	service := kit.Consume(kit.Service{
+		Name:       "invoice-service",
+		Event:      "invoice-due",
+		Exchange:   "billing",
+		RoutingKey: "invoice.due",
+		Publishes:  []string{"billing"},
+		Migrations: []kit.MigrationSet{kit.Migrations("invoice-service", migrationFiles, "migrations")},
+	},
+		kit.Events[InvoiceDue]{
+			Decode:      DecodeInvoiceDue,
+			ID:          func(e InvoiceDue) string { return e.EventID },
+			OrderingKey: func(e InvoiceDue) string { return e.InvoiceID },
+		},
+		func(d *kit.Deps) (kit.Handler[InvoiceDue], error) {
+			return &Invoices{
+				post:   kit.OutsideCall(d, "ledger post", "after-ledger-post", Ledger{}.Post),
+				outbox: d.Outbox,
+			}, nil
+		})
+	fmt.Println(service.Name, service.Event)
+	// Output: invoice-service invoice-due
+}
+
+// The reason of a permanent error is a declared value: the kit dead-letters
+// the message with it (its x-dead-letter-reason header, the reason label of
+// consumer_dead_letters_total).
+func ExamplePermanent() {
+	_, err := DecodeInvoiceDue([]byte(`{"event_id":"e-1","invoice_id":"inv-1","amount_cents":-5}`))
+	fmt.Println(err)
+	// Output: invalid_amount: amount_cents -5
+}
+
+// A pause says a dependency fails for every message alike: the message goes
+// back without spending an attempt and consumption pauses.
+func ExamplePause() {
+	err := kit.Pause(CauseLedgerForbidden, fmt.Errorf("ledger answered 403"))
+	fmt.Println(err)
+	// Output: ledger_forbidden: ledger answered 403
+}
