@@ -3,7 +3,7 @@ package consumer
 import (
 	"errors"
 
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 )
 
 // The failure decision, in one place for both modes: decide turns a failed

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 )
 
 func TestDecide(t *testing.T) {

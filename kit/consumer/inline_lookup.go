@@ -3,7 +3,7 @@ package consumer
 import (
 	"context"
 
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 )
 
 // lookupBatch bounds the ids read by one inbox look-up.

@@ -12,8 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/inbox-template/payment-service/kit/inbox"
 	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/buffered"
 	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/database"
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/testenv"

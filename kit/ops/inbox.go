@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/retention"
 	"github.com/inbox-template/payment-service/kit/logging"
-	"github.com/inbox-template/payment-service/kit/retention"
 	"github.com/inbox-template/payment-service/kit/service"
 )
 

@@ -28,7 +28,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/consumer"
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/consumer"
-	"github.com/inbox-template/payment-service/kit/retention"
+	"github.com/inbox-template/payment-service/kit/internal/retention"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 

@@ -26,12 +26,12 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/faults"
 	"github.com/inbox-template/payment-service/kit/health"
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/retention"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/outbox"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/retention"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 

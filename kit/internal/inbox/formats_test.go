@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/database"
-	"github.com/inbox-template/payment-service/kit/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/inbox"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/testenv"
 )
