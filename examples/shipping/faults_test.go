@@ -8,9 +8,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
-	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // The fault kit's scenarios against the shipping service: the kit's crash
@@ -61,13 +60,13 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 		c := &carrier{booked: map[string]string{}}
 		srv := httptest.NewServer(c)
 		t.Cleanup(srv.Close)
-		amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
+		amqpURL, dbURL := kittest.VHost(t), kittest.Postgres(t)
 		s := faultkit.Start(t, faultkit.Config{
 			Program: service, Replicas: sc.Replicas, AMQPURL: amqpURL, DBURL: dbURL,
 			Env: append([]string{"CARRIER_URL=" + srv.URL, "RETRY_DELAYS=200ms,1s,2s", "MAX_ATTEMPTS=8", "CARRIER_IN_FLIGHT_TIMEOUT=1s",
 				"RECONNECT_MAX_WAIT=2s", "SHUTDOWN_TIMEOUT=5s"}, env...),
 		})
-		shipments := func() int { return testenv.Count(t, dbURL, "SELECT count(*) FROM shipments") }
+		shipments := func() int { return kittest.Count(t, dbURL, "SELECT count(*) FROM shipments") }
 		orders := faultOrders // with the batches of LoadMore
 		return &faultkit.Trial{
 			Stack: s,
@@ -96,7 +95,7 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 				if sc.Name == "crash-after-carrier-book" && replays == 0 {
 					t.Errorf("no booking was asked again after a crash between the booking and the commit")
 				}
-				if n := testenv.Count(t, dbURL, "SELECT count(DISTINCT order_id) FROM shipments"); n != orders {
+				if n := kittest.Count(t, dbURL, "SELECT count(DISTINCT order_id) FROM shipments"); n != orders {
 					t.Errorf("%d distinct orders shipped, want %d", n, orders)
 				}
 				assertPoisonAloneGivenUp(t, amqpURL, dbURL)
@@ -110,21 +109,21 @@ func shippingTrial(env []string) func(t *testing.T, sc faultkit.Scenario) *fault
 func assertPoisonAloneGivenUp(t *testing.T, amqpURL, dbURL string) {
 	t.Helper()
 	dlq := "shipping-service.order-paid.dlq"
-	dead := testenv.QueueDepth(t, amqpURL, dlq)
-	parked := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
+	dead := kittest.QueueDepth(t, amqpURL, dlq)
+	parked := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
 	if dead+parked != 1 {
 		t.Fatalf("%d dead letters and %d parked messages, want the poison alone", dead, parked)
 	}
 	if parked == 1 {
-		if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked' AND message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
+		if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked' AND message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
 			t.Errorf("the parked message is not the poison with malformed_json")
 		}
 		return
 	}
-	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get(dlq, false)
-		if err == nil && ok && (d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want the poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
+		if err == nil && ok && (d.MessageId != "poison" || d.Headers[kittest.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want the poison with malformed_json", d.MessageId, d.Headers[kittest.HeaderDeadLetterReason])
 		}
 		return err
 	})
@@ -142,14 +141,14 @@ func TestFaultChecksFailWhenTheFaultDidNotHappen(t *testing.T) {
 	tr.Stack.Drain(time.Minute, tr.Progress)
 	idle := func() bool { return false } // the load is over
 	never.Fault(tr.Stack, idle)
-	rec := &testenv.Recorder{TB: t}
+	rec := &kittest.Recorder{TB: t}
 	never.Check(rec, tr.Stack)
 	if len(rec.Errors) == 0 {
 		t.Error("CrashAt's check passed although the crash point never fired")
 	}
 	for _, sc := range []faultkit.Scenario{faultkit.SIGKILLReplicas, faultkit.BrokerDropsConnections, faultkit.DatabaseSessionsTerminated} {
 		sc.Fault(tr.Stack, idle)
-		rec := &testenv.Recorder{TB: t}
+		rec := &kittest.Recorder{TB: t}
 		sc.Check(rec, tr.Stack)
 		if len(rec.Errors) == 0 {
 			t.Errorf("%s's check passed with no fault injected under load", sc.Name)

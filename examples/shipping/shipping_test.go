@@ -15,16 +15,13 @@ import (
 
 	"github.com/inbox-template/payment-service/examples/shipping"
 	"github.com/inbox-template/payment-service/internal/demo/fakecarrier"
-	"github.com/inbox-template/payment-service/kit/faults"
-	kitservice "github.com/inbox-template/payment-service/kit/service"
-	"github.com/inbox-template/payment-service/kit/testenv"
-	"github.com/inbox-template/payment-service/kit/wire"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // service is the example's main, built once and run as a process by each test.
-var service = testenv.NewProgram("../../cmd/shipping-service")
+var service = kittest.NewProgram("../../cmd/shipping-service")
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
+func TestMain(m *testing.M) { os.Exit(kittest.RunMain(m)) }
 
 // carrier is a pickup API with idempotency keys: the same key gets the stored
 // answer; it counts the pickups it really booked.
@@ -67,7 +64,7 @@ func (c *carrier) counts() (booked, replays int) {
 type stack struct {
 	amqpURL, dbURL string
 	carrier        *carrier
-	proc           *testenv.Process
+	proc           *kittest.Process
 }
 
 func startStack(t *testing.T) *stack {
@@ -75,7 +72,7 @@ func startStack(t *testing.T) *stack {
 	c := &carrier{booked: map[string]string{}}
 	srv := httptest.NewServer(c)
 	t.Cleanup(srv.Close)
-	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t), carrier: c}
+	s := &stack{amqpURL: kittest.VHost(t), dbURL: kittest.Postgres(t), carrier: c}
 	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL, "RETRY_DELAYS=100ms,500ms",
 		"CARRIER_IN_FLIGHT_TIMEOUT=1ms") // this carrier answers at once: nothing stays in flight
 	return s
@@ -83,7 +80,7 @@ func startStack(t *testing.T) *stack {
 
 // publish sends OrderPaid events with confirms to the exchange the service binds.
 func (s *stack) publish(t *testing.T, msgs ...amqp.Publishing) {
-	testenv.Publish(t, s.amqpURL, "payments", "order.paid", msgs...)
+	kittest.Publish(t, s.amqpURL, "payments", "order.paid", msgs...)
 }
 
 func paid(id, order string) amqp.Publishing {
@@ -109,16 +106,16 @@ func TestShipsEachOrderOnce(t *testing.T) {
 	// Every message settled: the shipments, the dead letter, and the inbox
 	// rows of the republished ones (they ship nothing: the shipments can be
 	// all there while the last of them are still in a worker).
-	testenv.Eventually(t, time.Minute, "20 shipments, the poison dead-lettered and 25 inbox rows", func() (bool, error) {
-		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 20 &&
-			testenv.QueueDepth(t, s.amqpURL, "shipping-service.order-paid.dlq") == 1 &&
-			testenv.QueueDepth(t, s.amqpURL, "shipping-service.order-paid") == 0 &&
-			testenv.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'") >= 25, nil
+	kittest.Eventually(t, time.Minute, "20 shipments, the poison dead-lettered and 25 inbox rows", func() (bool, error) {
+		return kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 20 &&
+			kittest.QueueDepth(t, s.amqpURL, "shipping-service.order-paid.dlq") == 1 &&
+			kittest.QueueDepth(t, s.amqpURL, "shipping-service.order-paid") == 0 &&
+			kittest.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'") >= 25, nil
 	})
 	if booked, _ := s.carrier.counts(); booked != 20 {
 		t.Errorf("%d pickups booked for 20 orders", booked)
 	}
-	if n := testenv.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'"); n != 25 {
+	if n := kittest.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'"); n != 25 {
 		t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
 	}
 	// The service's own operations commands, from its own configuration.
@@ -126,10 +123,10 @@ func TestShipsEachOrderOnce(t *testing.T) {
 	if err != nil || !strings.Contains(out, "shipping-service.order-paid.dlq: 1 messages") || !strings.Contains(out, "malformed_json") {
 		t.Errorf("shipping-service dlq list: %v\n%s", err, out)
 	}
-	testenv.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, s.amqpURL, func(ch *amqp.Channel) error {
 		d, ok, err := ch.Get("shipping-service.order-paid.dlq", true)
-		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
-			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
+		if err == nil && (!ok || d.MessageId != "poison" || d.Headers[kittest.HeaderDeadLetterReason] != "malformed_json") {
+			t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[kittest.HeaderDeadLetterReason])
 		}
 		return err
 	})
@@ -150,15 +147,15 @@ func TestCrashAfterCarrierBook(t *testing.T) {
 		msgs = append(msgs, paid(fmt.Sprintf("c-%d", i), fmt.Sprintf("co-%d", i)))
 	}
 	s.publish(t, msgs...)
-	if code := s.proc.Wait(t, time.Minute); code != faults.ExitCode {
-		t.Fatalf("exit status %d, want %d of a crash point", code, faults.ExitCode)
+	if code := s.proc.Wait(t, time.Minute); code != kittest.CrashExitCode {
+		t.Fatalf("exit status %d, want %d of a crash point", code, kittest.CrashExitCode)
 	}
 	if !strings.Contains(s.proc.Out.String(), "crash point after-carrier-book") {
 		t.Fatal("the process did not die at after-carrier-book")
 	}
 	s.proc.Restart(t)
-	testenv.Eventually(t, time.Minute, "10 shipments after the restart", func() (bool, error) {
-		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 10, nil
+	kittest.Eventually(t, time.Minute, "10 shipments after the restart", func() (bool, error) {
+		return kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 10, nil
 	})
 	booked, replays := s.carrier.counts()
 	if booked != 10 || replays < 1 {
@@ -179,20 +176,20 @@ func TestCrashAfterCarrierBook(t *testing.T) {
 // for the request's own fault and the order dead-lettered with its pickup
 // booked (a fresh-clone run of the Compose crash demo caught it).
 func TestBookingStillInFlightIsRetriedNotDeadLettered(t *testing.T) {
-	carrierDB, _ := testenv.MigratedDB(t, fakecarrier.Migrations)
+	carrierDB, _ := kittest.MigratedDB(t, fakecarrier.Migrations)
 	sqlDB, err := carrierDB.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Each new booking spends 5 s in flight; the service waits 500 ms, and
 	// its first retry comes about 300 ms later.
-	carrier, err := fakecarrier.NewServer(sqlDB, fakecarrier.Faults{Latency: 5 * time.Second}, 8*time.Second, testenv.Logger(t))
+	carrier, err := fakecarrier.NewServer(sqlDB, fakecarrier.Faults{Latency: 5 * time.Second}, 8*time.Second, kittest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(carrier.Handler())
 	t.Cleanup(srv.Close)
-	s := &stack{amqpURL: testenv.VHost(t), dbURL: testenv.Postgres(t)}
+	s := &stack{amqpURL: kittest.VHost(t), dbURL: kittest.Postgres(t)}
 	s.proc = service.Start(t, "AMQP_URL="+s.amqpURL, "DATABASE_URL="+s.dbURL, "CARRIER_URL="+srv.URL,
 		"CARRIER_TIMEOUT=500ms", "CARRIER_IN_FLIGHT_TIMEOUT=8s", "RETRY_DELAYS=300ms,1s", "MAX_ATTEMPTS=14")
 	const orders = 3
@@ -203,16 +200,16 @@ func TestBookingStillInFlightIsRetriedNotDeadLettered(t *testing.T) {
 	s.publish(t, msgs...)
 
 	dlq := "shipping-service.order-paid.dlq"
-	testenv.Reaches(t, time.Minute, "every order shipped or dead-lettered", orders, func() (int, error) {
-		return testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments") + testenv.QueueDepth(t, s.amqpURL, dlq), nil
+	kittest.Reaches(t, time.Minute, "every order shipped or dead-lettered", orders, func() (int, error) {
+		return kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments") + kittest.QueueDepth(t, s.amqpURL, dlq), nil
 	})
-	if n := testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments"); n > orders {
+	if n := kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments"); n > orders {
 		t.Errorf("%d shipments for %d orders", n, orders)
 	}
 	if !strings.Contains(s.proc.Logs(), "carrier answered 409") {
 		t.Fatalf("no retry met the booking in flight (409): the test proved nothing\n%s", s.proc.Logs())
 	}
-	if n := testenv.QueueDepth(t, s.amqpURL, dlq); n != 0 {
+	if n := kittest.QueueDepth(t, s.amqpURL, dlq); n != 0 {
 		t.Fatalf("%d orders dead-lettered while their bookings were in flight at the carrier", n)
 	}
 	var booked []struct{ OrderID, PickupID string }
@@ -223,7 +220,7 @@ func TestBookingStillInFlightIsRetriedNotDeadLettered(t *testing.T) {
 		t.Fatalf("the carrier booked %d pickups for %d orders", len(booked), orders)
 	}
 	for _, b := range booked {
-		if n := testenv.Count(t, s.dbURL, "SELECT count(*) FROM shipments WHERE order_id = $1 AND pickup_id = $2", b.OrderID, b.PickupID); n != 1 {
+		if n := kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments WHERE order_id = $1 AND pickup_id = $2", b.OrderID, b.PickupID); n != 1 {
 			t.Errorf("order %s: %d shipments with the pickup the carrier booked (%s), want 1", b.OrderID, n, b.PickupID)
 		}
 	}
@@ -235,11 +232,11 @@ func TestBookingStillInFlightIsRetriedNotDeadLettered(t *testing.T) {
 func TestRetriesMustOutlastTheCarriersInFlightWindow(t *testing.T) {
 	t.Setenv("RETRY_DELAYS", "1s")
 	t.Setenv("MAX_ATTEMPTS", "3")
-	if _, err := kitservice.LoadConfig(shipping.Service()); err == nil || !strings.Contains(err.Error(), "CARRIER_IN_FLIGHT_TIMEOUT: is 30s") {
+	if _, err := kittest.LoadConfig(shipping.Service()); err == nil || !strings.Contains(err.Error(), "CARRIER_IN_FLIGHT_TIMEOUT: is 30s") {
 		t.Fatalf("err = %v, want CARRIER_IN_FLIGHT_TIMEOUT named", err)
 	}
 	t.Setenv("CARRIER_IN_FLIGHT_TIMEOUT", "1s")
-	if _, err := kitservice.LoadConfig(shipping.Service()); err != nil {
+	if _, err := kittest.LoadConfig(shipping.Service()); err != nil {
 		t.Fatalf("retries of 1s, 1s outlast a 1s window: %v", err)
 	}
 }

@@ -22,8 +22,10 @@ import (
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/outbox"
@@ -705,11 +707,7 @@ func TestPaymentWritesMayRunTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		msg, err := consumer.Decode(payment.Service().Decoder, consumer.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := servicetest.CheckWrites(t, s.db, consumer.Typed(h), msg)
+		out, err := kittest.CheckWrites(t, s.db, payment.Service(), h, kit.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
 		if err != nil || out != c.want {
 			t.Fatalf("order %s: %q, %v; want %q", c.order.OrderID, out, err, c.want)
 		}

@@ -11,17 +11,14 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
-	// gen:if !ordered
-	// gen> "github.com/inbox-template/payment-service/kit/wire"
-	// gen:end
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // service is cmd/widget-service, built once and run as a process by each test, against
-// the real RabbitMQ and PostgreSQL (testenv: a vhost and a database per test).
-var service = testenv.NewProgram("../../cmd/widget-service")
+// the real RabbitMQ and PostgreSQL (kittest: a vhost and a database per test).
+var service = kittest.NewProgram("../../cmd/widget-service")
 
-func TestMain(m *testing.M) { os.Exit(testenv.RunMain(m)) }
+func TestMain(m *testing.M) { os.Exit(kittest.RunMain(m)) }
 
 func event(id, key string) amqp.Publishing {
 	return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, `{"event_id":%q,"key":%q}`, id, key)}
@@ -38,7 +35,7 @@ func event(id, key string) amqp.Publishing {
 // and the poison in the dead-letter queue with its reason.
 // gen:end
 func TestRecordsEachKeyOnce(t *testing.T) {
-	amqpURL, dbURL := testenv.VHost(t), testenv.Postgres(t)
+	amqpURL, dbURL := kittest.VHost(t), kittest.Postgres(t)
 	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
 	var msgs []amqp.Publishing
 	for i := range 20 {
@@ -52,7 +49,7 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	// gen:if publishes
 	// A queue of the test's own receives the service's events: an event
 	// no queue takes is refused by the broker (the relay retries it).
-	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare("widget-events", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -62,21 +59,21 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 		return ch.QueueBind("recorded", "widget.recorded", "widget-events", false, nil)
 	})
 	// gen:end
-	testenv.Publish(t, amqpURL, "widgets", "widget.ordered", msgs...)
+	kittest.Publish(t, amqpURL, "widgets", "widget.ordered", msgs...)
 
 	// Every message settled: the records and the poison, and the
 	// duplicates counted (they write nothing: the records can be all there
 	// while the last duplicates are still in a worker).
-	testenv.Eventually(t, time.Minute, "20 records, the poison settled and 25 duplicates counted", func() (bool, error) {
+	kittest.Eventually(t, time.Minute, "20 records, the poison settled and 25 duplicates counted", func() (bool, error) {
 		// gen:if ordered
-		records, parked := testenv.Count(t, dbURL, "SELECT count(*) FROM widget_records"),
-			testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
+		records, parked := kittest.Count(t, dbURL, "SELECT count(*) FROM widget_records"),
+			kittest.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
 		processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
 		if records != 20 || parked != 1 || processed < 20 || dups < 25 {
 			return false, fmt.Errorf("%d records, %d parked, %v processed, %v duplicates so far", records, parked, processed, dups)
 		}
 		// gen:else
-		// gen> records, dead := testenv.Count(t, dbURL, "SELECT count(*) FROM widget_records"), testenv.QueueDepth(t, amqpURL, "widget-service.widget-ordered.dlq")
+		// gen> records, dead := kittest.Count(t, dbURL, "SELECT count(*) FROM widget_records"), kittest.QueueDepth(t, amqpURL, "widget-service.widget-ordered.dlq")
 		// gen> processed, dups := p.Metric(t, "consumer_messages_total", "outcome", "processed"), p.Metric(t, "consumer_messages_total", "outcome", "duplicate")
 		// gen> if records != 20 || dead != 1 || processed < 20 || dups < 25 {
 		// gen> 	return false, fmt.Errorf("%d records, %d dead letters, %v processed, %v duplicates so far", records, dead, processed, dups)
@@ -92,20 +89,20 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 		}
 	}
 	// gen:if ordered
-	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'widget-service'"); n != 26 {
+	if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'widget-service'"); n != 26 {
 		t.Errorf("%d inbox rows, want 26 (one per message id, the poison's too: stored, then parked)", n)
 	}
-	if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
+	if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
 		t.Errorf("%d poison messages parked with reason malformed_json, want 1", n)
 	}
 	// gen:else
-	// gen> if n := testenv.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'widget-service'"); n != 25 {
+	// gen> if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'widget-service'"); n != 25 {
 	// gen> 	t.Errorf("%d inbox rows, want 25 (one per message id but the poison)", n)
 	// gen> }
-	// gen> testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+	// gen> kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 	// gen> 	d, ok, err := ch.Get("widget-service.widget-ordered.dlq", true)
-	// gen> 	if err == nil && (!ok || d.MessageId != "poison" || d.Headers[wire.HeaderDeadLetterReason] != "malformed_json") {
-	// gen> 		t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[wire.HeaderDeadLetterReason])
+	// gen> 	if err == nil && (!ok || d.MessageId != "poison" || d.Headers[kittest.HeaderDeadLetterReason] != "malformed_json") {
+	// gen> 		t.Errorf("dead letter %q with reason %v, want poison with malformed_json", d.MessageId, d.Headers[kittest.HeaderDeadLetterReason])
 	// gen> 	}
 	// gen> 	return err
 	// gen> })
@@ -114,8 +111,8 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	// One event per record, at least once: the relay may publish one again
 	// (a lost confirm), with the same message id, so the test counts keys.
 	keys := map[string]bool{}
-	testenv.Eventually(t, time.Minute, "an event for each of the 20 records", func() (bool, error) {
-		testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+	kittest.Eventually(t, time.Minute, "an event for each of the 20 records", func() (bool, error) {
+		kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 			for {
 				d, ok, err := ch.Get("recorded", true)
 				if err != nil || !ok {

@@ -1,0 +1,156 @@
+// Package kittest is what a service's tests are written with, against the
+// real RabbitMQ and PostgreSQL: the service built and run as a process, or
+// run in the test process; a vhost and a database per test, removed after
+// it; the broker and the database read the way a test reads them; the
+// headers and reasons the kit writes on a dead letter. The servers come from
+// AMQP_URL and DATABASE_URL (TEST_DATABASE_URL), or the local defaults.
+//
+//	var service = kittest.NewProgram("../../cmd/refund-service")
+//
+//	func TestMain(m *testing.M) { os.Exit(kittest.RunMain(m)) }
+//
+//	func TestRefunds(t *testing.T) {
+//		amqpURL, dbURL := kittest.VHost(t), kittest.Postgres(t)
+//		p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL)
+//		kittest.Publish(t, amqpURL, "payments", "refund.requested", …)
+//		kittest.Eventually(t, time.Minute, "the refund recorded", func() (bool, error) { … })
+//	}
+//
+// The fault scenarios for any service (a crash at each point, connections
+// cut, the broker stopped) are kit/testenv/faultkit's; the kit's own tests
+// use kit/testenv, which this package is made of.
+package kittest
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/kit"
+	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/service/servicetest"
+	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/wire"
+)
+
+// Program is a main package of the module, built once per test binary and
+// run as a process, as it runs in production.
+type Program = testenv.Program
+
+// Process is a running Program: its address (health, metrics), its logs, its
+// metrics, and the faults it can be made to suffer (kill, crash points).
+type Process = testenv.Process
+
+// NewProgram names the main package pkg (a path relative to the test's
+// directory, "../../cmd/refund-service"), built at its first Start.
+func NewProgram(pkg string) *Program { return testenv.NewProgram(pkg) }
+
+// RunMain runs the tests and then removes what the Programs built: a test
+// binary's TestMain returns os.Exit(kittest.RunMain(m)).
+func RunMain(m *testing.M) int { return testenv.RunMain(m) }
+
+// Stack is a service run in the test process (Start): its runtime, its
+// database and its broker, for tests that look inside.
+type Stack = servicetest.Stack
+
+// Start runs the service in the test process against the test's own vhost
+// and database (env sets its variables, "INBOX_MODE=buffered"), until the
+// test ends.
+func Start(t testing.TB, svc kit.Service, env ...string) *Stack {
+	return servicetest.Start(t, svc, env...)
+}
+
+// CheckWrites runs msg through h as the runtime does: its body decoded by
+// svc's Events (a refusal is returned), Handle with no transaction open,
+// then the writes twice on db, in a transaction that rolls back and in one
+// that commits (the runtime may run them again when a batch-mate fails). It
+// fails t when the two runs differ or give no outcome, and returns what the
+// committed run gave.
+func CheckWrites[E any](t testing.TB, db *gorm.DB, svc kit.Service, h kit.Handler[E], msg kit.Message) (kit.Outcome, error) {
+	t.Helper()
+	decoded, err := consumer.Decode(svc.Decoder, msg)
+	if err != nil {
+		return "", err
+	}
+	return servicetest.CheckWrites(t, db, consumer.Typed(h), decoded)
+}
+
+// VHost makes a vhost of the test's own on the broker, removed after the
+// test, and returns its AMQP URL.
+func VHost(t testing.TB) string { return testenv.VHost(t) }
+
+// Postgres makes a database of the test's own, dropped after the test, and
+// returns its URL.
+func Postgres(t testing.TB) string { return testenv.Postgres(t) }
+
+// MigratedDB is a database of the test's own with the kit's schemas and sets
+// applied, open.
+func MigratedDB(t testing.TB, sets ...kit.MigrationSet) (*gorm.DB, string) {
+	return testenv.MigratedDB(t, sets...)
+}
+
+// Publish publishes msgs to exchange with the routing key, each confirmed by
+// the broker.
+func Publish(t testing.TB, amqpURL, exchange, key string, msgs ...amqp.Publishing) {
+	t.Helper()
+	testenv.Publish(t, amqpURL, exchange, key, msgs...)
+}
+
+// WithChannel runs f on a channel of its own to the broker at url.
+func WithChannel(t testing.TB, url string, f func(*amqp.Channel) error) {
+	t.Helper()
+	testenv.WithChannel(t, url, f)
+}
+
+// QueueDepth is the number of messages ready in queue.
+func QueueDepth(t testing.TB, url, queue string) int { return testenv.QueueDepth(t, url, queue) }
+
+// Count runs a SELECT count(*) … on the database at dbURL.
+func Count(t testing.TB, dbURL, sql string, args ...any) int {
+	return testenv.Count(t, dbURL, sql, args...)
+}
+
+// Eventually polls cond until it holds or timeout passes: for asynchronous
+// effects, never to assert on speed (the timeout is generous).
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	testenv.Eventually(t, timeout, what, cond)
+}
+
+// Reaches waits until count reaches want for as long as it keeps rising, and
+// fails when it stood still for stall: for a backlog of many effects.
+func Reaches(t testing.TB, stall time.Duration, what string, want int, count func() (int, error)) {
+	t.Helper()
+	testenv.Reaches(t, stall, what, want, count)
+}
+
+// Logger is a logger that writes to the test's log.
+func Logger(t testing.TB) *slog.Logger { return testenv.Logger(t) }
+
+// Recorder stands for a test in the test of a check (CheckWrites, a fault
+// scenario's Check): it keeps what the check reports with Errorf instead of
+// failing.
+type Recorder = testenv.Recorder
+
+// LoadConfig reads the service's configuration and settings from the
+// environment as it does at start, refusing a bad value with an error that
+// names the variable.
+func LoadConfig(svc kit.Service) (kit.Config, error) { return service.LoadConfig(svc) }
+
+// CrashExitCode is the exit status of a process ended by a crash point.
+const CrashExitCode = faults.ExitCode
+
+// The headers the kit writes on a dead letter, and the reasons it assigns
+// itself (a service's own reasons are its kit.NewReason words).
+const (
+	HeaderDeadLetterReason = wire.HeaderDeadLetterReason
+	HeaderDeadLetterError  = wire.HeaderDeadLetterError
+	HeaderAttempt          = wire.HeaderAttempt
+	ReasonRetriesExhausted = wire.ReasonRetriesExhausted
+	ReasonPayloadMismatch  = wire.ReasonPayloadMismatch
+)
