@@ -59,9 +59,13 @@ func (h *Invoices) Handle(ctx context.Context, msg kit.Message, ev InvoiceDue) (
 		return nil, err // retried with backoff, then dead-lettered
 	}
 	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
-		if err := tx.Exec(`INSERT INTO invoices (invoice_id, entry, message_id) VALUES (?, ?, ?)
-			ON CONFLICT DO NOTHING`, ev.InvoiceID, entry, msg.ID).Error; err != nil {
-			return "", err
+		res := tx.Exec(`INSERT INTO invoices (invoice_id, entry, message_id) VALUES (?, ?, ?)
+			ON CONFLICT DO NOTHING`, ev.InvoiceID, entry, msg.ID)
+		switch {
+		case res.Error != nil:
+			return "", res.Error
+		case res.RowsAffected == 0: // the same invoice under another message id: emitted already
+			return kit.OutcomeDuplicate, nil
 		}
 		// An event emitted with the effect: published by the relay after
 		// the commit.

@@ -2,10 +2,12 @@ package kit
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 
+	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/outbox"
@@ -77,8 +79,18 @@ type MigrationSet = migrations.Set
 // Migrations returns the migration set name of the .sql files in dir of fsys
 // (an embed.FS); a dir that is not there panics, at start.
 func Migrations(name string, fsys fs.FS, dir string) MigrationSet {
+	if st, err := fs.Stat(fsys, dir); err != nil || !st.IsDir() {
+		panic(fmt.Sprintf("kit.Migrations(%q, …, %q): no directory %s in the files given (%v)", name, dir, dir, err))
+	}
 	return migrations.NewSet(name, migrations.Must(fsys, dir))
 }
+
+// Reader runs a handler's reads outside its writes (Deps.Reader), on
+// sessions PostgreSQL keeps read-only.
+type Reader = database.Reader
+
+// Task is a background task of a service (Service.Tasks).
+type Task = service.Task
 
 // Outbox emits events from a handler's writes: Enqueue in the inbox
 // transaction, published by the relay once committed and confirmed by the

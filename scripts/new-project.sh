@@ -176,15 +176,20 @@ if [[ -n $svc$event$exchange$routing_key ]]; then
       exit 2
       ;;
   esac
+  # The names the service's package declares beside the event's type and
+  # its decoder (Decode<Event>).
   case $(camel "$event") in
-    Record | Handler | Service)
-      echo "$0: --event $event: its type would collide with the generated $(camel "$event"); choose another name" >&2
+    Record | Handler | Service | ReasonMalformedJSON | ReasonMissingField | Migration* | Decode*)
+      echo "$0: --event $event: its type would collide with a name the generated package declares ($(camel "$event")); choose another name" >&2
       exit 2
       ;;
   esac
-  for taken in "internal/$pkg" "cmd/$svc"; do
-    [[ ! -e $here/$taken ]] || { echo "$0: --service $svc would write $taken, which the template has" >&2; exit 2; }
-  done
+  # A full copy holds the template's services; a bare project none.
+  if ((!bare)); then
+    for taken in "internal/$pkg" "cmd/$svc"; do
+      [[ ! -e $here/$taken ]] || { echo "$0: --service $svc would write $taken, which the template has" >&2; exit 2; }
+    done
+  fi
 fi
 [[ $module =~ ^[a-z0-9][a-z0-9.-]*(/[A-Za-z0-9._~-]+)+$ ]] ||
   { echo "$0: $module is not a module path like example.com/acme/shipping-service" >&2; exit 2; }
@@ -201,6 +206,9 @@ src=$here
 dst=$(realpath -m -- "$dir")
 [[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
 mkdir -p "$dst"
+# A run that fails leaves nothing behind: DIR was missing or empty, and is so
+# again (a second run would refuse a DIR that is not empty).
+trap 'status=$?; if ((status != 0)); then find "$dst" -mindepth 1 -delete 2>/dev/null || true; fi' EXIT
 
 # The kit's import path in the service's code: the copy's own kit/, renamed
 # with the module, or (--bare) the kit's module at a version.
@@ -253,6 +261,31 @@ if [[ -n $svc ]]; then
   #       comment there: the generator takes it out of the comment.
   # The replacements are made in one pass, so a name given here that holds
   # one of the template's (an event named widget-x) is not replaced again.
+  # rename: stdin with every name of the template's replaced, in one pass.
+  rename() {
+    GEN_FROM="$old_module/scripts/template/internal/widget
+$old_module/kit
+widget-service
+widget-ordered
+WidgetOrdered
+widget_records
+widget.ordered
+widget-events
+widgets
+widget" GEN_TO="$module/internal/$pkg
+$kit
+$svc
+$event
+$Event
+$table
+$routing_key
+$publishes
+$exchange
+$pkg" perl -pe '
+      BEGIN { my @from = split /\n/, $ENV{GEN_FROM}; my @to = split /\n/, $ENV{GEN_TO}, -1;
+        @map{@from} = @to; $re = join "|", map { quotemeta } @from }
+      s/($re)/$map{$1}/g'
+  }
   render() { # render FILE: the rendered FILE on stdout
     awk -v ordered="$ordered" -v publishes="$([[ -n $publishes ]] && echo 1 || echo 0)" \
       -v outside="$((!no_outside_calls))" -v file="$1" '
@@ -276,36 +309,12 @@ if [[ -n $svc ]]; then
         $0 = substr($0, 1, RLENGTH - 8) substr($0, RLENGTH + 1)
       }
       { print }
-      END { if (!failed && open) fail("a block not ended") }' "$1" |
-      GEN_FROM="$old_module/scripts/template/internal/widget
-$old_module/kit
-widget-service
-widget-ordered
-WidgetOrdered
-widget_records
-widget.ordered
-widget-events
-widgets
-widget" GEN_TO="$module/internal/$pkg
-$kit
-$svc
-$event
-$Event
-$table
-$routing_key
-$publishes
-$exchange
-$pkg" perl -pe '
-        BEGIN { my @from = split /\n/, $ENV{GEN_FROM}; my @to = split /\n/, $ENV{GEN_TO}, -1;
-          @map{@from} = @to; $re = join "|", map { quotemeta } @from }
-        s/($re)/$map{$1}/g'
+      END { if (!failed && open) fail("a block not ended") }' "$1" | rename
   }
   template=$src/scripts/template
   while IFS= read -r -d '' f; do
     rel=${f#"$template"/}
-    out=${rel//widget-service/$svc}
-    out=${out//widget_records/$table}
-    out=${out//widget/$pkg}
+    out=$(rename <<<"$rel")
     mkdir -p "$(dirname "$dst/$out")"
     render "$f" >"$dst/$out" || { echo "$0: cannot render $rel" >&2; exit 1; }
   done < <(find "$template/internal" "$template/cmd" -type f -print0)

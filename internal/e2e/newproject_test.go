@@ -157,6 +157,17 @@ func TestNewProjectScriptEveryChoiceVets(t *testing.T) {
 			}
 		}
 	}
+	// Names that hold the template's own (widget-service, widget): the
+	// renaming is one pass, so they are not renamed again.
+	dir := filepath.Join(t.TempDir(), "shipping-service")
+	mustRun(t, "../..", "bash", "scripts/new-project.sh", "example.com/acme/shipping-service", dir,
+		"--service", "blue-widget-service", "--event", "widget-made", "--exchange", "widgets", "--routing-key", "widget.made")
+	if out, err := commandOutput(t, dir, nil, "go", "vet", "./internal/bluewidget", "./cmd/blue-widget-service"); err != nil {
+		t.Errorf("a service named blue-widget-service: go vet: %v\n%s", err, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "internal/bluewidget/bluewidget_test.go")); err != nil || !strings.Contains(string(b), `"../../cmd/blue-widget-service"`) {
+		t.Errorf("blue-widget-service's test does not run cmd/blue-widget-service (%v)", err)
+	}
 }
 
 // The generator refuses what would not make a service, naming the flag.
@@ -175,6 +186,7 @@ func TestNewProjectScriptRefusesBadServiceFlags(t *testing.T) {
 		{[]string{"--service", "type-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "Go does not allow"},
 		{[]string{"--service", "outbox-service", "--event", "e", "--exchange", "x", "--routing-key", "k"}, "kit's schemas"},
 		{[]string{"--service", "r-service", "--event", "record", "--exchange", "x", "--routing-key", "k"}, "collide"},
+		{[]string{"--service", "r-service", "--event", "reason-missing-field", "--exchange", "x", "--routing-key", "k"}, "collide"},
 		{[]string{"--no-outside-calls"}, "--no-outside-calls needs --service"},
 		{[]string{"--ordered"}, "--ordered needs --service"},
 		{[]string{"--publishes", "x"}, "--publishes needs --service"},

@@ -210,10 +210,22 @@ func Schemas(opts Options) []migrations.Set {
 	return append([]migrations.Set{migrations.Inbox, migrations.Buffered, migrations.Outbox}, opts.Migrations...)
 }
 
+// buildHandler runs the service's constructor; a panic there (a misuse the
+// kit refuses, such as kit.OutsideCall in a service that declares no outside
+// calls) is the start's error, not a crash with a stack trace.
+func buildHandler(opts Options, k *Kit) (h consumer.Handler, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%v", p)
+		}
+	}()
+	return opts.NewHandler(k)
+}
+
 func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
 	hk := *k
 	hk.DB = nil // a handler reads through Reader and writes through its writes' tx
-	h, err := opts.NewHandler(&hk)
+	h, err := buildHandler(opts, &hk)
 	if err != nil {
 		return nil, fmt.Errorf("build the handler: %w", err)
 	}

@@ -2,16 +2,22 @@
 // from a directory laid out as a Go module proxy, for a project that requires
 // the kit at a version while it is not published where the go command looks:
 //
-//	go run ./scripts/kitproxy -out /srv/goproxy            # kit/ at kit.Version
-//	go run ./scripts/kitproxy -kit ../kit-next -version v0.2.0 -out /srv/goproxy
+//	go run ./scripts/kitproxy -out /srv/goproxy                 # kit/ at its kit.Version
+//	go run ./scripts/kitproxy -kit ../next/kit -out /srv/goproxy   # another checkout's
 //	GOPROXY=file:///srv/goproxy,$(go env GOPROXY) GONOSUMDB=github.com/inbox-template/payment-service/kit \
 //	  go get github.com/inbox-template/payment-service/kit@v0.2.0
 //
-// It writes <module>/@v/<version>.info, .mod and .zip (the module's files as
-// the go command zips them: no .git, no nested module, no symbolic link) and
-// adds the version to @v/list. A version once served never changes (go.sum
-// pins its hash): serving it again with other content is refused, with the
-// same content it does nothing. docs/upgrading.md tells the whole story.
+// The version is the one the kit declares (kit.Version, in
+// internal/release/release.go), so that a service's version command says
+// what it was built from. It writes <module>/@v/<version>.info, .mod and
+// .zip and adds the version to @v/list. The zip holds the module's files as
+// the go command zips them (no nested module, no vendor directory, no
+// symbolic link); in a git checkout, only the files git tracks, as a tag
+// would hold them (an ignored .env or a test binary stays out), with a
+// warning when they differ from the last commit. A version once served
+// never changes (go.sum pins its hash): serving it again with other content
+// is refused, with the same content it does nothing. docs/upgrading.md
+// tells the whole story.
 package main
 
 import (
@@ -23,7 +29,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -42,14 +50,13 @@ func main() {
 
 func run(args []string) error {
 	fset := flag.NewFlagSet("kitproxy", flag.ContinueOnError)
-	dir := fset.String("kit", "kit", "the kit's module directory (its go.mod names the module)")
-	version := fset.String("version", "", "the version to serve it as (default: the Version its internal/release declares)")
+	dir := fset.String("kit", "kit", "the kit's module directory (its go.mod names the module; the version is its kit.Version)")
 	out := fset.String("out", "", "the proxy's directory (GOPROXY=file://<it>); made if missing")
 	if err := fset.Parse(args); err != nil {
 		return err
 	}
 	if *out == "" || fset.NArg() > 0 {
-		return errors.New("usage: kitproxy [-kit DIR] [-version vX.Y.Z] -out DIR")
+		return errors.New("usage: kitproxy [-kit DIR] -out DIR")
 	}
 	kitDir, err := os.OpenRoot(*dir)
 	if err != nil {
@@ -60,13 +67,21 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *version == "" {
-		if *version, err = declaredVersion(kitDir); err != nil {
-			return err
-		}
+	version, err := declaredVersion(kitDir)
+	if err != nil {
+		return err
 	}
-	if !semver.IsValid(*version) || semver.Canonical(*version) != *version || semver.Build(*version) != "" {
-		return fmt.Errorf("-version %q: want a canonical semantic version like v0.2.0", *version)
+	if !semver.IsValid(version) || semver.Canonical(version) != version || semver.Build(version) != "" {
+		return fmt.Errorf("the kit declares Version %q: want a canonical semantic version like v0.2.0", version)
+	}
+	// v2 and later need the major version in the module path (…/kit/v2):
+	// a go command refuses the version for this path.
+	if err := module.Check(mod, version); err != nil {
+		return fmt.Errorf("the kit declares Version %s: %w", version, err)
+	}
+	files, err := moduleFiles(*dir)
+	if err != nil {
+		return err
 	}
 	// Served files are for every reader of the proxy (a file server, the
 	// team's CI), hence the modes 0755 and 0644.
@@ -78,11 +93,11 @@ func run(args []string) error {
 		return err
 	}
 	defer proxyDir.Close()
-	served, err := serve(proxyDir, kitDir, mod, *version)
+	served, err := serve(proxyDir, kitDir, files, mod, version)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("%s@%s %s in %s\n", mod, *version, served, *out)
+	fmt.Printf("%s@%s %s in %s\n", mod, version, served, *out)
 	return nil
 }
 
@@ -104,18 +119,18 @@ func modulePath(kitDir *os.Root) (string, error) {
 func declaredVersion(kitDir *os.Root) (string, error) {
 	b, err := kitDir.ReadFile("internal/release/release.go")
 	if err != nil {
-		return "", fmt.Errorf("no -version, and %w", err)
+		return "", fmt.Errorf("the kit's Version: %w", err)
 	}
 	m := regexp.MustCompile(`(?m)^const Version = "([^"]+)"`).FindSubmatch(b)
 	if m == nil {
-		return "", fmt.Errorf("no -version, and %s/internal/release/release.go declares no Version", kitDir.Name())
+		return "", fmt.Errorf("%s/internal/release/release.go declares no Version", kitDir.Name())
 	}
 	return string(m[1]), nil
 }
 
 // serve writes the version into the proxy directory, or finds it there with
 // the same content; it says which.
-func serve(proxyDir, kitDir *os.Root, mod, version string) (string, error) {
+func serve(proxyDir, kitDir *os.Root, files []string, mod, version string) (string, error) {
 	escaped, err := module.EscapePath(mod)
 	if err != nil {
 		return "", err
@@ -128,7 +143,7 @@ func serve(proxyDir, kitDir *os.Root, mod, version string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	archive, err := zipModule(kitDir, mod+"@"+version)
+	archive, err := zipModule(kitDir, files, mod+"@"+version)
 	if err != nil {
 		return "", err
 	}
@@ -157,43 +172,100 @@ func serve(proxyDir, kitDir *os.Root, mod, version string) (string, error) {
 	return "served", addToList(proxyDir, path.Join(vdir, "list"), version)
 }
 
-// zipModule zips the kit as the module zip of prefix (module@version): every
-// regular file under it, in a stable order with a fixed time (the same tree
-// zips to the same bytes), leaving out what the go command leaves out of a
-// module: version-control directories, nested modules, vendor directories,
-// symbolic links and other special files.
-func zipModule(kitDir *os.Root, prefix string) ([]byte, error) {
-	var files []string
-	err := fs.WalkDir(kitDir.FS(), ".", func(rel string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if rel == "." {
-				return nil
-			}
-			switch d.Name() {
-			case ".git", ".hg", ".svn", ".bzr", "vendor":
-				return fs.SkipDir
-			}
-			if _, err := kitDir.Stat(path.Join(rel, "go.mod")); err == nil {
-				return fs.SkipDir // a module of its own
-			}
-			return nil
-		}
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		if err := module.CheckFilePath(rel); err != nil {
-			return fmt.Errorf("%s cannot be in a module: %w", rel, err)
-		}
-		files = append(files, rel)
-		return nil
-	})
+// moduleFiles lists the module's files under dir, slash-separated and
+// sorted: in a git checkout the files git tracks (as a tag holds them),
+// elsewhere every regular file; then without what the go command leaves out
+// of a module: version-control directories, vendor directories, nested
+// modules, symbolic links and other special files.
+func moduleFiles(dir string) ([]string, error) {
+	candidates, tracked, err := gitFiles(dir)
 	if err != nil {
 		return nil, err
 	}
+	if !tracked {
+		if candidates, err = walkFiles(dir); err != nil {
+			return nil, err
+		}
+	}
+	nested := map[string]bool{} // directories of modules of their own
+	for _, f := range candidates {
+		if path.Base(f) == "go.mod" && path.Dir(f) != "." {
+			nested[path.Dir(f)] = true
+		}
+	}
+	var files []string
+	for _, f := range candidates {
+		if excluded(f, nested) {
+			continue
+		}
+		st, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(f)))
+		if err != nil || !st.Mode().IsRegular() {
+			continue // deleted in the working tree, or a link
+		}
+		if err := module.CheckFilePath(f); err != nil {
+			return nil, fmt.Errorf("%s cannot be in a module: %w", f, err)
+		}
+		files = append(files, f)
+	}
 	slices.Sort(files)
+	return files, nil
+}
+
+// excluded says whether f lies in a vendor or version-control directory or
+// in a nested module.
+func excluded(f string, nested map[string]bool) bool {
+	for d := path.Dir(f); d != "."; d = path.Dir(d) {
+		switch path.Base(d) {
+		case "vendor", ".git", ".hg", ".svn", ".bzr":
+			return true
+		}
+		if nested[d] {
+			return true
+		}
+	}
+	return false
+}
+
+// gitFiles lists the files git tracks under dir, and warns when the working
+// tree differs from the last commit there; tracked is false outside a git
+// checkout.
+func gitFiles(dir string) (files []string, tracked bool, err error) {
+	if exec.Command("git", "-C", dir, "rev-parse", "--is-inside-work-tree").Run() != nil { // #nosec G204 -- git, with the directory given
+		return nil, false, nil
+	}
+	out, err := exec.Command("git", "-C", dir, "ls-files", "-z", "--", ".").Output() // #nosec G204 -- git, with the directory given
+	if err != nil {
+		return nil, false, fmt.Errorf("git ls-files in %s: %w", dir, err)
+	}
+	for f := range strings.SplitSeq(strings.TrimSuffix(string(out), "\x00"), "\x00") {
+		if f != "" {
+			files = append(files, f)
+		}
+	}
+	if st, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--untracked-files=no", "--", ".").Output(); err == nil && len(st) > 0 { // #nosec G204 -- git, with the directory given
+		fmt.Fprintf(os.Stderr, "kitproxy: warning: %s has changes not committed; they are served as they are, under a version a tag may later name otherwise\n", dir)
+	}
+	return files, true, nil
+}
+
+// walkFiles lists every regular file under dir.
+func walkFiles(dir string) ([]string, error) {
+	var files []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		files = append(files, filepath.ToSlash(rel))
+		return err
+	})
+	return files, err
+}
+
+// zipModule zips files of the kit as the module zip of prefix
+// (module@version), in their order with a fixed time: the same tree zips to
+// the same bytes.
+func zipModule(kitDir *os.Root, files []string, prefix string) ([]byte, error) {
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
 	stamp := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
