@@ -1,44 +1,13 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/testenv"
 )
-
-// park stores a message of key and parks it, as the processor would after a
-// permanent error.
-func park(t *testing.T, s *buffered.Store, id, key string, behind int) {
-	t.Helper()
-	ctx := context.Background()
-	in := []buffered.Incoming{{MessageID: id, OrderingKey: key, ContentType: "application/json",
-		Body: []byte(`{"order_id":"` + key + `"}`), Headers: map[string]any{"x-original-exchange": "orders"}}}
-	for i := range behind {
-		in = append(in, buffered.Incoming{MessageID: id + "-next-" + string(rune('a'+i)), OrderingKey: key, ContentType: "application/json", Body: []byte(`{}`)})
-	}
-	if _, err := s.Ingest(ctx, in, nil); err != nil {
-		t.Fatal(err)
-	}
-	cs, err := s.Claim(ctx, 100, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cs {
-		if c.MessageID == id {
-			if ok, err := s.Park(ctx, c.Lease, "invalid_field", "amount_cents must be positive"); !ok || err != nil {
-				t.Fatalf("park: %v %v", ok, err)
-			}
-		} else if _, err := s.Release(ctx, c.Lease, time.Hour, "not this test's", false); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // inbox status, parked, retry, skip and export on the buffered inbox of the
 // service's configuration; an exported message is a dead letter like any.
@@ -46,10 +15,12 @@ func TestBufferedInboxCommands(t *testing.T) {
 	e := newDLQEnv(t)
 	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
 	t.Setenv("DATABASE_URL", url)
-	s := buffered.New(gdb, "payment-service")
-	park(t, s, "m-1", "order-1", 2)
-	park(t, s, "m-2", "order-2", 0)
-	park(t, s, "m-3", "order-3", 1)
+	for _, p := range []struct {
+		id, key string
+		behind  int
+	}{{"m-1", "order-1", 2}, {"m-2", "order-2", 0}, {"m-3", "order-3", 1}} {
+		testenv.ParkBuffered(t, gdb, "payment-service", p.id, p.key, p.behind, "invalid_field", "amount_cents must be positive")
+	}
 
 	out, err := inboxctl(t, "", "inbox", "status")
 	for _, want := range []string{"parked  3", "pending  3", "blocked keys: 3 (a parked head each; 3 messages wait behind them)", "oldest unprocessed:"} {
@@ -86,12 +57,14 @@ func TestBufferedInboxCommands(t *testing.T) {
 	if err != nil || !strings.Contains(out, "m-2") || !strings.Contains(out, "order_id=order-2") || !strings.Contains(out, "invalid_field") {
 		t.Errorf("dlq list after the export: err %v, output %q", err, out)
 	}
-	st2, err := s.Stats(context.Background(), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st2.Counts[buffered.StatusParked] != 0 || st2.Counts[buffered.StatusSkipped] != 1 || st2.Counts[buffered.StatusDeadLettered] != 1 || st2.BlockedKeys != 0 {
-		t.Errorf("after retry, skip and export: %+v", st2)
+	out, err = inboxctl(t, "", "inbox", "status", "--json")
+	st = struct {
+		Counts      map[string]int `json:"counts"`
+		BlockedKeys int            `json:"blocked_keys"`
+	}{}
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Counts["parked"] != 0 || st.Counts["skipped"] != 1 ||
+		st.Counts["dead_lettered"] != 1 || st.BlockedKeys != 0 {
+		t.Errorf("after retry, skip and export: err %v, output %q", err, out)
 	}
 	var inboxRow int64
 	gdb.Table("inbox").Where("message_id = 'm-2'").Count(&inboxRow)

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
 	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -16,7 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/testenv"

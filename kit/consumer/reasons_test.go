@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )

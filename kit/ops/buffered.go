@@ -11,9 +11,9 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/service"
 )

@@ -9,7 +9,7 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/buffered"
 )
 
 // Backlog of the claim measurements: one hot key and many keys of one
