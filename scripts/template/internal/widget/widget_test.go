@@ -30,7 +30,8 @@ func event(id, key string) amqp.Publishing {
 // one widget.recorded event on widget-events per record,
 // gen:end
 // gen:if ordered
-// and the poison parked with its reason (a key of its own).
+// and the poison parked with its reason (a key of its own); each record is its
+// key's first message's, one key's messages processed in order.
 // gen:else
 // and the poison in the dead-letter queue with its reason.
 // gen:end
@@ -94,6 +95,11 @@ func TestRecordsEachKeyOnce(t *testing.T) {
 	}
 	if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox_messages WHERE message_id = 'poison' AND park_reason = 'malformed_json'"); n != 1 {
 		t.Errorf("%d poison messages parked with reason malformed_json, want 1", n)
+	}
+	// One key's messages in the order they were published: each record is
+	// its key's first message's (m-k-3 before again-k-3), never a later one's.
+	if n := kittest.Count(t, dbURL, "SELECT count(*) FROM widget_records WHERE message_id <> 'm-' || key"); n != 0 {
+		t.Errorf("%d records made by a later message of their key, want each key's first", n)
 	}
 	// gen:else
 	// gen> if n := kittest.Count(t, dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'widget-service'"); n != 25 {
