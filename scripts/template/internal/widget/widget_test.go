@@ -37,7 +37,12 @@ func event(id, key string) amqp.Publishing {
 // gen:end
 func TestRecordsEachKeyOnce(t *testing.T) {
 	amqpURL, dbURL := kittest.VHost(t), kittest.Postgres(t)
-	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
+	// Short retry delays, for a case of yours that fails and then succeeds.
+	// gen:if ordered
+	p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "BUFFER_RETRY_DELAYS=100ms,500ms")
+	// gen:else
+	// gen> p := service.Start(t, "AMQP_URL="+amqpURL, "DATABASE_URL="+dbURL, "RETRY_DELAYS=100ms,500ms")
+	// gen:end
 	var msgs []amqp.Publishing
 	for i := range 20 {
 		key := fmt.Sprintf("k-%d", i)
