@@ -193,6 +193,9 @@ func env(opts service.Options, stdout io.Writer) error {
 		if v.Name == "IDEMPOTENCY_KEY_TTL" && opts.NoOutsideCalls {
 			continue // a service with no outside calls refuses it
 		}
+		if strings.HasPrefix(v.Name, "OUTBOX_") && len(opts.Publishes) == 0 {
+			continue // no relay runs for a service that publishes nothing
+		}
 		fmt.Fprintf(&b, "\n# %s\n%s=%s\n", v.Desc, v.Name, v.Default)
 	}
 	_, err := io.WriteString(stdout, b.String())

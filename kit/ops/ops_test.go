@@ -57,6 +57,23 @@ func TestEnvLeavesOutWhatTheServiceRefuses(t *testing.T) {
 	}
 }
 
+// The outbox's settings are a publishing service's: env prints them for one
+// that publishes, and leaves them out for one that does not, as the start-up
+// log does.
+func TestEnvPrintsTheOutboxsSettingsForAPublisherOnly(t *testing.T) {
+	for _, publishes := range [][]string{nil, {"notes"}} {
+		opts := service.Options{Name: "notes", Event: "note-taken", Exchange: "x", RoutingKey: "k", Publishes: publishes,
+			NewHandler: func(k *service.Kit) (consumer.Handler, error) { return nil, nil }}
+		var out strings.Builder
+		if err := ops.Command(context.Background(), opts, []string{"env"}, nil, &out); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "\nOUTBOX_BATCH="); got != (publishes != nil) {
+			t.Errorf("env of a service publishing %q prints OUTBOX_BATCH: %v, want %v", publishes, got, publishes != nil)
+		}
+	}
+}
+
 // A service that pins settings (Options.Requires) prints the pinned values:
 // the defaults would not start it. From a review: an ordered generated
 // service's .env.example said INBOX_MODE=inline, and it refused to start.
