@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/service"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
@@ -14,12 +15,11 @@ import (
 // it returns (armed only with FAULTS_ENABLED, for the fault scripts). The
 // call must be idempotent, with a key derived from the business entity: the
 // kit keeps its retries within IDEMPOTENCY_KEY_TTL. A service that declares
-// NoOutsideCalls has no such guard: OutsideCall then refuses to start it
-// (it panics in the handler's constructor, and the kit reports the panic as
-// the start's error).
+// NoOutsideCalls has no such guard: OutsideCall, called in the handler's
+// constructor, then refuses to start it.
 func OutsideCall[Req, Resp any](d *Deps, span string, crashAfter CrashPoint, call func(context.Context, Req) (Resp, error)) func(context.Context, Req) (Resp, error) {
 	if d.Config.NoOutsideCalls() {
-		panic(fmt.Sprintf("kit.OutsideCall(%q): the service declares NoOutsideCalls, so nothing keeps its retries within the callee's memory of an idempotency key; set NoOutsideCalls to false", span))
+		service.RefuseStart(fmt.Errorf("kit.OutsideCall(%q): the service declares NoOutsideCalls, so nothing keeps its retries within the callee's memory of an idempotency key; set NoOutsideCalls to false", span))
 	}
 	return faults.After(d.Crasher, crashAfter, tracing.Call(d.Tracer, span, call))
 }

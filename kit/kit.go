@@ -29,7 +29,7 @@
 // The kit is a Go module of its own, released on its own: a service requires
 // it at a version and takes an upgrade with
 //
-//	go get github.com/inbox-template/payment-service/kit@v0.2.0
+//	go get github.com/inbox-template/payment-service/kit@v0.3.0
 //
 // (the template's docs/upgrading.md: the releases, a file-based module
 // proxy for a kit that is not published, vendoring).
@@ -37,7 +37,7 @@ package kit
 
 import "github.com/inbox-template/payment-service/kit/internal/release"
 
-// Version is this kit's release, as its tag names it (kit/v0.1.0): a
+// Version is this kit's release, as its tag names it (kit/v0.2.0): a
 // service's `version` command prints it beside the module version the
 // binary was built from.
 const Version = release.Version

@@ -79,8 +79,10 @@ type MigrationSet = migrations.Set
 // Migrations returns the migration set name of the .sql files in dir of fsys
 // (an embed.FS); a dir that is not there panics, at start.
 func Migrations(name string, fsys fs.FS, dir string) MigrationSet {
-	if st, err := fs.Stat(fsys, dir); err != nil || !st.IsDir() {
-		panic(fmt.Sprintf("kit.Migrations(%q, …, %q): no directory %s in the files given (%v)", name, dir, dir, err))
+	if st, err := fs.Stat(fsys, dir); err != nil {
+		panic(fmt.Sprintf("kit.Migrations(%q, …, %q): no directory %s in the files given: %v", name, dir, dir, err))
+	} else if !st.IsDir() {
+		panic(fmt.Sprintf("kit.Migrations(%q, …, %q): %s is a file, not a directory", name, dir, dir))
 	}
 	return migrations.NewSet(name, migrations.Must(fsys, dir))
 }

@@ -177,9 +177,9 @@ if [[ -n $svc$event$exchange$routing_key ]]; then
       ;;
   esac
   # The names the service's package declares beside the event's type and
-  # its decoder (Decode<Event>).
+  # its decoder.
   case $(camel "$event") in
-    Record | Handler | Service | ReasonMalformedJSON | ReasonMissingField | Migration* | Decode*)
+    Record | Handler | Service | ReasonMissingField)
       echo "$0: --event $event: its type would collide with a name the generated package declares ($(camel "$event")); choose another name" >&2
       exit 2
       ;;
@@ -206,9 +206,12 @@ src=$here
 dst=$(realpath -m -- "$dir")
 [[ $dst != "$src" && $dst != "$src"/* ]] || { echo "$0: $dir is inside the template" >&2; exit 2; }
 mkdir -p "$dst"
-# A run that fails leaves nothing behind: DIR was missing or empty, and is so
-# again (a second run would refuse a DIR that is not empty).
+# A run that fails, or is interrupted, leaves DIR empty, as it was (a second
+# run would refuse a DIR that is not empty). DIR held nothing before: this
+# deletes only what the run wrote.
 trap 'status=$?; if ((status != 0)); then find "$dst" -mindepth 1 -delete 2>/dev/null || true; fi' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # The kit's import path in the service's code: the copy's own kit/, renamed
 # with the module, or (--bare) the kit's module at a version.
@@ -370,6 +373,8 @@ if ((bare)); then
   fi
 fi
 
+# Written: what follows only prints (a closed pipe must not undo the copy).
+trap - EXIT INT TERM
 cat <<EOF2
 $dst is your copy, module $module.
 Next:

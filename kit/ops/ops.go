@@ -208,7 +208,7 @@ var kitModule = strings.TrimSuffix(reflect.TypeFor[UsageError]().PkgPath(), "/op
 
 // version says which kit the binary holds: the release its source declares
 // (release.Version) and the module version go build took it at, from the
-// binary's build information: "v0.2.0" after go get …/kit@v0.2.0, a local
+// binary's build information: "v0.3.0" after go get …/kit@v0.3.0, a local
 // directory where go.mod replaces the kit (the template's own services).
 func version(program string) string {
 	built := "unknown: no build information"

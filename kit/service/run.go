@@ -210,13 +210,25 @@ func Schemas(opts Options) []migrations.Set {
 	return append([]migrations.Set{migrations.Inbox, migrations.Buffered, migrations.Outbox}, opts.Migrations...)
 }
 
-// buildHandler runs the service's constructor; a panic there (a misuse the
-// kit refuses, such as kit.OutsideCall in a service that declares no outside
-// calls) is the start's error, not a crash with a stack trace.
+// RefuseStart stops the service's start with err, from code that runs in
+// its handler's constructor and cannot return an error (kit.OutsideCall in
+// a service that declares no outside calls): the start fails with err, as
+// with a constructor's error. Outside a constructor it is a panic.
+func RefuseStart(err error) { panic(startRefusal{err}) }
+
+// startRefusal is RefuseStart's panic.
+type startRefusal struct{ err error }
+
+// buildHandler runs the service's constructor; a RefuseStart there is the
+// start's error. Any other panic stays one, with its stack: a bug.
 func buildHandler(opts Options, k *Kit) (h consumer.Handler, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("%v", p)
+			r, ok := p.(startRefusal)
+			if !ok {
+				panic(p)
+			}
+			err = r.err
 		}
 	}()
 	return opts.NewHandler(k)

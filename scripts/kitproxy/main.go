@@ -5,7 +5,7 @@
 //	go run ./scripts/kitproxy -out /srv/goproxy                 # kit/ at its kit.Version
 //	go run ./scripts/kitproxy -kit ../next/kit -out /srv/goproxy   # another checkout's
 //	GOPROXY=file:///srv/goproxy,$(go env GOPROXY) GONOSUMDB=github.com/inbox-template/payment-service/kit \
-//	  go get github.com/inbox-template/payment-service/kit@v0.2.0
+//	  go get github.com/inbox-template/payment-service/kit@v0.3.0
 //
 // The version is the one the kit declares (kit.Version, in
 // internal/release/release.go), so that a service's version command says
@@ -193,6 +193,9 @@ func moduleFiles(dir string) ([]string, error) {
 			nested[path.Dir(f)] = true
 		}
 	}
+	if !slices.Contains(candidates, "go.mod") {
+		return nil, fmt.Errorf("%s/go.mod is not among the files to serve: in a git checkout, git must track the kit", dir)
+	}
 	var files []string
 	for _, f := range candidates {
 		if excluded(f, nested) {
@@ -227,25 +230,54 @@ func excluded(f string, nested map[string]bool) bool {
 }
 
 // gitFiles lists the files git tracks under dir, and warns when the working
-// tree differs from the last commit there; tracked is false outside a git
-// checkout.
+// tree differs from the last commit there (a change, a file not added yet);
+// tracked is false outside a git checkout. Inside one (a .git in dir or
+// above it), git must answer: without it the ignored files (an .env) would
+// be served.
 func gitFiles(dir string) (files []string, tracked bool, err error) {
-	if exec.Command("git", "-C", dir, "rev-parse", "--is-inside-work-tree").Run() != nil { // #nosec G204 -- git, with the directory given
+	if !inGitCheckout(dir) {
 		return nil, false, nil
 	}
 	out, err := exec.Command("git", "-C", dir, "ls-files", "-z", "--", ".").Output() // #nosec G204 -- git, with the directory given
 	if err != nil {
-		return nil, false, fmt.Errorf("git ls-files in %s: %w", dir, err)
+		return nil, false, fmt.Errorf("%s is in a git checkout, and git ls-files there failed (%w): the files to serve are the ones git tracks", dir, gitError(err))
 	}
 	for f := range strings.SplitSeq(strings.TrimSuffix(string(out), "\x00"), "\x00") {
 		if f != "" {
 			files = append(files, f)
 		}
 	}
-	if st, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--untracked-files=no", "--", ".").Output(); err == nil && len(st) > 0 { // #nosec G204 -- git, with the directory given
-		fmt.Fprintf(os.Stderr, "kitproxy: warning: %s has changes not committed; they are served as they are, under a version a tag may later name otherwise\n", dir)
+	if st, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--", ".").Output(); err == nil && len(st) > 0 { // #nosec G204 -- git, with the directory given
+		fmt.Fprintf(os.Stderr, "kitproxy: warning: %s differs from its last commit (changes, or files git does not track: those are left out); it is served as it is, under a version a tag may later name otherwise:\n%s", dir, st)
 	}
 	return files, true, nil
+}
+
+// inGitCheckout says whether dir or a directory above it holds .git.
+func inGitCheckout(dir string) bool {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return false
+	}
+	for {
+		if _, err := os.Lstat(filepath.Join(abs, ".git")); err == nil {
+			return true
+		}
+		parent := filepath.Dir(abs)
+		if parent == abs {
+			return false
+		}
+		abs = parent
+	}
+}
+
+// gitError is err with what git wrote to stderr.
+func gitError(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+	}
+	return err
 }
 
 // walkFiles lists every regular file under dir.

@@ -67,7 +67,14 @@ func TestServeTakesWhatGitTracks(t *testing.T) {
 	write(t, kit, "go.mod", "module example.com/kit\n\ngo 1.26\n")
 	write(t, kit, "internal/release/release.go", "package release\n\nconst Version = \"v0.1.0\"\n")
 	write(t, repo, ".gitignore", ".env\n")
-	for _, args := range [][]string{{"init", "-q"}, {"add", "."}, {"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "kit"}} {
+	if out, err := exec.Command("git", "-C", repo, "init", "-q").CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v\n%s", err, out)
+	}
+	// A kit git does not track yet is refused, not served empty.
+	if err := run([]string{"-kit", kit, "-out", t.TempDir()}); err == nil || !strings.Contains(err.Error(), "git must track the kit") {
+		t.Errorf("a kit git does not track: %v, want a refusal", err)
+	}
+	for _, args := range [][]string{{"add", "."}, {"-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "kit"}} {
 		if out, err := exec.Command("git", append([]string{"-C", repo}, args...)...).CombinedOutput(); err != nil {
 			t.Fatalf("git %v: %v\n%s", args, err, out)
 		}
