@@ -89,6 +89,12 @@ func TestServeTakesWhatGitTracks(t *testing.T) {
 	if want := []string{"example.com/kit@v0.1.0/go.mod", "example.com/kit@v0.1.0/internal/release/release.go"}; !slices.Equal(got, want) {
 		t.Errorf("the zip holds %q, want %q", got, want)
 	}
+	// Without git, a checkout's files are not listed by walking the tree
+	// (the ignored .env would go in): refused.
+	t.Setenv("PATH", t.TempDir())
+	if err := run([]string{"-kit", kit, "-out", t.TempDir()}); err == nil || !strings.Contains(err.Error(), "git ls-files there failed") {
+		t.Errorf("a checkout with no git to list it: %v, want a refusal", err)
+	}
 }
 
 func zipNames(t *testing.T, name string) []string {
