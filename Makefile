@@ -122,7 +122,7 @@ check: fmt vet
 # the packages of the module it runs in, and the kit is a module of its own).
 # A crash leaves its input in the package's testdata/fuzz/:
 # commit it with the fix, and it stays a seed.
-FUZZ_TARGETS = FuzzDecode:./internal/payment/orders FuzzAdmit:./kit/consumer \
+FUZZ_TARGETS = FuzzDecode:./internal/payment/orders FuzzAdmit:./kit/internal/consumer \
 	FuzzChargeRequest:./internal/demo/fakegateway FuzzHeadersFromJSON:./kit/rabbit
 FUZZTIME ?= 25000x
 .PHONY: fuzz

@@ -1,6 +1,6 @@
 package kit
 
-import "github.com/inbox-template/payment-service/kit/consumer"
+import "github.com/inbox-template/payment-service/kit/internal/consumer"
 
 // Handler handles the messages of one event type E: Handle runs with no
 // transaction open, at least once per message, and returns the writes the

@@ -27,7 +27,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/demo/producer"
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/service/servicetest"
@@ -192,7 +192,7 @@ func describe(sp sdktrace.ReadOnlySpan) string {
 func TestOneOrderIsOneTrace(t *testing.T) {
 	s := startTraceStack(t)
 	s.publishOrders("trace", 1)
-	s.ship.WaitOutcome(consumer.OutcomeProcessed, 1)
+	s.ship.WaitOutcome(kit.OutcomeProcessed, 1)
 
 	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders", ""))
 	process := s.waitSpan("payment's process span", childOf("payment-service", "process payments.order-placed", published))
@@ -263,9 +263,9 @@ func TestDuplicateRetryAndDeadLetterAreVisibleInTheTrace(t *testing.T) {
 	}
 	msg := amqp.Publishing{MessageId: "m-dup", ContentType: "application/json", Body: body, Timestamp: time.Now()}
 	s.publish(msg)
-	s.pay.WaitOutcome(consumer.OutcomeProcessed, 1)
+	s.pay.WaitOutcome(kit.OutcomeProcessed, 1)
 	s.publish(msg)
-	s.pay.WaitOutcome(consumer.OutcomeDuplicate, 1)
+	s.pay.WaitOutcome(kit.OutcomeDuplicate, 1)
 	var duplicates int
 	testenv.Eventually(t, 30*time.Second, "two process spans of m-dup", func() (bool, error) {
 		duplicates = 0
@@ -340,7 +340,7 @@ func TestDuplicateRetryAndDeadLetterAreVisibleInTheTrace(t *testing.T) {
 func TestOneOrderIsOneTraceBuffered(t *testing.T) {
 	s := startTraceStack(t, "INBOX_MODE=buffered")
 	s.publishOrders("trace-buffered", 1)
-	s.ship.WaitOutcome(consumer.OutcomeProcessed, 1)
+	s.ship.WaitOutcome(kit.OutcomeProcessed, 1)
 
 	published := s.waitSpan("the order's publish", named("order-publisher", "publish orders", ""))
 	process := s.waitSpan("payment's processing", childOf("payment-service", "process payments.order-placed", published))

@@ -23,7 +23,6 @@ import (
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 	"github.com/inbox-template/payment-service/kit"
-	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
@@ -149,7 +148,7 @@ func count(t *testing.T, db *gorm.DB, table, where string, args ...any) int {
 	return int(n)
 }
 
-func outcomes(m *servicetest.Stack, outcome string) int { return m.Outcome(consumer.Outcome(outcome)) }
+func outcomes(m *servicetest.Stack, outcome string) int { return m.Outcome(kit.Outcome(outcome)) }
 
 func waitOutcome(t *testing.T, m *servicetest.Stack, outcome string, n int) {
 	t.Helper()
@@ -698,9 +697,9 @@ func TestPaymentWritesMayRunTwice(t *testing.T) {
 	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), outbox.New("payment-service"))
 	for _, c := range []struct {
 		order orders.OrderPlaced
-		want  consumer.Outcome
+		want  kit.Outcome
 	}{
-		{order("o-twice", 1250), consumer.OutcomeProcessed},
+		{order("o-twice", 1250), kit.OutcomeProcessed},
 		{order("o-twice-declined", 1002), "declined"},
 	} {
 		body, err := json.Marshal(c.order)

@@ -81,7 +81,7 @@ var published = time.Now().Add(-2 * time.Hour).Truncate(time.Second)
 const keyLifetime = 24 * time.Hour
 
 // put publishes dl to the dead-letter exchange with the headers the runtime's
-// dead-lettering writes (kit/consumer/settle.go).
+// dead-lettering writes (kit/internal/consumer/settle.go).
 func (b *broker) put(dls ...deadLetter) {
 	b.t.Helper()
 	for _, dl := range dls {

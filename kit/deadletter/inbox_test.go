@@ -9,8 +9,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
@@ -18,7 +18,7 @@ import (
 )
 
 // startRuntime runs a consumer runtime on b's work queue whose handler records
-// one effect per message in db; the wiring is kit/consumer's test harness,
+// one effect per message in db; the wiring is kit/internal/consumer's test harness,
 // cut to what a replay needs.
 func startRuntime(t *testing.T, b *broker, db *gorm.DB) *consumer.Metrics {
 	t.Helper()

@@ -20,7 +20,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 )
 
 // Point names a place in the flow of a message.

@@ -30,8 +30,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit"
-	"github.com/inbox-template/payment-service/kit/consumer"
 	"github.com/inbox-template/payment-service/kit/faults"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/service"
 	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"

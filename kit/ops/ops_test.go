@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/inbox-template/payment-service/kit"
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/service"
 )

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/retention"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )

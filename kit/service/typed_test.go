@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 )
 
 // A handler typed to one event and Events of another do not compile

@@ -7,7 +7,7 @@ package main
 import (
 	"context"
 
-	"github.com/inbox-template/payment-service/kit/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/service"
 )
 
