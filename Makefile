@@ -231,6 +231,7 @@ BENCH_FLAGS ?=
 
 bench-build: build
 	cd bench && CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath $(BIN))/ ./cmd/...
+	cd kit && CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath $(BIN))/ ./internal/cmd/bench-relay
 
 bench: bench-build
 	$(BIN)/bench -bin $(BIN) -configs all,sustained $(BENCH_FLAGS)

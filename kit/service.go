@@ -8,9 +8,9 @@ import (
 	"log/slog"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
-	"github.com/inbox-template/payment-service/kit/outbox"
 	"github.com/inbox-template/payment-service/kit/service"
 )
 

@@ -27,7 +27,6 @@ import (
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
-	"github.com/inbox-template/payment-service/kit/outbox"
 	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
@@ -694,7 +693,7 @@ func TestPaymentsEmitTheirEvents(t *testing.T) {
 // committed run leaves a payment and its event; the card is charged once.
 func TestPaymentWritesMayRunTwice(t *testing.T) {
 	s := newStack(t)
-	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), outbox.New("payment-service"))
+	h := payment.NewHandler(gateway.NewClient(s.gwURL, 2*time.Second, 8), database.NewReader(s.db), kittest.Outbox(payment.Service()))
 	for _, c := range []struct {
 		order orders.OrderPlaced
 		want  kit.Outcome

@@ -32,6 +32,7 @@ import (
 	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/faults"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/service"
 	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
@@ -79,6 +80,11 @@ func CheckWrites[E any](t testing.TB, db *gorm.DB, svc kit.Service, h kit.Handle
 	}
 	return servicetest.CheckWrites(t, db, consumer.Typed(h), decoded)
 }
+
+// Outbox is svc's outbox as the service holds it (Deps.Outbox) under its
+// default CONSUMER_NAME, for a handler built outside a running service:
+// its Enqueue writes rows the service's relay publishes.
+func Outbox(svc kit.Service) *kit.Outbox { return outbox.New(svc.Name, svc.Publishes...) }
 
 // VHost makes a vhost of the test's own on the broker, removed after the
 // test, and returns its AMQP URL.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
-	"github.com/inbox-template/payment-service/kit/outbox"
+	"github.com/inbox-template/payment-service/kit/internal/outbox"
 )
 
 // shippingSettings stand for a handler's own settings.

@@ -10,7 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
-	"github.com/inbox-template/payment-service/kit/outbox"
+	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/testenv"
 )
 

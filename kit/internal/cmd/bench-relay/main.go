@@ -1,5 +1,9 @@
 // Command bench-relay is the kit's outbox relay alone, for the bench's relay
-// configuration: the payment service's relay without the service around it.
+// configuration (bench/cmd/bench): the payment service's relay without the
+// service around it. It is part of the kit's module, as the relay it drives
+// is internal to the kit; the payment service's names and its OrderPaid are
+// written out here (the kit imports no service): what the bench measures is
+// the relay, on rows of the size and shape the service writes.
 //
 //	bench-relay fill -database-url URL -rows N   commit N OrderPaid rows through outbox.Enqueue
 //	bench-relay relay -database-url URL -amqp-url URL   relay them until SIGTERM
@@ -30,11 +34,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/outbox"
 )
 
 func main() {
@@ -100,9 +103,26 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	return relay(ctx, db, o, log)
 }
 
-// producer is the outbox rows' producer: the payment service's (its
-// CONSUMER_NAME defaults to its name).
-var producer = payment.Service().Name
+// The payment service's names, as its outbox rows carry them: the producer
+// (its CONSUMER_NAME defaults to its name), the exchange its events go to,
+// and OrderPaid's routing key (internal/payment/events.go).
+const (
+	producer         = "payment-service"
+	exchangePayments = "payments"
+	keyOrderPaid     = "order.paid"
+)
+
+// orderPaidEvent is the payment service's OrderPaid, as its JSON goes out.
+type orderPaidEvent struct {
+	EventID     string    `json:"event_id"`
+	OrderID     string    `json:"order_id"`
+	CustomerID  string    `json:"customer_id"`
+	AmountCents int64     `json:"amount_cents"`
+	Currency    string    `json:"currency"`
+	ChargeID    string    `json:"charge_id"`
+	Address     string    `json:"address,omitempty"`
+	PaidAt      time.Time `json:"paid_at"`
+}
 
 // fill commits o.rows OrderPaid rows, o.txRows to a transaction, each
 // transaction one Enqueue call as a handler's transaction of its own makes
@@ -115,7 +135,7 @@ func fill(ctx context.Context, db *gorm.DB, o options, log *slog.Logger) error {
 	if _, err := migrations.Apply(ctx, sqlDB, migrations.Outbox); err != nil {
 		return err
 	}
-	ob := outbox.New(producer, payment.ExchangePayments)
+	ob := outbox.New(producer, exchangePayments)
 	started := time.Now()
 	for first := 0; first < o.rows; first += o.txRows {
 		msgs, err := orderPaid(o.run, first, min(o.txRows, o.rows-first))
@@ -142,7 +162,7 @@ func orderPaid(run string, first, n int) ([]outbox.Message, error) {
 		id := fmt.Sprintf("%s-%d", run, i)
 		charge := make([]byte, 12)
 		_, _ = rand.Read(charge) // never fails (crypto/rand)
-		body, err := json.Marshal(payment.OrderPaid{
+		body, err := json.Marshal(orderPaidEvent{
 			EventID: "order-paid:" + id, OrderID: id, CustomerID: fmt.Sprintf("cus-%d", 1+i%1000),
 			AmountCents: int64(100 + i*7919%99900), Currency: "EUR", ChargeID: "ch_" + hex.EncodeToString(charge),
 			Address: fmt.Sprintf("%d Bench Street, Berlin", i+1), PaidAt: time.Now().UTC(),
@@ -151,7 +171,7 @@ func orderPaid(run string, first, n int) ([]outbox.Message, error) {
 			return nil, err
 		}
 		msgs = append(msgs, outbox.Message{
-			Exchange: payment.ExchangePayments, RoutingKey: payment.KeyOrderPaid, Body: body, OrderingKey: id,
+			Exchange: exchangePayments, RoutingKey: keyOrderPaid, Body: body, OrderingKey: id,
 		})
 	}
 	return msgs, nil
@@ -164,11 +184,11 @@ func relay(ctx context.Context, db *gorm.DB, o options, log *slog.Logger) error 
 	if err != nil {
 		return err
 	}
-	ob := outbox.New(producer, payment.ExchangePayments)
+	ob := outbox.New(producer, exchangePayments)
 	r, err := outbox.NewRelay(outbox.RelayConfig{
 		AMQPURL:   o.amqpURL,
 		Name:      "bench-relay",
-		Exchanges: []string{payment.ExchangePayments},
+		Exchanges: []string{exchangePayments},
 		Batch:     o.batch,
 		ListenURL: o.databaseURL,
 	}, outbox.NewStore(sqlDB, producer), ob, outbox.NewMetrics(prometheus.NewRegistry()), log)
