@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/inbox-template/payment-service/kit/faults"
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 

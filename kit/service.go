@@ -9,9 +9,9 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
-	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // Service describes a service to the kit: its name and the event it

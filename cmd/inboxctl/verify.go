@@ -15,11 +15,11 @@ import (
 
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/verify"
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/logging"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // errInvariant makes the exit code 1 after the report was printed.
@@ -31,7 +31,7 @@ type summaryFiles []string
 func (s *summaryFiles) String() string     { return fmt.Sprint(*s) }
 func (s *summaryFiles) Set(v string) error { *s = append(*s, v); return nil }
 
-func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {
+func verifyCmd(ctx context.Context, opts kit.Service, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	var files summaryFiles
 	fs.Var(&files, "summary", "order-publisher `summary` JSON file (repeatable)")
@@ -48,7 +48,7 @@ func verifyCmd(ctx context.Context, opts service.Options, args []string, stdout 
 	if fs.NArg() > 0 {
 		return &ops.UsageError{Err: fmt.Errorf("verify: unexpected argument %q", fs.Arg(0))}
 	}
-	cfg, err := service.LoadConfig(opts)
+	cfg, err := kit.LoadConfig(opts)
 	if err != nil {
 		return err
 	}
@@ -118,7 +118,7 @@ func loadRuns(files []string, runID string, orders int, dir string, stderr io.Wr
 	return runs, nil
 }
 
-func verifyRuns(ctx context.Context, opts service.Options, cfg service.Config, gwCfg config.Verify, runs []verify.Run) (verify.Report, error) {
+func verifyRuns(ctx context.Context, opts kit.Service, cfg kit.Config, gwCfg config.Verify, runs []verify.Run) (verify.Report, error) {
 	log := logging.New(io.Discard, "error", "inboxctl")
 	open := func(url string) (*gorm.DB, error) {
 		return database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: time.Minute, AppName: "inboxctl"}, log)
@@ -138,7 +138,7 @@ func verifyRuns(ctx context.Context, opts service.Options, cfg service.Config, g
 		return verify.Report{}, err
 	}
 	defer conn.Close()
-	topo := service.Topology(cfg)
+	topo := cfg.Topology()
 	src := verify.Sources{Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo, opts.LogAttrs), Topology: topo}
 	if gwCfg.ShippingDatabaseURL != "" {
 		shipping, err := open(gwCfg.ShippingDatabaseURL)

@@ -1,7 +1,7 @@
 // Command payment-service consumes OrderPlaced events and charges each order
 // exactly once: transactional inbox, idempotent gateway charge, ack after commit,
 // poison messages to the dead-letter exchange. The service is internal/payment;
-// the rest is the kit's (kit/service) and its operations commands
+// the rest is the kit's (kit.Run) and its operations commands
 // (kit/ops).
 //
 //	payment-service              consume until SIGINT or SIGTERM

@@ -40,7 +40,7 @@ func TestNewProjectScript(t *testing.T) {
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
 	}
-	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/payment/orders", module+"/kit/service", module+"/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
+	mustRun(t, dir, "go", "test", "-count=1", "./internal/refund", "./internal/payment/orders", module+"/kit/internal/service", module+"/kit/faults", "./internal/payment/gateway", "./internal/demo/config")
 	if out, err := exec.Command("grep", "-rIl", "--exclude-dir=.git", "github.com/inbox-template/payment-service", dir).Output(); err == nil {
 		t.Errorf("files still name the template's module path:\n%s", out)
 	}

@@ -28,9 +28,9 @@ import (
 	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 	"github.com/inbox-template/payment-service/kit"
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
@@ -42,7 +42,7 @@ type traceStack struct {
 	t         *testing.T
 	rec       *tracetest.SpanRecorder
 	vhost     string
-	pay, ship *servicetest.Stack
+	pay, ship *kittest.Stack
 	failNext  atomic.Int32    // gateway requests to answer 503 before the gateway sees them
 	tracer    *tracing.Tracer // the publisher's
 }
@@ -83,11 +83,11 @@ func startTraceStack(t *testing.T, env ...string) *traceStack {
 	ship.TraceProcessor = s.rec
 	// The carrier answers at once (no latency): nothing stays in flight
 	// there, so its window may be as short as the retries here.
-	s.ship = servicetest.Start(t, ship, append([]string{"AMQP_URL=" + s.vhost, "CARRIER_URL=" + carrierSrv.URL,
+	s.ship = kittest.Start(t, ship, append([]string{"AMQP_URL=" + s.vhost, "CARRIER_URL=" + carrierSrv.URL,
 		"CARRIER_IN_FLIGHT_TIMEOUT=1ms"}, env...)...)
 	pay := payment.Service()
 	pay.TraceProcessor = s.rec
-	s.pay = servicetest.Start(t, pay, append([]string{"AMQP_URL=" + s.vhost, "GATEWAY_URL=" + gwSrv.URL,
+	s.pay = kittest.Start(t, pay, append([]string{"AMQP_URL=" + s.vhost, "GATEWAY_URL=" + gwSrv.URL,
 		"RETRY_DELAYS=100ms,200ms", "GATEWAY_IN_FLIGHT_TIMEOUT=1ms", "OUTBOX_POLL_INTERVAL=200ms"}, env...)...)
 
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(s.rec),

@@ -27,7 +27,6 @@ import (
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/ops"
-	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -51,8 +50,8 @@ type stack struct {
 	maxAttempts, pauseAfter int
 	// first is the first replica started: its configuration names the
 	// queues; events is the test's queue of what the service emitted.
-	first  *servicetest.Stack
-	events *servicetest.Events
+	first  *kittest.Stack
+	events *kittest.Events
 	pub    *amqp.Channel
 }
 
@@ -89,7 +88,7 @@ func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 // service starts one replica of the payment service and returns it; the
 // first declares the topology, and a queue of the test's is bound to the
 // events it emits.
-func (s *stack) service() *servicetest.Stack {
+func (s *stack) service() *kittest.Stack {
 	s.t.Helper()
 	delays := make([]string, len(s.retryDelays))
 	for i, d := range s.retryDelays {
@@ -109,7 +108,7 @@ func (s *stack) service() *servicetest.Stack {
 	if s.pauseAfter != 0 {
 		env = append(env, "PAUSE_AFTER_FAILURES="+strconv.Itoa(s.pauseAfter))
 	}
-	st := servicetest.Start(s.t, payment.Service(), env...)
+	st := kittest.Start(s.t, payment.Service(), env...)
 	if s.first == nil {
 		s.first = st
 		s.events = st.Bind(payment.ExchangePayments, "#")
@@ -147,9 +146,9 @@ func count(t *testing.T, db *gorm.DB, table, where string, args ...any) int {
 	return int(n)
 }
 
-func outcomes(m *servicetest.Stack, outcome string) int { return m.Outcome(kit.Outcome(outcome)) }
+func outcomes(m *kittest.Stack, outcome string) int { return m.Outcome(kit.Outcome(outcome)) }
 
-func waitOutcome(t *testing.T, m *servicetest.Stack, outcome string, n int) {
+func waitOutcome(t *testing.T, m *kittest.Stack, outcome string, n int) {
 	t.Helper()
 	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d %s", n, outcome), func() (bool, error) {
 		return outcomes(m, outcome) == n, nil

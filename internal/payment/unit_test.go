@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func TestIdempotencyKeyDependsOnTheOrderOnly(t *testing.T) {
@@ -42,7 +42,7 @@ func TestServiceChecksTimeoutRelations(t *testing.T) {
 	// do not blame another variable too.
 	t.Run("invalid retries are blamed alone", func(t *testing.T) {
 		t.Setenv("MAX_ATTEMPTS", "0")
-		_, err := service.LoadConfig(Service())
+		_, err := kittest.LoadConfig(Service())
 		if err == nil || !strings.Contains(err.Error(), "MAX_ATTEMPTS") || strings.Contains(err.Error(), "GATEWAY_IN_FLIGHT_TIMEOUT") ||
 			strings.Contains(err.Error(), "IDEMPOTENCY_KEY_TTL") {
 			t.Fatalf("err = %v, want MAX_ATTEMPTS named alone", err)
@@ -53,7 +53,7 @@ func TestServiceChecksTimeoutRelations(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			_, err := service.LoadConfig(Service())
+			_, err := kittest.LoadConfig(Service())
 			switch {
 			case tt.variable == "" && err != nil:
 				t.Fatalf("rejected: %v", err)

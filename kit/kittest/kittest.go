@@ -33,8 +33,8 @@ import (
 	"github.com/inbox-template/payment-service/kit/faults"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
-	"github.com/inbox-template/payment-service/kit/service"
-	"github.com/inbox-template/payment-service/kit/service/servicetest"
+	"github.com/inbox-template/payment-service/kit/internal/service"
+	"github.com/inbox-template/payment-service/kit/internal/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -58,6 +58,20 @@ func RunMain(m *testing.M) int { return testenv.RunMain(m) }
 // Stack is a service run in the test process (Start): its runtime, its
 // database and its broker, for tests that look inside.
 type Stack = servicetest.Stack
+
+// Events is a queue of the test's own bound to an exchange the service
+// publishes to (Stack.Bind): what its outbox relay published.
+type Events = servicetest.Events
+
+// Variable is one environment variable a program reads: its name, its
+// default and what it is for (the field's desc tag).
+type Variable = service.Variable
+
+// Describe lists the variables of a configuration struct (a Settings, a
+// tool's configuration) in field order, with the defaults of their default
+// tags: for a test that holds an .env.example to the programs. A Service's
+// own are its Describe method's.
+func Describe(spec any) []Variable { return service.Describe(spec) }
 
 // Start runs the service in the test process against the test's own vhost
 // and database (env sets its variables, "INBOX_MODE=buffered"), until the
@@ -146,7 +160,7 @@ type Recorder = testenv.Recorder
 // LoadConfig reads the service's configuration and settings from the
 // environment as it does at start, refusing a bad value with an error that
 // names the variable.
-func LoadConfig(svc kit.Service) (kit.Config, error) { return service.LoadConfig(svc) }
+func LoadConfig(svc kit.Service) (kit.Config, error) { return kit.LoadConfig(svc) }
 
 // CrashExitCode is the exit status of a process ended by a crash point.
 const CrashExitCode = faults.ExitCode

@@ -14,8 +14,8 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/deadletter"
 	"github.com/inbox-template/payment-service/kit/internal/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/logging"
-	"github.com/inbox-template/payment-service/kit/service"
 )
 
 // The buffered inbox's commands: status, parked, retry, skip, export.

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/service"
 )
 
 func dlq(ctx context.Context, opts service.Options, args []string, stdin io.Reader, stdout io.Writer) error {

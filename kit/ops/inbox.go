@@ -12,8 +12,8 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/retention"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/logging"
-	"github.com/inbox-template/payment-service/kit/service"
 )
 
 func inbox(ctx context.Context, opts service.Options, args []string, stdout io.Writer) error {

@@ -12,7 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 )
 
 // The outbox's commands: status, parked, retry, skip.

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 // FakeCarrier is the configuration of cmd/fake-carrier, the shipping
@@ -22,7 +22,7 @@ type FakeCarrier struct {
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *FakeCarrier) Validate() error {
-	var v service.Checks
+	var v kit.Checks
 	v.URL("DATABASE_URL", c.DatabaseURL, "postgres", "postgresql")
 	v.Require(c.HTTPAddr != "", "HTTP_ADDR", "must not be empty")
 	v.FaultsToken(c.FaultsEnabled, c.FaultsToken, c.HTTPAddr)
@@ -30,6 +30,6 @@ func (c *FakeCarrier) Validate() error {
 	v.Require(c.LostResponseRate >= 0 && c.LostResponseRate <= 1, "CARRIER_FAULT_LOST_RESPONSE_RATE", "must be between 0 and 1, got %v", c.LostResponseRate)
 	v.Require(c.Latency >= 0 && c.Latency <= time.Minute, "CARRIER_FAULT_LATENCY", "must be between 0 and 1m, got %s", c.Latency)
 	v.Require(c.InFlightTakeover >= time.Second, "CARRIER_IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
-	v.Require(service.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	v.Require(kit.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	return v.Err()
 }

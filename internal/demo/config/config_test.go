@@ -45,5 +45,5 @@ func TestLoadNamesTheVariableAtFault(t *testing.T) {
 	}
 }
 
-// Validator is service.Validator, named here for the table above.
+// Validator is kit.Validator, named here for the table above.
 type Validator = interface{ Validate() error }

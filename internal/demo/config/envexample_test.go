@@ -17,7 +17,7 @@ import (
 
 	"github.com/inbox-template/payment-service/examples/shipping"
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // envExamplePath is the documented environment of all programs; Docker Compose
@@ -42,7 +42,7 @@ var programConfigs = []struct {
 // program is one program and every variable it reads, with its defaults.
 type program struct {
 	name string
-	vars []service.Variable
+	vars []kittest.Variable
 }
 
 // programs lists what each program reads. The payment service's variables
@@ -52,9 +52,9 @@ func programs() []program {
 	pay := payment.Service().Describe()
 	// The shipping example's own settings; the kit's variables it reads too
 	// are the payment service's, set per service in docker-compose.yml.
-	out := []program{{"payment-service", pay}, {"shipping-service", service.Describe(&shipping.Settings{})}}
+	out := []program{{"payment-service", pay}, {"shipping-service", kittest.Describe(&shipping.Settings{})}}
 	for _, p := range programConfigs {
-		out = append(out, program{p.program, service.Describe(p.spec)})
+		out = append(out, program{p.program, kittest.Describe(p.spec)})
 	}
 	for i := range out {
 		if out[i].name == "inboxctl" {
@@ -70,7 +70,7 @@ const envExampleHeader = `# Every environment variable the programs read, once e
 # read it and says what it is for.
 #
 # Generated from the programs' configuration (the desc and default tags of the
-# service.Config in kit/service, whose runtime settings default to the kit's
+# service.Config in kit/internal/service, whose runtime settings default to the kit's
 # consumer.Defaults, of each handler's Settings and of internal/demo/config):
 # do not edit by hand; after changing a setting run
 #   go test ./internal/demo/config -run EnvExample -update

@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
@@ -31,7 +31,7 @@ type FakeGateway struct {
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *FakeGateway) Validate() error {
-	var v service.Checks
+	var v kit.Checks
 	v.Require(c.Store == GatewayStorePostgres || c.Store == GatewayStoreMemory, "STORE",
 		"must be %s or %s, got %q", GatewayStorePostgres, GatewayStoreMemory, c.Store)
 	if c.Store != GatewayStoreMemory { // the memory store reads no database
@@ -45,7 +45,7 @@ func (c *FakeGateway) Validate() error {
 	v.Require(c.InFlightTakeover >= time.Second, "IN_FLIGHT_TAKEOVER", "must be at least 1s, got %s", c.InFlightTakeover)
 	v.Require(c.KeyTTL >= 0, "KEY_TTL", "must be 0 (forever) or positive, got %s", c.KeyTTL)
 	v.FaultsToken(c.FaultsEnabled, c.FaultsToken, c.HTTPAddr)
-	v.Require(service.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	v.Require(kit.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	return v.Err()
 }
 
@@ -60,7 +60,7 @@ type Publisher struct {
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *Publisher) Validate() error {
-	var v service.Checks
+	var v kit.Checks
 	v.AMQPURL("AMQP_URL", c.AMQPURL)
 	v.Require(c.Exchange != "", "EXCHANGE", "must not be empty")
 	v.Require(c.RoutingKey != "", "ROUTING_KEY", "must not be empty")

@@ -1,6 +1,6 @@
 package config
 
-import "github.com/inbox-template/payment-service/kit/service"
+import "github.com/inbox-template/payment-service/kit"
 
 // Verify is what `inboxctl verify` reads beyond the payment service's own
 // configuration: the fake gateway's database, where it looks for double
@@ -18,7 +18,7 @@ type Verify struct {
 
 // Validate reports every out-of-range value, naming its variable.
 func (c *Verify) Validate() error {
-	var v service.Checks
+	var v kit.Checks
 	v.URL("GATEWAY_DATABASE_URL", c.GatewayDatabaseURL, "postgres", "postgresql")
 	v.Require((c.ShippingDatabaseURL == "") == (c.CarrierDatabaseURL == ""), "SHIPPING_DATABASE_URL",
 		"and CARRIER_DATABASE_URL go together: set both to check the pipeline, or neither")

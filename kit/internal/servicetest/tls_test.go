@@ -12,8 +12,8 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/servicetest"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/service/servicetest"
 	"github.com/inbox-template/payment-service/kit/testenv"
 )
 

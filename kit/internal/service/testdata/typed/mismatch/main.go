@@ -8,7 +8,7 @@ import (
 	"context"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
-	"github.com/inbox-template/payment-service/kit/service"
+	"github.com/inbox-template/payment-service/kit/internal/service"
 )
 
 type OrderPlaced struct{ OrderID string }

@@ -479,3 +479,7 @@ func startingValues(opts Options, cfg *Config) map[string]string {
 	}
 	return v
 }
+
+// Topology is the broker topology of the configuration: the service's
+// exchange, queue, binding and dead-letter names.
+func (c Config) Topology() rabbit.Topology { return Topology(c) }
