@@ -1,6 +1,6 @@
 // Command inboxctl operates the payment stack: the payment service's
 // operations commands (the same every service on the kit carries, see
-// kit/ops: migrate, dlq, inbox), plus what belongs to this stack alone:
+// kit.Operate: migrate, dlq, inbox), plus what belongs to this stack alone:
 // the invariants report after a run (verify) and the fake gateway's schema.
 //
 //	inboxctl migrate [gateway]
@@ -26,8 +26,7 @@ import (
 	"github.com/inbox-template/payment-service/internal/demo/config"
 	"github.com/inbox-template/payment-service/internal/demo/fakegateway"
 	"github.com/inbox-template/payment-service/internal/payment"
-	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/ops"
+	"github.com/inbox-template/payment-service/kit"
 )
 
 const usage = `usage: inboxctl <command>
@@ -44,7 +43,7 @@ the payment stack's own commands:
 
 `
 
-// serviceOnly is the head of ops.Usage: its title and the lines of what the
+// serviceOnly is the head of kit.OperationsUsage: its title and the lines of what the
 // service's own binary alone does (serve, healthcheck).
 const serviceOnly = "commands:\n" +
 	"  (none)                       serve: consume until SIGINT or SIGTERM\n" +
@@ -63,14 +62,14 @@ func main() {
 func run(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	err := dispatch(ctx, args, stdin, stdout)
 	if errors.Is(err, flag.ErrHelp) {
-		_, err = io.WriteString(stdout, usage+strings.Replace(ops.Usage, serviceOnly, "the payment service's operations commands (payment-service has them too):\n", 1))
+		_, err = io.WriteString(stdout, usage+strings.Replace(kit.OperationsUsage, serviceOnly, "the payment service's operations commands (payment-service has them too):\n", 1))
 	}
-	return ops.WithHelpHint(err, "inboxctl")
+	return kit.WithHelpHint(err, "inboxctl")
 }
 
 func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) == 0 {
-		return &ops.UsageError{Err: errors.New("no command")}
+		return &kit.UsageError{Err: errors.New("no command")}
 	}
 	switch {
 	case args[0] == "verify":
@@ -80,7 +79,7 @@ func dispatch(ctx context.Context, args []string, stdin io.Reader, stdout io.Wri
 		if err := config.Load(&cfg); err != nil {
 			return err
 		}
-		return ops.Migrate(ctx, cfg.GatewayDatabaseURL, "fake-gateway", []migrations.Set{fakegateway.Migrations}, stdout)
+		return kit.MigrateDatabase(ctx, cfg.GatewayDatabaseURL, "fake-gateway", []kit.MigrationSet{fakegateway.Migrations}, stdout)
 	}
-	return ops.Command(ctx, payment.Service(), args, stdin, stdout)
+	return kit.Operate(ctx, payment.Service(), args, stdin, stdout)
 }

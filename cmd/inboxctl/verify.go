@@ -18,7 +18,6 @@ import (
 	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/logging"
-	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
@@ -43,10 +42,10 @@ func verifyCmd(ctx context.Context, opts kit.Service, args []string, stdout io.W
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
-		return &ops.UsageError{Err: fmt.Errorf("verify: %w", err)}
+		return &kit.UsageError{Err: fmt.Errorf("verify: %w", err)}
 	}
 	if fs.NArg() > 0 {
-		return &ops.UsageError{Err: fmt.Errorf("verify: unexpected argument %q", fs.Arg(0))}
+		return &kit.UsageError{Err: fmt.Errorf("verify: unexpected argument %q", fs.Arg(0))}
 	}
 	cfg, err := kit.LoadConfig(opts)
 	if err != nil {

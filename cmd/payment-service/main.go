@@ -1,8 +1,8 @@
 // Command payment-service consumes OrderPlaced events and charges each order
 // exactly once: transactional inbox, idempotent gateway charge, ack after commit,
 // poison messages to the dead-letter exchange. The service is internal/payment;
-// the rest is the kit's (kit.Run) and its operations commands
-// (kit/ops).
+// the rest is the kit's: kit.Run runs the service, or one of its operations
+// commands.
 //
 //	payment-service              consume until SIGINT or SIGTERM
 //	payment-service healthcheck  exit 0 if the local service is ready

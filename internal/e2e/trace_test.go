@@ -29,7 +29,6 @@ import (
 	"github.com/inbox-template/payment-service/internal/payment/orders"
 	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/kittest"
-	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/tracing"
@@ -325,7 +324,7 @@ func TestDuplicateRetryAndDeadLetterAreVisibleInTheTrace(t *testing.T) {
 	// headers): its processing joins the trace, under the dead letter's
 	// publish, confirmed before its span ended.
 	var out bytes.Buffer
-	if err := ops.Run(context.Background(), payment.Service(), []string{"dlq", "replay", "--id", "m-poison"}, nil, &out); err != nil {
+	if err := kit.Run(context.Background(), payment.Service(), []string{"dlq", "replay", "--id", "m-poison"}, nil, &out); err != nil {
 		t.Fatalf("dlq replay: %v\n%s", err, out.String())
 	}
 	replayed := s.waitSpan("the replay's processing", childOf("payment-service", "process payments.order-placed", dlx))

@@ -26,7 +26,6 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/ops"
 	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -344,7 +343,7 @@ func TestRefusedOrderKeepsItsEventID(t *testing.T) {
 	}
 	ctx := context.Background()
 	var list bytes.Buffer
-	if err := ops.Run(ctx, payment.Service(), []string{"dlq", "list", "--json"}, nil, &list); err != nil {
+	if err := kit.Run(ctx, payment.Service(), []string{"dlq", "list", "--json"}, nil, &list); err != nil {
 		t.Fatal(err)
 	}
 	var listing struct {
@@ -362,7 +361,7 @@ func TestRefusedOrderKeepsItsEventID(t *testing.T) {
 	// The listing has given its message back, ready, before it returned:
 	// the replay right after it finds it.
 	var out bytes.Buffer
-	if err := ops.Run(ctx, payment.Service(), []string{"dlq", "replay", "--id", "evt-nul"}, nil, &out); err != nil ||
+	if err := kit.Run(ctx, payment.Service(), []string{"dlq", "replay", "--id", "evt-nul"}, nil, &out); err != nil ||
 		!strings.Contains(out.String(), "replayed evt-nul") {
 		t.Fatalf("dlq replay --id evt-nul: %v\n%s", err, out.String())
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/ops"
 	"github.com/inbox-template/payment-service/kit/internal/service"
-	"github.com/inbox-template/payment-service/kit/ops"
 )
 
 // env prints every variable with its description and the service's own
