@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"testing/fstest"
 
 	"gorm.io/gorm"
@@ -130,4 +131,33 @@ func ExamplePause() {
 	err := kit.Pause(CauseLedgerForbidden, fmt.Errorf("ledger answered 403"))
 	fmt.Println(err)
 	// Output: ledger_forbidden: ledger answered 403
+}
+
+// carrierConfig is a tool's configuration: a program beside the services
+// (here a fake callee) that reads its environment the kit's way.
+type carrierConfig struct {
+	HTTPAddr string `envconfig:"CARRIER_HTTP_ADDR" default:":8082" desc:"where the carrier listens"`
+	LogLevel string `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	Token    string `envconfig:"CARRIER_TOKEN" secret:"true" desc:"the bearer token of its fault endpoints"`
+}
+
+// Validate refuses bad values, each error naming its variable.
+func (c *carrierConfig) Validate() error {
+	var v kit.Checks
+	v.Require(kit.ValidLogLevel(c.LogLevel), "LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
+	return v.Err()
+}
+
+func ExampleLoadEnv() {
+	os.Setenv("LOG_LEVEL", "loud")
+	os.Setenv("CARRIER_TOKEN", "s3cret")
+	defer os.Unsetenv("LOG_LEVEL")
+	defer os.Unsetenv("CARRIER_TOKEN")
+	var cfg carrierConfig
+	fmt.Println(kit.LoadEnv(&cfg))
+	os.Setenv("LOG_LEVEL", "warn")
+	fmt.Println(kit.LoadEnv(&cfg), kit.LogValue(&cfg))
+	// Output:
+	// configuration: invalid LOG_LEVEL: must be debug, info, warn or error, got "loud"
+	// <nil> map[CARRIER_HTTP_ADDR::8082 CARRIER_TOKEN:*** LOG_LEVEL:warn]
 }
