@@ -65,7 +65,7 @@ SLOW_TESTS  = UnderFaults|NewProjectScript
 # (testenv.GroupCommit), the tests of the commit path among them, but those
 # that set their own batch size or none (NOT_COMMIT_PATH): they would run
 # the same way twice.
-COMMIT_PACKAGES = $(KIT)/consumer ./internal/payment ./internal/e2e ./examples/...
+COMMIT_PACKAGES = $(KIT)/internal/consumer ./internal/payment ./internal/e2e ./examples/...
 COMMIT_PATH = Apply|Applied|Duplicate|Dedupe|Twice|Commit|Writes|Batched|BackendsTerminated|SQLState|DatabaseError|SameIDDifferentPayload|UnderNewID|Conflicting|Emit|Decline|CrashPoints|ThousandOrders|SIGTERMUnderLoad|ShipsEachOrderOnce|CrashAfterCarrierBook|^TestConcurrent|^TestBufferedStoresThenProcessesOnce$$|^TestDeadLetterCopyNoQueueTookIsNotAcked$$
 NOT_COMMIT_PATH = ^TestGroupCommitIsolatesAFailingMessage$$|^TestHungHandlerBatchedWithTheNextMessageCommitsNothing$$|^TestMigrationsApplyTwice$$
 FAULTS_PARALLEL ?= 3
@@ -99,7 +99,7 @@ test-faults:
 test-disruptive:
 	@mkdir -p $(TEST_REPORT)
 	@echo "== $$(date -u +%T) the tests that disturb the whole broker, one package at a time"
-	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- $(TESTFLAGS) -timeout 15m -p 1 -tags disruptive -run Disruptive $(KIT)/consumer ./internal/e2e
+	$(GOTEST) --jsonfile $(TEST_REPORT)/5-disruptive.json -- $(TESTFLAGS) -timeout 15m -p 1 -tags disruptive -run Disruptive $(KIT)/internal/consumer ./internal/e2e
 
 test-scenarios:
 	@mkdir -p $(TEST_REPORT)
@@ -177,7 +177,7 @@ clean:
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/consumer $(KIT)/testenv
+	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/internal/consumer $(KIT)/testenv
 
 # Broker node loss in both inbox modes side by side (what
 # scripts/faults/broker-node-loss.sh --local runs one mode at a time): each
