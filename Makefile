@@ -19,7 +19,7 @@ KIT := $(shell awk '$$1 == "module" { print $$2; exit }' kit/go.mod)
 #   G404  math/rand draws jitter, fault-injection probabilities, demo loads
 #         and lease tokens (which only tell a claim's holder apart): none is
 #         a secret.
-#   kit/testenv  test support: it runs rabbitmqctl, the programs and
+#   kit/internal/testenv, kit/kittest/faultkit, kit/kittest/erlnode  test support: it runs rabbitmqctl, the programs and
 #         scripts it is given (G204), on paths of the tests' own (G304).
 #   bench/, .ci/  separate modules, tools of the project.
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
@@ -62,7 +62,7 @@ build:
 # they disturb no other.
 SLOW_TESTS  = UnderFaults|NewProjectScript
 # The second pass: the packages whose tests take TEST_GROUP_COMMIT_MAX
-# (testenv.GroupCommit), the tests of the commit path among them, but those
+# (testenv.GroupCommit, kit/internal/testenv), the tests of the commit path among them, but those
 # that set their own batch size or none (NOT_COMMIT_PATH): they would run
 # the same way twice.
 COMMIT_PACKAGES = $(KIT)/internal/consumer ./internal/payment ./internal/e2e ./examples/...
@@ -159,7 +159,7 @@ lint:
 	$(GO) mod verify
 	cd kit && $(GO) mod verify
 	$(GO) run $(STATICCHECK) ./... $(KIT)/...
-	$(GO) run $(GOSEC) -log /dev/null -exclude=G404 -exclude-dir=bench -exclude-dir='\.ci' -exclude-dir=kit/testenv -exclude-dir=testdata ./...
+	$(GO) run $(GOSEC) -log /dev/null -exclude=G404 -exclude-dir=bench -exclude-dir='\.ci' -exclude-dir=kit/internal/testenv -exclude-dir=kit/kittest/faultkit -exclude-dir=kit/kittest/erlnode -exclude-dir=testdata ./...
 
 clean:
 	rm -rf $(BIN)
@@ -177,7 +177,7 @@ clean:
 test-cluster:
 	bash scripts/cluster.sh up >/dev/null
 	@mkdir -p $(TEST_REPORT)
-	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/internal/consumer $(KIT)/testenv
+	$(GOTEST) --jsonfile $(TEST_REPORT)/6-cluster.json -- $(TESTFLAGS) -timeout 15m -tags cluster -run 'Cluster|LeaderLoss' $(KIT)/rabbit $(KIT)/internal/consumer $(KIT)/internal/testenv
 
 # Broker node loss in both inbox modes side by side (what
 # scripts/faults/broker-node-loss.sh --local runs one mode at a time): each

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/kittest"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // A service that declares no outside calls has no key-expiry guard: one

@@ -10,7 +10,7 @@
 #
 # Two modes, chosen on purpose (nothing is guessed from what the machine has):
 #   local    (the default, or --local, STACK=local): kit_init runs the scenario's Go
-#            version (kit/testenv/faultkit) with go test, as the service's test
+#            version (kit/kittest/faultkit) with go test, as the service's test
 #            of that name, and exits with its verdict: the service's replicas run as local
 #            processes on the local RabbitMQ and PostgreSQL, in a fresh vhost and fresh
 #            databases the test removes. FAULT_SERVICE=payment (default) or shipping

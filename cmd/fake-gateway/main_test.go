@@ -9,18 +9,18 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func TestRunServesUntilCancelled(t *testing.T) {
-	addr := testenv.FreeAddr(t)
-	t.Setenv("DATABASE_URL", testenv.Postgres(t))
+	addr := kittest.FreeAddr(t)
+	t.Setenv("DATABASE_URL", kittest.Postgres(t))
 	t.Setenv("HTTP_ADDR", addr)
 	t.Setenv("FAULTS_ENABLED", "true")
 	t.Setenv("LOG_LEVEL", "debug")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs testenv.Buffer
+	var logs kittest.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, &logs, &logs) }()
 	t.Cleanup(func() {
@@ -28,7 +28,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 		<-done
 	})
 
-	testenv.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
+	kittest.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
 		return run(context.Background(), []string{"healthcheck"}, &logs, &logs) == nil, nil
 	})
 	ch, err := gateway.NewClient("http://"+addr, 5*time.Second, 8).Charge(context.Background(), gateway.ChargeRequest{
@@ -66,21 +66,21 @@ func TestRunServesUntilCancelled(t *testing.T) {
 // TestRunServesFromMemoryWithoutDatabase: STORE=memory never connects to
 // DATABASE_URL, which here points nowhere.
 func TestRunServesFromMemoryWithoutDatabase(t *testing.T) {
-	addr := testenv.FreeAddr(t)
+	addr := kittest.FreeAddr(t)
 	t.Setenv("STORE", "memory")
 	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none?connect_timeout=1")
 	t.Setenv("HTTP_ADDR", addr)
 	t.Setenv("LOG_LEVEL", "warn")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var logs testenv.Buffer
+	var logs kittest.Buffer
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, &logs, &logs) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
 	})
-	testenv.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
+	kittest.Eventually(t, 15*time.Second, "the gateway's /healthz", func() (bool, error) {
 		return run(context.Background(), []string{"healthcheck"}, &logs, &logs) == nil, nil
 	})
 	client := gateway.NewClient("http://"+addr, 5*time.Second, 8)
@@ -122,7 +122,7 @@ func TestRunFailures(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv("HTTP_ADDR", testenv.FreeAddr(t))
+			t.Setenv("HTTP_ADDR", kittest.FreeAddr(t))
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}

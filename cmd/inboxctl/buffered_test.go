@@ -5,21 +5,21 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // inbox status, parked, retry, skip and export on the buffered inbox of the
 // service's configuration; an exported message is a dead letter like any.
 func TestBufferedInboxCommands(t *testing.T) {
 	e := newDLQEnv(t)
-	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered)
+	gdb, url := kittest.MigratedDB(t, migrations.Inbox, migrations.Buffered)
 	t.Setenv("DATABASE_URL", url)
 	for _, p := range []struct {
 		id, key string
 		behind  int
 	}{{"m-1", "order-1", 2}, {"m-2", "order-2", 0}, {"m-3", "order-3", 1}} {
-		testenv.ParkBuffered(t, gdb, "payment-service", p.id, p.key, p.behind, "invalid_field", "amount_cents must be positive")
+		kittest.ParkBuffered(t, gdb, "payment-service", p.id, p.key, p.behind, "invalid_field", "amount_cents must be positive")
 	}
 
 	out, err := inboxctl(t, "", "inbox", "status")

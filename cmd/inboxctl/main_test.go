@@ -11,9 +11,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -105,7 +105,7 @@ type dlqEnv struct {
 
 func newDLQEnv(t *testing.T) *dlqEnv {
 	t.Helper()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	t.Setenv("AMQP_URL", url)
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -159,7 +159,7 @@ func (e *dlqEnv) put(p amqp.Publishing) {
 
 func (e *dlqEnv) waitDepth(queue string, n int) {
 	e.t.Helper()
-	testenv.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d messages in %s", n, queue), func() (bool, error) {
+	kittest.Eventually(e.t, 30*time.Second, fmt.Sprintf("%d messages in %s", n, queue), func() (bool, error) {
 		q, err := e.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		return err == nil && q.Messages == n, err
 	})
@@ -252,7 +252,7 @@ func TestDLQListAndReplay(t *testing.T) {
 }
 
 func TestInboxPrune(t *testing.T) {
-	gdb, url := testenv.MigratedDB(t, migrations.Inbox, migrations.Buffered, migrations.Outbox)
+	gdb, url := kittest.MigratedDB(t, migrations.Inbox, migrations.Buffered, migrations.Outbox)
 	t.Setenv("DATABASE_URL", url)
 	err := gdb.Exec(`
 		INSERT INTO inbox (message_id, consumer, payload_sha256, received_at)
@@ -279,7 +279,7 @@ func TestInboxPrune(t *testing.T) {
 // inboxctl migrate applies the payment service's schemas, each with its own
 // version table, and migrate gateway the fake gateway's.
 func TestMigrate(t *testing.T) {
-	t.Setenv("DATABASE_URL", testenv.Postgres(t))
+	t.Setenv("DATABASE_URL", kittest.Postgres(t))
 	out, err := inboxctl(t, "", "migrate")
 	if err != nil || !strings.Contains(out, "payment-service: inbox schema at version 1") || !strings.Contains(out, "payment-service: payments schema at version 1") {
 		t.Fatalf("err %v, output %q", err, out)
@@ -288,7 +288,7 @@ func TestMigrate(t *testing.T) {
 	if err != nil || !strings.Contains(out, "(applied now: [])") {
 		t.Fatalf("second run: err %v, output %q; want nothing applied", err, out)
 	}
-	t.Setenv("GATEWAY_DATABASE_URL", testenv.Postgres(t))
+	t.Setenv("GATEWAY_DATABASE_URL", kittest.Postgres(t))
 	if out, err := inboxctl(t, "", "migrate", "gateway"); err != nil || !strings.Contains(out, "fake-gateway: gateway schema at version") {
 		t.Fatalf("migrate gateway: err %v, output %q", err, out)
 	}

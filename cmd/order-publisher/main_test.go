@@ -13,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func TestRunRejectsBadFlags(t *testing.T) {
@@ -65,7 +65,7 @@ func TestRunHelp(t *testing.T) {
 }
 
 func TestRunPublishesAndWritesSummary(t *testing.T) {
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	setBroker(t, url)
 	bindQueue(t, url)
 	path := filepath.Join(t.TempDir(), "summary.json")
@@ -97,7 +97,7 @@ func TestRunPublishesAndWritesSummary(t *testing.T) {
 }
 
 func TestRunFailsWhenNoQueueIsBound(t *testing.T) {
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	setBroker(t, url)
 	path := filepath.Join(t.TempDir(), "summary.json")
 	var stdout, stderr bytes.Buffer
@@ -150,7 +150,7 @@ func readSummary(t *testing.T, path string) map[string]any {
 
 func bindQueue(t *testing.T, url string) {
 	t.Helper()
-	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, url, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare("orders", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -166,7 +166,7 @@ func bindQueue(t *testing.T, url string) {
 func queueLength(t *testing.T, url string) int {
 	t.Helper()
 	n := 0
-	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, url, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get("payments", true)
 			if err != nil || !ok {
@@ -188,7 +188,7 @@ func isPoison(d amqp.Delivery) bool {
 // -once publishes a load the first time and nothing after, as long as its
 // file exists: the Compose demo load, once per fresh volume.
 func TestRunOnce(t *testing.T) {
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	setBroker(t, url)
 	bindQueue(t, url)
 	once := filepath.Join(t.TempDir(), "published")

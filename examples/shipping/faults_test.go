@@ -9,7 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/kit/kittest"
-	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/kittest/faultkit"
 )
 
 // The fault kit's scenarios against the shipping service: the kit's crash

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // The gateway is down for a long time (503 for every charge; here seconds,
@@ -20,10 +20,10 @@ func TestBufferedGatewayOutage(t *testing.T) {
 		bufferedEnv("BUFFER_RETRY_DELAYS=100ms,500ms,1s", "BUFFER_MAX_ATTEMPTS=1000"))
 	s.publish(t, "-count", "200", "-duplicate-rate", "0.1")
 	stored := `consumer_messages_total{consumer="payment-service",outcome="stored"}`
-	testenv.Eventually(t, time.Minute, "200 orders stored", func() (bool, error) { return metric(t, s.serviceAddr, stored) == 200, nil })
+	kittest.Eventually(t, time.Minute, "200 orders stored", func() (bool, error) { return metric(t, s.serviceAddr, stored) == 200, nil })
 	// The outage goes on until the processing paused: PAUSE_AFTER_FAILURES
 	// charges failed in a row.
-	testenv.Eventually(t, time.Minute, "the processing paused", func() (bool, error) {
+	kittest.Eventually(t, time.Minute, "the processing paused", func() (bool, error) {
 		return metric(t, s.serviceAddr, `consumer_pauses_total{cause="handler_failing",consumer="payment-service"}`) >= 1, nil
 	})
 	for _, q := range []string{"payments.order-placed", "payments.order-placed.retry.100ms", "payments.order-placed.retry.500ms"} {
@@ -52,7 +52,7 @@ func brokerHolds(t *testing.T, amqpURL, queue string) (ready, unacked int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qs := testenv.Queues(t, strings.TrimPrefix(u.Path, "/"))
+	qs := kittest.Queues(t, strings.TrimPrefix(u.Path, "/"))
 	for _, q := range qs {
 		if q.Name == queue {
 			if !q.Counted {

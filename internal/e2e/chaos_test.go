@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/kittest/faultkit"
 )
 
 // The chaos run: every fault at once against two replicas of the payment

@@ -5,7 +5,7 @@ package e2e_test
 import (
 	"testing"
 
-	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/kittest/faultkit"
 )
 
 // The payment service on the local three-node cluster (scripts/cluster.sh),

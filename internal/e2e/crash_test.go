@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/faults"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func post(t *testing.T, url string) int {
@@ -78,7 +78,7 @@ func crashPoints(t *testing.T, serviceEnv []string, tests []crashCase) {
 			s.startService(t)
 			s.assertExactlyOnce(t, 50)
 			if tt.trace != nil {
-				testenv.Eventually(t, 30*time.Second, "the trace of "+tt.point, func() (bool, error) { return tt.trace(t, s), nil })
+				kittest.Eventually(t, 30*time.Second, "the trace of "+tt.point, func() (bool, error) { return tt.trace(t, s), nil })
 			}
 		})
 	}

@@ -5,7 +5,7 @@ package e2e_test
 import (
 	"testing"
 
-	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/kittest/faultkit"
 )
 
 // This file holds tests that disturb the whole broker, not just their vhost.

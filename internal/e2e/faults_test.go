@@ -14,12 +14,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/demo/producer"
-	"github.com/inbox-template/payment-service/kit/testenv"
-	"github.com/inbox-template/payment-service/kit/testenv/faultkit"
+	"github.com/inbox-template/payment-service/kit/kittest"
+	"github.com/inbox-template/payment-service/kit/kittest/faultkit"
 )
 
 // paymentService is the payment service's binary, as the fault kit runs it.
-var paymentService = testenv.NewProgram("../../cmd/payment-service")
+var paymentService = kittest.NewProgram("../../cmd/payment-service")
 
 // The fault kit's scenarios against the payment service: the kit's crash
 // points, the outbox relay's (after-outbox-publish: published, confirmed,
@@ -159,16 +159,16 @@ var (
 // scenario's paymentLoads.
 func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
 	return func(t *testing.T, sc faultkit.Scenario) *faultkit.Trial {
-		var cluster *testenv.Cluster
+		var cluster *kittest.Cluster
 		var amqpURL string
 		if sc.OnCluster {
-			cluster = testenv.NewSharedCluster(t) // the modes' runs side by side, one kill at a time
+			cluster = kittest.NewSharedCluster(t) // the modes' runs side by side, one kill at a time
 			amqpURL = cluster.URL()
 		} else {
-			amqpURL = testenv.VHost(t)
+			amqpURL = kittest.VHost(t)
 		}
-		paymentsDB, gatewayDB := testenv.Postgres(t), testenv.Postgres(t)
-		gatewayAddr := testenv.FreeAddr(t)
+		paymentsDB, gatewayDB := kittest.Postgres(t), kittest.Postgres(t)
+		gatewayAddr := kittest.FreeAddr(t)
 		gatewayEnv := []string{"DATABASE_URL=" + gatewayDB, "HTTP_ADDR=" + gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow, "FAULTS_ENABLED=true"}
 		if sc.OnCluster {
 			// Node loss runs in both modes at once: PostgreSQL's 100
@@ -185,7 +185,7 @@ func paymentTrial(env []string, load ...[]string) func(t *testing.T, sc faultkit
 				end := cluster.Round()
 				defer end()
 			}
-			testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+			kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 				if err := ch.ExchangeDeclare("payments", "topic", true, false, false, false, nil); err != nil {
 					return err
 				}
@@ -337,7 +337,7 @@ func readSummary(t testing.TB, path string) producer.Summary {
 func sinkOrders(t *testing.T, amqpURL, queue string) (orders []string, messages int) {
 	t.Helper()
 	seen := map[string]bool{}
-	testenv.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, amqpURL, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get(queue, true)
 			if err != nil || !ok {

@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // The fault scripts sum a metric over its samples whose labels include the
@@ -66,20 +66,20 @@ func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := pidMax + 1
-	admin := os.Getenv(testenv.PostgresEnv)
+	admin := os.Getenv(kittest.PostgresEnv)
 	if admin == "" {
 		admin = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	}
 	mine, other := randomPrefix(t), randomPrefix(t)
 	name := func(prefix string) string { return fmt.Sprintf("%s_faults%d_a", prefix, pid) }
 	for _, p := range []string{mine, other} {
-		testenv.Ctl(t, "add_vhost", name(p))
+		kittest.Ctl(t, "add_vhost", name(p))
 		execSQL(t, admin, "CREATE DATABASE "+name(p))
 	}
 	t.Cleanup(func() {
 		for _, p := range []string{mine, other} {
-			if strings.Contains(testenv.Ctl(t, "-q", "list_vhosts", "name"), name(p)) {
-				testenv.Ctl(t, "delete_vhost", name(p))
+			if strings.Contains(kittest.Ctl(t, "-q", "list_vhosts", "name"), name(p)) {
+				kittest.Ctl(t, "delete_vhost", name(p))
 			}
 			execSQL(t, admin, "DROP DATABASE IF EXISTS "+name(p)+" WITH (FORCE)")
 		}
@@ -92,7 +92,7 @@ func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
 	cmd := exec.Command("bash", "../../scripts/faults-cleanup.sh")
 	password, _ := u.User.Password()
 	cmd.Env = append(os.Environ(), "TEST_NAME_PREFIX="+mine, "PGHOST="+u.Hostname(), "PGPORT="+cmp.Or(u.Port(), "5432"),
-		"PGUSER="+u.User.Username(), "PGPASSWORD="+password, "RABBITMQCTL="+cmp.Or(os.Getenv(testenv.CtlEnv), "rabbitmqctl"))
+		"PGUSER="+u.User.Username(), "PGPASSWORD="+password, "RABBITMQCTL="+cmp.Or(os.Getenv(kittest.CtlEnv), "rabbitmqctl"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("faults-cleanup.sh: %v\n%s", err, out)
@@ -102,7 +102,7 @@ func TestFaultsCleanupRemovesItsOwnPrefixOnly(t *testing.T) {
 			t.Errorf("faults-cleanup.sh under TEST_NAME_PREFIX=%s did not say %q:\n%s", mine, want, out)
 		}
 	}
-	vhosts := testenv.Ctl(t, "-q", "list_vhosts", "name")
+	vhosts := kittest.Ctl(t, "-q", "list_vhosts", "name")
 	if strings.Contains(vhosts, name(mine)) {
 		t.Errorf("vhost %s is still there after the cleanup of its prefix", name(mine))
 	}

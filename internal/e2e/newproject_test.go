@@ -6,13 +6,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strings"
 	"testing"
 
+	"golang.org/x/mod/modfile"
+
 	"github.com/inbox-template/payment-service/kit"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // The README's first command for your own copy: scripts/new-project.sh under a
@@ -105,7 +106,7 @@ func mustRun(t *testing.T, dir, name string, args ...string) {
 // the copy's builds share the machine with the fault trials, and a cold
 // build of a copy took 330 s in a CI run.
 func commandContext(t *testing.T) (context.Context, context.CancelFunc) {
-	if end, ok := testenv.TestDeadline(t); ok {
+	if end, ok := kittest.TestDeadline(t); ok {
 		return context.WithDeadline(context.Background(), end)
 	}
 	return context.WithCancel(context.Background())
@@ -224,7 +225,7 @@ func TestNewProjectScriptBare(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "refunds")
 	proxy := t.TempDir()
 	const module = "example.com/acme/refunds"
-	kitModule := strings.TrimSuffix(reflect.TypeFor[testenv.Program]().PkgPath(), "/testenv")
+	kitModule := kitModulePath(t)
 	env := bareEnv(t)
 	mustRunEnv(t, "../..", env, "bash", "scripts/new-project.sh", module, dir,
 		"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested", "--bare",
@@ -366,4 +367,18 @@ func mustRunEnv(t *testing.T, dir string, extra []string, name string, args ...s
 	if out, err := commandOutput(t, dir, extra, name, args...); err != nil {
 		t.Fatalf("%s %s in %s: %v\n%s", name, strings.Join(args, " "), dir, err, out)
 	}
+}
+
+// kitModulePath is the kit's module path, as kit/go.mod declares it.
+func kitModulePath(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../kit/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := modfile.ModulePath(b)
+	if path == "" {
+		t.Fatal("kit/go.mod declares no module")
+	}
+	return path
 }

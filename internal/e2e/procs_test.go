@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // bin holds the programs, built once for the package.
@@ -19,21 +19,21 @@ var bin string
 
 func TestMain(m *testing.M) {
 	// Every program of cmd/: the list lives in the directory. Built where
-	// the next run of this package finds them up to date (testenv.Build).
-	dir, err := testenv.Build("../../cmd/...")
+	// the next run of this package finds them up to date (kittest.Build).
+	dir, err := kittest.Build("../../cmd/...")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "build programs:", err)
 		os.Exit(1)
 	}
 	bin = dir
-	os.Exit(testenv.RunMain(m)) // the vhosts in batches
+	os.Exit(kittest.RunMain(m)) // the vhosts in batches
 }
 
 // proc is a running program whose output is kept for the test log.
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *testenv.Buffer
+	out  *kittest.Buffer
 	done chan struct{}
 	err  error
 }
@@ -43,7 +43,7 @@ type proc struct {
 // the test failed.
 func start(t *testing.T, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, out: &testenv.Buffer{}, done: make(chan struct{})}
+	p := &proc{name: name, out: &kittest.Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(filepath.Join(bin, name), args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
@@ -92,7 +92,7 @@ func run(t *testing.T, timeout time.Duration, name string, env []string, args ..
 
 func waitHTTP(t *testing.T, url string) {
 	t.Helper()
-	testenv.Eventually(t, 60*time.Second, url, func() (bool, error) {
+	kittest.Eventually(t, 60*time.Second, url, func() (bool, error) {
 		resp, err := http.Get(url)
 		if err != nil {
 			return false, err

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // publish runs the publisher to completion.
@@ -25,7 +25,7 @@ func (s *stack) payments(t *testing.T) int {
 // assertExactlyOnce checks n payments, one charge per order, no dead letter.
 func (s *stack) assertExactlyOnce(t *testing.T, n int) {
 	t.Helper()
-	testenv.Reaches(t, time.Minute, "all payments", n, func() (int, error) { return s.payments(t), nil })
+	kittest.Reaches(t, time.Minute, "all payments", n, func() (int, error) { return s.payments(t), nil })
 	if p := s.payments(t); p != n {
 		t.Errorf("%d payments for %d orders", p, n)
 	}
@@ -56,7 +56,7 @@ func TestSIGTERMUnderLoadBuffered(t *testing.T) {
 func sigtermUnderLoad(t *testing.T, serviceEnv []string) {
 	s := startStack(t, []string{"FAULT_LATENCY=20ms"}, append([]string{"SHUTDOWN_TIMEOUT=15s"}, serviceEnv...))
 	s.publish(t, "-count", "600", "-duplicate-rate", "0.1")
-	testenv.Eventually(t, time.Minute, "some payments", func() (bool, error) { return s.payments(t) >= 100, nil })
+	kittest.Eventually(t, time.Minute, "some payments", func() (bool, error) { return s.payments(t) >= 100, nil })
 	s.service.signal(t, syscall.SIGTERM)
 	if code := s.service.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("exit code %d after SIGTERM, want 0", code)
@@ -77,7 +77,7 @@ func TestShutdownTimeoutAbandonsInFlightMessages(t *testing.T) {
 	s := startStack(t, []string{"FAULT_LATENCY=3s"},
 		[]string{"SHUTDOWN_TIMEOUT=500ms", "GATEWAY_TIMEOUT=10s", "HANDLER_TIMEOUT=20s"})
 	s.publish(t, "-count", "20")
-	testenv.Eventually(t, time.Minute, "charges in flight", func() (bool, error) {
+	kittest.Eventually(t, time.Minute, "charges in flight", func() (bool, error) {
 		return scalar(t, s.gatewayDB, "SELECT count(*) FROM charges") > 0, nil
 	})
 	s.service.signal(t, syscall.SIGTERM)

@@ -15,7 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 // stack is the fake gateway and the payment service running as processes on
@@ -31,8 +31,8 @@ type stack struct {
 func startStack(t *testing.T, gatewayEnv, serviceEnv []string) *stack {
 	t.Helper()
 	s := &stack{
-		amqpURL: testenv.VHost(t), paymentsDB: testenv.Postgres(t), gatewayDB: testenv.Postgres(t),
-		gatewayAddr: testenv.FreeAddr(t), serviceAddr: testenv.FreeAddr(t),
+		amqpURL: kittest.VHost(t), paymentsDB: kittest.Postgres(t), gatewayDB: kittest.Postgres(t),
+		gatewayAddr: kittest.FreeAddr(t), serviceAddr: kittest.FreeAddr(t),
 	}
 	start(t, "fake-gateway", append([]string{
 		"DATABASE_URL=" + s.gatewayDB, "HTTP_ADDR=" + s.gatewayAddr, "IN_FLIGHT_TAKEOVER=" + inFlightWindow,
@@ -54,18 +54,18 @@ func (s *stack) startService(t *testing.T) {
 	env := append([]string{
 		"AMQP_URL=" + s.amqpURL, "DATABASE_URL=" + s.paymentsDB, "GATEWAY_URL=http://" + s.gatewayAddr,
 		"HTTP_ADDR=" + s.serviceAddr, "RETRY_DELAYS=100ms,500ms", "GATEWAY_IN_FLIGHT_TIMEOUT=" + inFlightWindow, "LOG_LEVEL=info",
-	}, append(testenv.GroupCommitVars(), s.serviceExtra...)...)
+	}, append(kittest.GroupCommitVars(), s.serviceExtra...)...)
 	s.service = start(t, "payment-service", env)
 	waitHTTP(t, "http://"+s.serviceAddr+"/readyz")
 }
 
 func scalar(t *testing.T, url, sql string) int {
 	t.Helper()
-	return testenv.Count(t, url, sql)
+	return kittest.Count(t, url, sql)
 }
 
 func queueDepth(t *testing.T, amqpURL, queue string) int {
-	return testenv.QueueDepth(t, amqpURL, queue)
+	return kittest.QueueDepth(t, amqpURL, queue)
 }
 
 // The project's first "done when": 1000 orders with 20% duplicates and 6 poison
@@ -81,7 +81,7 @@ func TestThousandOrdersWithDuplicatesAndPoison(t *testing.T) {
 // export moves it to the dead-letter queue, where the 6 are counted.
 func TestThousandOrdersBuffered(t *testing.T) {
 	thousandOrders(t, bufferedEnv(), func(t *testing.T, s *stack) {
-		testenv.Eventually(t, time.Minute, "the parked poison and the dead-lettered poison to make 6", func() (bool, error) {
+		kittest.Eventually(t, time.Minute, "the parked poison and the dead-lettered poison to make 6", func() (bool, error) {
 			parked := scalar(t, s.paymentsDB, "SELECT count(*) FROM inbox_messages WHERE status = 'parked'")
 			return parked > 0 && parked+queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6, nil
 		})
@@ -124,7 +124,7 @@ func thousandOrders(t *testing.T, serviceEnv []string, settle func(t *testing.T,
 		t.Fatalf("publisher summary %+v (%v): want 1000 orders, ~200 duplicates, 6 poison", summary, err)
 	}
 
-	testenv.Reaches(t, time.Minute, "1000 payments", 1000, func() (int, error) {
+	kittest.Reaches(t, time.Minute, "1000 payments", 1000, func() (int, error) {
 		return scalar(t, s.paymentsDB, "SELECT count(*) FROM payments"), nil
 	})
 	if p := scalar(t, s.paymentsDB, "SELECT count(*) FROM payments"); p != 1000 {
@@ -133,7 +133,7 @@ func thousandOrders(t *testing.T, serviceEnv []string, settle func(t *testing.T,
 	if settle != nil {
 		settle(t, s)
 	}
-	testenv.Eventually(t, time.Minute, "6 dead letters and empty work and retry queues", func() (bool, error) {
+	kittest.Eventually(t, time.Minute, "6 dead letters and empty work and retry queues", func() (bool, error) {
 		return queueDepth(t, s.amqpURL, "payments.order-placed.dlq") == 6 &&
 			queueDepth(t, s.amqpURL, "payments.order-placed") == 0 &&
 			queueDepth(t, s.amqpURL, "payments.order-placed.retry.100ms") == 0 &&
@@ -230,7 +230,7 @@ func TestBadConfigurationFailsAtStartNamingTheVariable(t *testing.T) {
 }
 
 func TestMigrateFromTwoProcessesAtOnce(t *testing.T) {
-	db := testenv.Postgres(t)
+	db := kittest.Postgres(t)
 	env := []string{"DATABASE_URL=" + db}
 	a := start(t, "inboxctl", env, "migrate")
 	b := start(t, "inboxctl", env, "migrate")

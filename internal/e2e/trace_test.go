@@ -30,7 +30,6 @@ import (
 	"github.com/inbox-template/payment-service/kit"
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
@@ -49,9 +48,9 @@ type traceStack struct {
 // startTraceStack starts the stack, both services with env (NAME=value) added.
 func startTraceStack(t *testing.T, env ...string) *traceStack {
 	t.Helper()
-	s := &traceStack{t: t, rec: tracetest.NewSpanRecorder(), vhost: testenv.VHost(t)}
-	log := testenv.Logger(t)
-	gwDB, _ := testenv.MigratedDB(t, fakegateway.Migrations)
+	s := &traceStack{t: t, rec: tracetest.NewSpanRecorder(), vhost: kittest.VHost(t)}
+	log := kittest.Logger(t)
+	gwDB, _ := kittest.MigratedDB(t, fakegateway.Migrations)
 	gw, err := fakegateway.NewServer(gwDB, prometheus.NewRegistry(), log, fakegateway.Faults{}, fakegateway.Options{InFlightTakeover: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +63,7 @@ func startTraceStack(t *testing.T, env ...string) *traceStack {
 		gw.Handler().ServeHTTP(w, r)
 	}))
 	t.Cleanup(gwSrv.Close)
-	carrierDB, _ := testenv.MigratedDB(t, fakecarrier.Migrations)
+	carrierDB, _ := kittest.MigratedDB(t, fakecarrier.Migrations)
 	sqlDB, err := carrierDB.DB()
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +104,7 @@ func (s *traceStack) publishOrders(run string, n int) {
 		Broker: producer.Broker{URL: s.vhost, Exchange: "orders", RoutingKey: "order.placed", Name: "trace test"},
 		Load:   producer.Load{RunID: run, Count: n, Seed: 1},
 		Tracer: s.tracer,
-	}, testenv.Logger(s.t))
+	}, kittest.Logger(s.t))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -140,7 +139,7 @@ func (s *traceStack) spans() spans { return s.rec.Ended() }
 func (s *traceStack) waitSpan(what string, match func(sdktrace.ReadOnlySpan) bool) sdktrace.ReadOnlySpan {
 	s.t.Helper()
 	var found sdktrace.ReadOnlySpan
-	testenv.Eventually(s.t, 30*time.Second, what, func() (bool, error) {
+	kittest.Eventually(s.t, 30*time.Second, what, func() (bool, error) {
 		for _, sp := range s.spans() {
 			if match(sp) {
 				found = sp
@@ -266,7 +265,7 @@ func TestDuplicateRetryAndDeadLetterAreVisibleInTheTrace(t *testing.T) {
 	s.publish(msg)
 	s.pay.WaitOutcome(kit.OutcomeDuplicate, 1)
 	var duplicates int
-	testenv.Eventually(t, 30*time.Second, "two process spans of m-dup", func() (bool, error) {
+	kittest.Eventually(t, 30*time.Second, "two process spans of m-dup", func() (bool, error) {
 		duplicates = 0
 		n := 0
 		for _, sp := range s.spans() {

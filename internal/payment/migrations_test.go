@@ -10,8 +10,8 @@ import (
 	"github.com/pressly/goose/v3"
 
 	"github.com/inbox-template/payment-service/internal/payment"
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func openSQL(t *testing.T, url string) *sql.DB {
@@ -26,7 +26,7 @@ func openSQL(t *testing.T, url string) *sql.DB {
 
 // The payments schema applies once; applied again, it finds nothing to do.
 func TestMigrationsApplyTwice(t *testing.T) {
-	db := openSQL(t, testenv.Postgres(t))
+	db := openSQL(t, kittest.Postgres(t))
 	ctx := context.Background()
 	first, err := migrations.Apply(ctx, db, payment.Migrations)
 	if err != nil || len(first[payment.Migrations.Name()]) == 0 {
@@ -69,7 +69,7 @@ DROP TABLE inbox;
 // A database migrated by the first release (one set in goose_db_version) takes
 // the split schemas without error and keeps its rows.
 func TestLegacyDatabaseUpgrades(t *testing.T) {
-	db := openSQL(t, testenv.Postgres(t))
+	db := openSQL(t, kittest.Postgres(t))
 	ctx := context.Background()
 	legacy := fstest.MapFS{"00001_inbox_and_payments.sql": {Data: []byte(legacySchema)}}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, legacy)

@@ -26,7 +26,6 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -62,10 +61,10 @@ func newStack(t *testing.T) *stack {
 // newStackWithTakeover is newStack with the gateway's in-flight takeover age.
 func newStackWithTakeover(t *testing.T, takeover time.Duration) *stack {
 	t.Helper()
-	s := &stack{t: t, amqpURL: testenv.VHost(t), retryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}
-	s.db, s.dbURL = testenv.MigratedDB(t, migrations.Inbox, migrations.Outbox, payment.Migrations)
-	s.gatewayDB, _ = testenv.MigratedDB(t, fakegateway.Migrations)
-	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(t), fakegateway.Faults{},
+	s := &stack{t: t, amqpURL: kittest.VHost(t), retryDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}
+	s.db, s.dbURL = kittest.MigratedDB(t, migrations.Inbox, migrations.Outbox, payment.Migrations)
+	s.gatewayDB, _ = kittest.MigratedDB(t, fakegateway.Migrations)
+	gw, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), kittest.Logger(t), fakegateway.Faults{},
 		fakegateway.Options{InFlightTakeover: takeover})
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +148,7 @@ func outcomes(m *kittest.Stack, outcome string) int { return m.Outcome(kit.Outco
 
 func waitOutcome(t *testing.T, m *kittest.Stack, outcome string, n int) {
 	t.Helper()
-	testenv.Eventually(t, 30*time.Second, fmt.Sprintf("%d %s", n, outcome), func() (bool, error) {
+	kittest.Eventually(t, 30*time.Second, fmt.Sprintf("%d %s", n, outcome), func() (bool, error) {
 		return outcomes(m, outcome) == n, nil
 	})
 }
@@ -199,7 +198,7 @@ func TestConcurrentDeliveryToTwoReplicas(t *testing.T) {
 		s.publishOrder("race-"+o.OrderID, o)
 		s.publishOrder("race-"+o.OrderID, o)
 	}
-	testenv.Eventually(t, 60*time.Second, "all settled", func() (bool, error) {
+	kittest.Eventually(t, 60*time.Second, "all settled", func() (bool, error) {
 		return outcomes(a, "processed")+outcomes(b, "processed") == n &&
 			outcomes(a, "duplicate")+outcomes(b, "duplicate") == n, nil
 	})
@@ -217,7 +216,7 @@ func TestLostGatewayResponseIsReplayed(t *testing.T) {
 	}
 	m := s.service()
 	s.publishOrder("msg-lost", order("o-lost", 4200))
-	testenv.Eventually(t, 30*time.Second, "charge stored", func() (bool, error) {
+	kittest.Eventually(t, 30*time.Second, "charge stored", func() (bool, error) {
 		return count(t, s.gatewayDB, "charges", "order_id = ? AND state = 'completed'", "o-lost") == 1, nil
 	})
 	if err := s.gateway.SetFaults(fakegateway.Faults{}); err != nil {
@@ -243,7 +242,7 @@ func TestGatewayErrorsAreRetried(t *testing.T) {
 	m := s.service()
 	s.publishOrder("msg-503", order("o-503", 700))
 	// At least: the count may pass 2 between two polls.
-	testenv.Eventually(t, 30*time.Second, "2 retried", func() (bool, error) { return outcomes(m, "retried") >= 2, nil })
+	kittest.Eventually(t, 30*time.Second, "2 retried", func() (bool, error) { return outcomes(m, "retried") >= 2, nil })
 	if err := s.gateway.SetFaults(fakegateway.Faults{}); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +389,7 @@ func loggedFor(logs, msg, id string) bool {
 func (s *stack) drainDLQ(n int) map[string]string {
 	s.t.Helper()
 	reasons := map[string]string{}
-	testenv.Eventually(s.t, 30*time.Second, "dead letters", func() (bool, error) {
+	kittest.Eventually(s.t, 30*time.Second, "dead letters", func() (bool, error) {
 		d, ok, err := s.pub.Get(s.first.Config.DeadLetterQueue, true)
 		if ok {
 			reasons[d.MessageId] = fmt.Sprint(d.Headers[wire.HeaderDeadLetterReason])
@@ -411,7 +410,7 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 	s.publishOrder("msg-down", order("o-down", 800))
 	waitOutcome(t, m, "dead_lettered", 1)
 	var d amqp.Delivery
-	testenv.Eventually(t, 30*time.Second, "the dead letter", func() (bool, error) {
+	kittest.Eventually(t, 30*time.Second, "the dead letter", func() (bool, error) {
 		var ok bool
 		var err error
 		d, ok, err = s.pub.Get(s.first.Config.DeadLetterQueue, true)
@@ -431,8 +430,8 @@ func TestGatewayAlwaysFailingEndsInDeadLetter(t *testing.T) {
 }
 
 func TestModelMatchesSchema(t *testing.T) {
-	db, _ := testenv.MigratedDB(t, migrations.Inbox, payment.Migrations)
-	testenv.AssertModelMatchesTable(t, db, &payment.Payment{})
+	db, _ := kittest.MigratedDB(t, migrations.Inbox, payment.Migrations)
+	kittest.AssertModelMatchesTable(t, db, &payment.Payment{})
 }
 
 // The same order published again under a new message id with another amount
@@ -453,7 +452,7 @@ func TestConflictingRepublishIsDeadLettered(t *testing.T) {
 				// The first charge is in flight at the gateway (its row
 				// stored, the answer held by the latency) before the other
 				// is published: otherwise either could reach it first.
-				testenv.Eventually(t, 30*time.Second, "the first charge in flight", func() (bool, error) {
+				kittest.Eventually(t, 30*time.Second, "the first charge in flight", func() (bool, error) {
 					var n int64
 					err := s.gatewayDB.Table("charges").Where("order_id = ?", "o-conflict").Count(&n).Error
 					return n == 1, err
@@ -501,7 +500,7 @@ func TestGatewayMisconfiguredPausesInsteadOfDeadLettering(t *testing.T) {
 	for i := range n {
 		s.publishOrder(fmt.Sprintf("m-%d", i), order(fmt.Sprintf("o-401-%d", i), 1000+int64(i)*100))
 	}
-	testenv.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	kittest.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
 	refuse.Store(false)
 	waitOutcome(t, m, "processed", n)
 	if outcomes(m, "dead_lettered") != 0 || outcomes(m, "retried") != 0 {
@@ -572,7 +571,7 @@ func TestRetriesMustOutlastTheGatewaysInFlightWindow(t *testing.T) {
 // claim is stored; the channel yields the request's error when it ends.
 func (s *stack) chargeStuckInFlight(o orders.OrderPlaced, latency time.Duration) <-chan error {
 	s.t.Helper()
-	slow, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), testenv.Logger(s.t),
+	slow, err := fakegateway.NewServer(s.gatewayDB, prometheus.NewRegistry(), kittest.Logger(s.t),
 		fakegateway.Faults{Latency: latency}, fakegateway.Options{InFlightTakeover: time.Hour})
 	if err != nil {
 		s.t.Fatal(err)
@@ -587,7 +586,7 @@ func (s *stack) chargeStuckInFlight(o orders.OrderPlaced, latency time.Duration)
 		})
 		done <- err
 	}()
-	testenv.Eventually(s.t, 10*time.Second, "the stuck charge's claim", func() (bool, error) {
+	kittest.Eventually(s.t, 10*time.Second, "the stuck charge's claim", func() (bool, error) {
 		return count(s.t, s.gatewayDB, "charges", "order_id = ? AND state = 'in_flight'", o.OrderID) == 1, nil
 	})
 	return done
@@ -637,7 +636,7 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	for i := range n {
 		s.publishOrder(fmt.Sprintf("d-%d", i), order(fmt.Sprintf("o-down-%d", i), 1000+int64(i)*100))
 	}
-	testenv.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	kittest.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
 	down.Store(false)
 	waitOutcome(t, m, "processed", n)
 	if outcomes(m, "dead_lettered") != 0 {
@@ -680,7 +679,7 @@ func TestPaymentsEmitTheirEvents(t *testing.T) {
 		t.Errorf("PaymentDeclined %s (%v)", byKey[payment.KeyPaymentDeclined].Body, err)
 	}
 	for _, d := range events {
-		testenv.Eventually(t, 10*time.Second, "its outbox row marked sent", func() (bool, error) {
+		kittest.Eventually(t, 10*time.Second, "its outbox row marked sent", func() (bool, error) {
 			return count(t, s.db, "outbox", "id = ? AND status = 'sent'", d.MessageId) == 1, nil
 		})
 	}

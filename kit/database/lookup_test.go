@@ -13,7 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/database"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // lookupEnv is a table of 100 things (t0 … t99, each valued its number) and

@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/database"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // A Reader reads, and PostgreSQL refuses every write made through it, on a

@@ -12,9 +12,9 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // startRuntime runs a consumer runtime on b's work queue whose handler records

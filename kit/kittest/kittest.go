@@ -17,8 +17,8 @@
 //	}
 //
 // The fault scenarios for any service (a crash at each point, connections
-// cut, the broker stopped) are kit/testenv/faultkit's; the kit's own tests
-// use kit/testenv, which this package is made of.
+// cut, the broker stopped) are kit/kittest/faultkit's. This package and
+// faultkit are made of the kit's own test harness (kit/internal/testenv).
 package kittest
 
 import (
@@ -35,7 +35,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/internal/servicetest"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -161,6 +161,72 @@ type Recorder = testenv.Recorder
 // environment as it does at start, refusing a bad value with an error that
 // names the variable.
 func LoadConfig(svc kit.Service) (kit.Config, error) { return kit.LoadConfig(svc) }
+
+// FreeAddr is a free 127.0.0.1:port for a program of the test to listen on
+// (below the kernel's ephemeral range where it can).
+func FreeAddr(t testing.TB) string { return testenv.FreeAddr(t) }
+
+// Buffer is a goroutine-safe log store: an io.Writer for the output of a
+// program that is still running.
+type Buffer = testenv.Buffer
+
+// Build builds the main packages pkgs (a pattern relative to the test's
+// package: "../../cmd/...") into a directory cached across test runs, and
+// returns it.
+func Build(pkgs string) (string, error) { return testenv.Build(pkgs) }
+
+// TestDeadline is a minute before go test's -timeout ends the test binary (a
+// quarter of what is left, if that is less), if t knows it.
+func TestDeadline(t testing.TB) (time.Time, bool) { return testenv.TestDeadline(t) }
+
+// Queue is a queue of the tests' broker, as list_queues gives it.
+type Queue = testenv.Queue
+
+// Queues lists the queues of vhost on the tests' broker.
+func Queues(t testing.TB, vhost string) []Queue { return testenv.Queues(t, vhost) }
+
+// CloseConnections makes the tests' broker close every connection of vhost,
+// giving reason.
+func CloseConnections(t testing.TB, vhost, reason string) { testenv.CloseConnections(t, vhost, reason) }
+
+// Ctl runs a rabbitmqctl command (CtlEnv) and fails the test if it fails.
+func Ctl(t testing.TB, args ...string) string { return testenv.Ctl(t, args...) }
+
+// The environment the servers of the tests come from.
+const (
+	// PostgresEnv is an admin URL of the tests' PostgreSQL (default
+	// postgres://postgres@127.0.0.1:5432/postgres).
+	PostgresEnv = testenv.PostgresEnv
+	// CtlEnv is the command that runs rabbitmqctl (default rabbitmqctl).
+	CtlEnv = testenv.CtlEnv
+)
+
+// Cluster is the local three-node RabbitMQ cluster of the cluster tests:
+// its nodes' URLs, its queues, and nodes to kill and start.
+type Cluster = testenv.Cluster
+
+// NewSharedCluster is the local cluster for a test that kills nodes one
+// round at a time (Cluster.Round) beside other such tests.
+func NewSharedCluster(t testing.TB) *Cluster { return testenv.NewSharedCluster(t) }
+
+// GroupCommitVars is the environment of a service that commits in groups
+// (the kit's default), for a test that sets it whatever the test tier.
+func GroupCommitVars() []string { return testenv.GroupCommitVars() }
+
+// AssertModelMatchesTable fails unless model's GORM fields and the migrated
+// table have the same columns with the same nullability.
+func AssertModelMatchesTable(t testing.TB, db *gorm.DB, model any) {
+	t.Helper()
+	testenv.AssertModelMatchesTable(t, db, model)
+}
+
+// ParkBuffered parks a message of the buffered inbox of consumer as the
+// runtime parks one (id, its ordering key, behind messages waiting after it,
+// reason and detail), for a test of an operator's command.
+func ParkBuffered(t testing.TB, db *gorm.DB, consumer, id, key string, behind int, reason, detail string) {
+	t.Helper()
+	testenv.ParkBuffered(t, db, consumer, id, key, behind, reason, detail)
+}
 
 // CrashExitCode is the exit status of a process ended by a crash point.
 const CrashExitCode = faults.ExitCode

@@ -9,8 +9,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // notes stands for a service's own schema: the kit's tests use no service's.

@@ -15,8 +15,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/kit/kittest/erlnode"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
 )
 
 // The payment service's names and its work queue's delivery limit, at their

@@ -9,17 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func newCarrier(t *testing.T, f Faults) (*httptest.Server, *Server, string) {
 	t.Helper()
-	db, url := testenv.MigratedDB(t, Migrations)
+	db, url := kittest.MigratedDB(t, Migrations)
 	sqlDB, err := db.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(sqlDB, f, time.Hour, testenv.Logger(t))
+	s, err := NewServer(sqlDB, f, time.Hour, kittest.Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestCarrierBooksEachKeyOnce(t *testing.T) {
 			t.Errorf("concurrent booking answered %d", c)
 		}
 	}
-	if n := testenv.Count(t, dbURL, `SELECT count(*) FROM pickups`); n != 2 {
+	if n := kittest.Count(t, dbURL, `SELECT count(*) FROM pickups`); n != 2 {
 		t.Errorf("%d pickups for two orders", n)
 	}
 }
@@ -92,7 +92,7 @@ func TestCarrierLostResponseReplays(t *testing.T) {
 	if code, body := post(t, srv.URL, "pickup:o-9", `{"order_id":"o-9","address":"9 Demo Street"}`); code != http.StatusOK || !strings.Contains(body, "pu_") {
 		t.Fatalf("retry: %d %s", code, body)
 	}
-	if n := testenv.Count(t, dbURL, `SELECT count(*) FROM pickups WHERE order_id = 'o-9'`); n != 1 {
+	if n := kittest.Count(t, dbURL, `SELECT count(*) FROM pickups WHERE order_id = 'o-9'`); n != 1 {
 		t.Errorf("%d pickups", n)
 	}
 }

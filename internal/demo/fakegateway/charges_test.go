@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/internal/payment/gateway"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 func TestChargeRejectsBadRequests(t *testing.T) {
@@ -167,7 +167,7 @@ func TestChargeWhileFirstInFlightIs409(t *testing.T) {
 			r, err := e.send(http.MethodPost, "/v1/charges", "key-busy", body)
 			firstDone <- result{r, err}
 		}()
-		testenv.Eventually(t, 5*time.Second, "the first request's in-flight row", func() (bool, error) {
+		kittest.Eventually(t, 5*time.Second, "the first request's in-flight row", func() (bool, error) {
 			return e.count(t) == 1, nil
 		})
 
@@ -422,13 +422,13 @@ func TestChargeAbandonedDuringLatencyReleasesKey(t *testing.T) {
 			_, err := client.Charge(ctx, req)
 			callErr <- err
 		}()
-		testenv.Eventually(t, 10*time.Second, "the in-flight row", func() (bool, error) { return e.count(t) == 1, nil })
+		kittest.Eventually(t, 10*time.Second, "the in-flight row", func() (bool, error) { return e.count(t) == 1, nil })
 		cancel() // the client leaves while the gateway waits out the latency
 
 		if err := <-callErr; !errors.Is(err, gateway.ErrUnavailable) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("cancelled call: %v, want ErrUnavailable and context.Canceled", err)
 		}
-		testenv.Eventually(t, 10*time.Second, "the abandoned request", func() (bool, error) {
+		kittest.Eventually(t, 10*time.Second, "the abandoned request", func() (bool, error) {
 			return e.counter(t, "gateway_requests_total", "result", resultAbandoned) == 1, nil
 		})
 		if n := e.count(t); n != 0 {

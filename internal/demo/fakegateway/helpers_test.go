@@ -15,8 +15,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // env is one Server over its own store, served by httptest.
@@ -89,7 +89,7 @@ type probe interface {
 func openPostgres(t *testing.T) (Store, probe) {
 	ctx := context.Background()
 	db, err := database.Open(ctx, database.Options{
-		URL: testenv.Postgres(t), MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fakegateway-test",
+		URL: kittest.Postgres(t), MaxConns: 10, StatementTimeout: 5 * time.Second, AppName: "fakegateway-test",
 	}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)

@@ -7,13 +7,13 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The gateway's schema applies once; applied again, it finds nothing to do.
 func TestMigrationsApplyTwice(t *testing.T) {
-	db, err := sql.Open("pgx", testenv.Postgres(t))
+	db, err := sql.Open("pgx", kittest.Postgres(t))
 	if err != nil {
 		t.Fatal(err)
 	}

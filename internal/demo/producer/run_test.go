@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/internal/payment/orders"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 const (
@@ -22,7 +22,7 @@ const (
 
 func TestRunPublishesTheLoad(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	bindQueue(t, url)
 	cfg := testConfig(url, Load{RunID: "run1", Count: 60, Seed: 7, DuplicateRate: 0.3, RepublishRate: 0.2, Poison: 22})
 
@@ -54,7 +54,7 @@ func TestRunPublishesTheLoad(t *testing.T) {
 
 func TestRunWithoutMessageID(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	bindQueue(t, url)
 	cfg := testConfig(url, Load{RunID: "noid", Count: 30, Seed: 3, DuplicateRate: 0.5, NoMessageID: true})
 
@@ -67,7 +67,7 @@ func TestRunWithoutMessageID(t *testing.T) {
 
 func TestRunRespectsTheRate(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	bindQueue(t, url)
 	cfg := testConfig(url, Load{RunID: "slow", Count: 20, Seed: 1})
 	cfg.Rate = 100
@@ -82,7 +82,7 @@ func TestRunRespectsTheRate(t *testing.T) {
 
 func TestRunFailsWhenNothingIsBound(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	cfg := testConfig(url, Load{RunID: "lost", Count: 50, Seed: 1})
 
 	sum, err := Run(testContext(t), cfg, testLogger(t))
@@ -102,7 +102,7 @@ func TestRunFailsWhenNothingIsBound(t *testing.T) {
 // arrive, and the messages left unconfirmed are published again.
 func TestRunSurvivesConnectionLoss(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	bindQueue(t, url)
 	proxy := newProxy(t, "127.0.0.1:5672")
 	cfg := testConfig(proxy.url(t, url), Load{RunID: "cut", Count: 4000, Seed: 9, DuplicateRate: 0.1, Poison: 11})
@@ -136,7 +136,7 @@ func TestRunSurvivesConnectionLoss(t *testing.T) {
 // connection mid-stream and then refuses for a minute.
 func TestRunReconnectsToTheNextNode(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	bindQueue(t, url)
 	one, two := newProxy(t, "127.0.0.1:5672"), newProxy(t, "127.0.0.1:5672")
 	one.cutAfter(200_000, time.Minute)
@@ -200,7 +200,7 @@ func mustRun(t *testing.T, cfg Config) Summary {
 // service would.
 func bindQueue(t *testing.T, url string) {
 	t.Helper()
-	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, url, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(testExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -216,7 +216,7 @@ func bindQueue(t *testing.T, url string) {
 func consumeAll(t *testing.T, url string) []amqp.Delivery {
 	t.Helper()
 	var out []amqp.Delivery
-	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+	kittest.WithChannel(t, url, func(ch *amqp.Channel) error {
 		for {
 			d, ok, err := ch.Get("payments", true)
 			if err != nil || !ok {
@@ -316,8 +316,8 @@ func (c consumed) countRepublished(t *testing.T) int {
 // pause until it is confirmed.
 func TestRunSendsARefusedMessageAgain(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
-	testenv.WithChannel(t, url, func(ch *amqp.Channel) error {
+	url := kittest.VHost(t)
+	kittest.WithChannel(t, url, func(ch *amqp.Channel) error {
 		if err := ch.ExchangeDeclare(testExchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return err
 		}
@@ -369,7 +369,7 @@ func TestRunSendsARefusedMessageAgain(t *testing.T) {
 // publisher with nothing published.
 func TestSetupTellsALostConnectionFromARefusal(t *testing.T) {
 	t.Parallel()
-	url := testenv.VHost(t)
+	url := kittest.VHost(t)
 	conn, err := amqp.Dial(url)
 	if err != nil {
 		t.Fatal(err)
@@ -397,8 +397,8 @@ func TestSetupTellsALostConnectionFromARefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
-	testenv.Eventually(t, 30*time.Second, "the broker closed the connection", func() (bool, error) {
-		testenv.CloseConnections(t, url[strings.LastIndex(url, "/")+1:], "test")
+	kittest.Eventually(t, 30*time.Second, "the broker closed the connection", func() (bool, error) {
+		kittest.CloseConnections(t, url[strings.LastIndex(url, "/")+1:], "test")
 		select {
 		case <-closed:
 			return true, nil

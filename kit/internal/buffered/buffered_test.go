@@ -10,8 +10,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // setup returns a store on a migrated database with an effects table that

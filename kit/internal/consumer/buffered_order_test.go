@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -17,9 +17,9 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/buffered"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -16,8 +16,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 func slowHandler(d time.Duration) Handler {

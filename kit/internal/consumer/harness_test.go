@@ -16,9 +16,9 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // env is one test's broker vhost and database, shared by the runtimes it starts.

@@ -10,7 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/buffered"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

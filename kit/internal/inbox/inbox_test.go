@@ -11,8 +11,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // setup returns a migrated database with an extra effects table that stands

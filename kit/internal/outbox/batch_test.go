@@ -10,8 +10,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // countInserts counts the outbox insert statements db runs.

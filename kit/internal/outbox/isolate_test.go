@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // From an outside review: after the broker closed its channel on a bad

@@ -16,8 +16,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // env is one test's vhost, with an exchange and a queue bound to it, and a

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // BenchmarkPruneMillion prunes a table of one million inbox rows, half of them

@@ -8,8 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // The outbox is pruned with the inbox: rows sent longer ago than the window

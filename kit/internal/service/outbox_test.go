@@ -11,7 +11,7 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // A service that declares Publishes gets Kit.Outbox, and the kit runs the

@@ -31,7 +31,7 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/service"
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 

@@ -21,8 +21,8 @@ import (
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/internal/servicetest"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // A ledger service: one row per entry, whatever the message id.

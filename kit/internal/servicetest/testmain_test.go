@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // The tests' vhosts come in batches, and go when the tests end.

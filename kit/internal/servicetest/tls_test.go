@@ -13,8 +13,8 @@ import (
 	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/servicetest"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/rabbit"
-	"github.com/inbox-template/payment-service/kit/testenv"
 )
 
 // TestTLSToBothServers runs a service against a RabbitMQ node and a

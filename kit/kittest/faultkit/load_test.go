@@ -8,7 +8,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/testenv"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 )
 
 // The load takes a cluster's AMQP_URL, every node of it: a node that is down

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
+	"github.com/inbox-template/payment-service/kit/kittest/erlnode"
 )
 
 // A rabbitmqctl call starts an Erlang VM: about 1 s of CPU and 2 to 4 s

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
+	"github.com/inbox-template/payment-service/kit/kittest/erlnode"
 )
 
 // The questions and faults the tests put to the machine's broker often (a

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
+	"github.com/inbox-template/payment-service/kit/kittest/erlnode"
 )
 
 // ClusterScriptEnv points the tests at the script that runs the local

@@ -33,8 +33,8 @@ import (
 	"time"
 
 	"github.com/inbox-template/payment-service/kit/faults"
-	"github.com/inbox-template/payment-service/kit/testenv"
-	"github.com/inbox-template/payment-service/kit/testenv/erlnode"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
+	"github.com/inbox-template/payment-service/kit/kittest/erlnode"
 )
 
 // Config is the service under fault.
