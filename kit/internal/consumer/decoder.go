@@ -142,7 +142,7 @@ func EventOf[E any](msg Message) (E, error) {
 	ev, ok := msg.Event.(E)
 	if !ok {
 		return ev, Permanent(reasonInvalidEvent, fmt.Errorf("message %s carries no decoded %T but %T: "+
-			"wire the handler with service.Consume and consumer.Events[%T]", msg.ID, ev, msg.Event, ev))
+			"wire the handler with kit.Consume and kit.Events[%T]", msg.ID, ev, msg.Event, ev))
 	}
 	return ev, nil
 }

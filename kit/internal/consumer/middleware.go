@@ -57,9 +57,9 @@ func recoverWrites(msg Message, w Writes, onPanic func(msg Message, v any, stack
 // errNoWrites that of a Handle that returned no writes and no error.
 var (
 	errNoOutcome = Permanent(reasonNoOutcome, errors.New("the writes returned no outcome and no error: "+
-		"return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of the service's own"))
+		"return kit.OutcomeProcessed, kit.OutcomeDuplicate or an outcome of the service's own"))
 	errNoWrites = Permanent(reasonNoOutcome, errors.New("the handler returned no writes and no error: "+
-		"return consumer.NoWrites(outcome) for a message with nothing to write"))
+		"return kit.NoWrites(outcome) for a message with nothing to write"))
 )
 
 // Timeout bounds one handler call, outside calls included. Keep it well below

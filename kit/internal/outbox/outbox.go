@@ -108,7 +108,7 @@ func (o *Outbox) Enqueue(ctx context.Context, tx *gorm.DB, msgs ...Message) ([]s
 			return nil, fmt.Errorf("outbox message %d: %w", i, err)
 		}
 		if m.Exchange != "" && o.exchanges != nil && !slices.Contains(o.exchanges, m.Exchange) {
-			return nil, fmt.Errorf("outbox message %d: exchange %q is not one the service publishes to (Options.Publishes: %q)", i, m.Exchange, o.exchanges)
+			return nil, fmt.Errorf("outbox message %d: exchange %q is not one the service publishes to (kit.Service.Publishes: %q)", i, m.Exchange, o.exchanges)
 		}
 	}
 	ids := make([]string, len(msgs))

@@ -137,13 +137,13 @@ func (r Requirements) apply(name string, cfg *Config, v *Checks) {
 	if r.Mode != "" {
 		_, set := os.LookupEnv("INBOX_MODE")
 		v.Require(!set || cfg.InboxMode == r.Mode, "INBOX_MODE",
-			"is %q, but %s requires %q (Options.Requires): unset INBOX_MODE or set it to %q", cfg.InboxMode, name, r.Mode, r.Mode)
+			"is %q, but %s requires %q (kit.Service.Requires): unset INBOX_MODE or set it to %q", cfg.InboxMode, name, r.Mode, r.Mode)
 		cfg.InboxMode = r.Mode
 	}
 	if r.SingleActiveConsumer {
 		_, set := os.LookupEnv("SINGLE_ACTIVE_CONSUMER")
 		v.Require(!set || cfg.SingleActiveConsumer, "SINGLE_ACTIVE_CONSUMER",
-			"is false, but %s requires true (Options.Requires): unset SINGLE_ACTIVE_CONSUMER or set it to true", name)
+			"is false, but %s requires true (kit.Service.Requires): unset SINGLE_ACTIVE_CONSUMER or set it to true", name)
 		cfg.SingleActiveConsumer = true
 	}
 }
@@ -244,13 +244,13 @@ func LoadConfig(opts Options) (Config, error) {
 	opts.Requires.apply(opts.Name, &cfg, &v)
 	if opts.NoOutsideCalls {
 		_, set := os.LookupEnv("IDEMPOTENCY_KEY_TTL")
-		v.Require(!set, "IDEMPOTENCY_KEY_TTL", "is set, but %s declares no outside calls (Options.NoOutsideCalls): "+
+		v.Require(!set, "IDEMPOTENCY_KEY_TTL", "is set, but %s declares no outside calls (kit.Service.NoOutsideCalls): "+
 			"no idempotency key is kept anywhere, so it does not apply; unset it", opts.Name)
 		cfg.IdempotencyKeyTTL, cfg.noOutsideCalls = 0, true
 	}
 	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
-			"give Options.OrderingKey, declare Options.Unordered, or use the inline mode", opts.Name)
+			"give kit.Service.OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)
 	cfg.validate(&v)
 	if len(opts.Publishes) > 0 && !v.Failed("DB_MAX_CONNS", "DB_COMMITTERS") {
 		// The relay claims and marks on one more.

@@ -83,7 +83,7 @@ func withEvents[E any](fn string, opts Options, events consumer.Events[E]) Optio
 	case opts.Decoder != nil || opts.NewHandler != nil:
 		opts.invalid = fn + " sets Decoder and NewHandler: leave them unset"
 	case opts.KeyFromBody != nil || opts.OrderingKey != nil:
-		opts.invalid = fmt.Sprintf("%s: KeyFromBody and OrderingKey are the Events' ID and OrderingKey: give them to consumer.Events[%s]",
+		opts.invalid = fmt.Sprintf("%s: KeyFromBody and OrderingKey are the Events' ID and OrderingKey: give them to kit.Events[%s]",
 			fn, reflect.TypeFor[E]())
 	case events.Decode == nil:
 		opts.invalid = fmt.Sprintf("%s: the Events[%s] have no Decode", fn, reflect.TypeFor[E]())

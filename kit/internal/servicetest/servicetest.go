@@ -261,7 +261,7 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 	}
 	if writes == nil {
 		t.Errorf("message %s: the handler returned no writes and no error: the runtime dead-letters such a message "+
-			"(%s); return consumer.NoWrites(outcome) for a message with nothing to write", msg.ID, wire.ReasonNoOutcome)
+			"(%s); return kit.NoWrites(outcome) for a message with nothing to write", msg.ID, wire.ReasonNoOutcome)
 		return "", consumer.Permanent(consumer.ReasonNoOutcome, errors.New("no writes and no error"))
 	}
 	first, firstErr := runWrites(ctx, t, db, writes, false)
@@ -276,7 +276,7 @@ func CheckWrites(t testing.TB, db *gorm.DB, h consumer.Handler, msg consumer.Mes
 	}
 	if err == nil && out == "" {
 		t.Errorf("message %s: the writes returned no outcome and no error: the runtime dead-letters such a message "+
-			"(%s); return consumer.OutcomeProcessed, consumer.OutcomeDuplicate or an outcome of your own", msg.ID, wire.ReasonNoOutcome)
+			"(%s); return kit.OutcomeProcessed, kit.OutcomeDuplicate or an outcome of your own", msg.ID, wire.ReasonNoOutcome)
 	}
 	return out, err
 }
