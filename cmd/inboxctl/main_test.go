@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/internal/demo/verify"
+	"github.com/inbox-template/payment-service/internal/payment"
 	"github.com/inbox-template/payment-service/kit/kittest"
 	"github.com/inbox-template/payment-service/kit/migrations"
 	"github.com/inbox-template/payment-service/kit/rabbit"
@@ -347,4 +350,38 @@ func TestDLQReplayRefusesDeadLettersOlderThanTheKeys(t *testing.T) {
 	}
 	e.waitDepth(e.topo.Queue, 2)
 	e.waitDepth(e.topo.DeadLetterQueue, 1)
+}
+
+// verify reads the whole dead-letter queue through the service's own `dlq
+// list --json`, each message with its reason and its order, and leaves every
+// one of them in the queue.
+func TestVerifyReadsEveryDeadLetterAndLeavesThem(t *testing.T) {
+	e := newDLQEnv(t)
+	for i := range 120 { // more than dlq list's default limit of 100
+		e.deadLetter(fmt.Sprintf("m-%d", i), "malformed_json")
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 120)
+	conn, err := amqp.Dial(os.Getenv("AMQP_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got, err := verify.NewBroker(conn, payment.Service(), e.topo.DeadLetterQueue).DeadLetters(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 120 {
+		t.Fatalf("%d dead letters, want 120", len(got))
+	}
+	seen := map[string]bool{}
+	for _, d := range got {
+		if d.Reason != "malformed_json" || d.Attrs["order_id"] != "order-of-"+d.ID {
+			t.Errorf("dead letter %+v: want reason malformed_json and order order-of-%s", d, d.ID)
+		}
+		seen[d.ID] = true
+	}
+	if len(seen) != 120 {
+		t.Errorf("%d distinct ids among 120 dead letters", len(seen))
+	}
+	e.waitDepth(e.topo.DeadLetterQueue, 120)
 }

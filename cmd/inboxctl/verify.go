@@ -138,7 +138,7 @@ func verifyRuns(ctx context.Context, opts kit.Service, cfg kit.Config, gwCfg con
 	}
 	defer conn.Close()
 	topo := cfg.Topology()
-	src := verify.Sources{Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, topo, opts.LogAttrs), Topology: topo}
+	src := verify.Sources{Payments: payments, Gateway: gw, Broker: verify.NewBroker(conn, opts, topo.DeadLetterQueue), Topology: topo}
 	if gwCfg.ShippingDatabaseURL != "" {
 		shipping, err := open(gwCfg.ShippingDatabaseURL)
 		if err != nil {

@@ -1,27 +1,39 @@
 package verify
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
-	"log/slog"
+	"strconv"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/inbox-template/payment-service/kit/deadletter"
-	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit"
 )
 
-// amqpBroker reads queue depths and dead letters over one connection.
-type amqpBroker struct {
-	conn *amqp.Connection
-	dlq  *deadletter.Queue
+// DeadLetter is a dead letter (or a parked message) as the service's `dlq
+// list --json` shows it: its id, its reason and the service's log attributes
+// of its body (order_id).
+type DeadLetter struct {
+	ID     string            `json:"message_id"`
+	Attrs  map[string]string `json:"attributes,omitempty"`
+	Reason string            `json:"reason"`
 }
 
-// NewBroker returns the Broker of a connection; it leaves every message in
-// place. attrs are the payment service's log attributes: they name each dead
-// letter's order (order_id).
-func NewBroker(conn *amqp.Connection, topo rabbit.Topology, attrs func(body []byte) []slog.Attr) Broker {
-	return &amqpBroker{conn: conn, dlq: deadletter.New(conn, topo, attrs)}
+// amqpBroker reads queue depths over one connection, and the dead letters
+// with the service's own operations command.
+type amqpBroker struct {
+	conn *amqp.Connection
+	svc  kit.Service
+	dlq  string
+}
+
+// NewBroker returns the Broker of a connection and of svc, whose dead-letter
+// queue is dlq; it leaves every message in place. svc's operations commands
+// read the configuration from the environment, as the caller read it.
+func NewBroker(conn *amqp.Connection, svc kit.Service, dlq string) Broker {
+	return &amqpBroker{conn: conn, svc: svc, dlq: dlq}
 }
 
 func (b *amqpBroker) Depth(queue string) (int, error) {
@@ -37,11 +49,22 @@ func (b *amqpBroker) Depth(queue string) (int, error) {
 	return q.Messages, nil
 }
 
-func (b *amqpBroker) DeadLetters(ctx context.Context) ([]deadletter.Message, error) {
-	n, err := b.dlq.Depth()
+// DeadLetters lists the whole dead-letter queue with `dlq list --json`, which
+// gives every message back to the queue.
+func (b *amqpBroker) DeadLetters(ctx context.Context) ([]DeadLetter, error) {
+	n, err := b.Depth(b.dlq)
 	if err != nil || n == 0 {
 		return nil, err
 	}
-	l, err := b.dlq.List(ctx, n)
-	return l.Messages, err
+	var out bytes.Buffer
+	if err := kit.Operate(ctx, b.svc, []string{"dlq", "list", "--json", "--limit", strconv.Itoa(n)}, nil, &out); err != nil {
+		return nil, fmt.Errorf("dlq list: %w", err)
+	}
+	var l struct {
+		Messages []DeadLetter `json:"messages"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &l); err != nil {
+		return nil, fmt.Errorf("dlq list --json: %w", err)
+	}
+	return l.Messages, nil
 }

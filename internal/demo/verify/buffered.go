@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-
-	"github.com/inbox-template/payment-service/kit/deadletter"
 )
 
 // bufferedQueue names the buffered inbox's unprocessed messages among the
@@ -47,7 +45,7 @@ func collectBuffered(ctx context.Context, src Sources, f *facts) error {
 			OrderID string `json:"order_id"`
 		}
 		_ = json.Unmarshal(r.Body, &body) // poison has none
-		f.dead = append(f.dead, deadletter.Message{ID: r.MessageID, Reason: reason, Attrs: map[string]string{"order_id": body.OrderID}})
+		f.dead = append(f.dead, DeadLetter{ID: r.MessageID, Reason: reason, Attrs: map[string]string{"order_id": body.OrderID}})
 	}
 	f.queued[bufferedQueue] = unprocessed
 	return nil

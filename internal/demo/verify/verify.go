@@ -15,7 +15,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/inbox-template/payment-service/kit/deadletter"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
@@ -42,7 +41,7 @@ func (r Run) orderIDs() []string {
 // Broker is what verify needs of RabbitMQ: queue depths and the dead letters.
 type Broker interface {
 	Depth(queue string) (int, error)
-	DeadLetters(ctx context.Context) ([]deadletter.Message, error)
+	DeadLetters(ctx context.Context) ([]DeadLetter, error)
 }
 
 // Sources are the stores verify reads.
@@ -121,7 +120,7 @@ type facts struct {
 	paid    map[string]string // order → status
 	charges map[string]int    // order → charge rows
 	replays int
-	dead    []deadletter.Message
+	dead    []DeadLetter
 	queued  map[string]int
 }
 
@@ -186,7 +185,7 @@ func (r *Report) fill(f facts, runs []Run) {
 // runs' messages: an order of a run (<run id>-<n>, <run id>-poison-<i>, the
 // order id of its log attributes) or one of its poison messages, whose
 // message ids are poison-<run id>-<i>-<kind>.
-func ofRuns(m deadletter.Message, runs []Run) bool {
+func ofRuns(m DeadLetter, runs []Run) bool {
 	for _, run := range runs {
 		if strings.HasPrefix(m.ID, "poison-"+run.RunID+"-") || strings.HasPrefix(m.Attrs["order_id"], run.RunID+"-") {
 			return true

@@ -3,8 +3,6 @@ package verify
 import (
 	"fmt"
 	"testing"
-
-	"github.com/inbox-template/payment-service/kit/deadletter"
 )
 
 func TestLikePrefixTakesWildcardsLiterally(t *testing.T) {
@@ -27,7 +25,7 @@ func TestOnlyTheRunsOwnDeadLettersCount(t *testing.T) {
 	runs := []Run{{RunID: "r2", Orders: 2, Published: 4, PoisonTotal: 2}}
 	f := facts{paid: map[string]string{"r2-0": "succeeded", "r2-1": "succeeded"},
 		charges: map[string]int{"r2-0": 1, "r2-1": 1}, queued: map[string]int{}}
-	f.dead = append(f.dead, []deadletter.Message{
+	f.dead = append(f.dead, []DeadLetter{
 		{ID: "poison-r2-0-truncated-json", Reason: "malformed_json"},                                // this run's poison, by its id
 		{ID: "", Reason: "missing_message_id", Attrs: map[string]string{"order_id": "r2-poison-1"}}, // no id: by its order
 		{ID: "poison-r1-0-truncated-json", Reason: "malformed_json"},                                // an earlier run's

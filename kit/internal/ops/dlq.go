@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/inbox-template/payment-service/kit/deadletter"
+	"github.com/inbox-template/payment-service/kit/internal/deadletter"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
