@@ -36,7 +36,7 @@ const (
 	// The buffered mode's processing (its ingest passes the three above).
 	AfterClaim         = Point(consumer.StageClaim)         // a stored message claimed, its handler not yet run
 	AfterProcessCommit = Point(consumer.StageProcessCommit) // the handler's writes and the processed status committed
-	// The outbox relay's (a service that publishes, service.Options.Publishes):
+	// The outbox relay's (a service that publishes, kit.Service.Publishes):
 	// a batch confirmed by the broker, not yet marked sent. It is published
 	// again, with the same ids, after the restart.
 	AfterOutboxPublish Point = "after-outbox-publish"

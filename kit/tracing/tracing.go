@@ -56,7 +56,7 @@ const (
 func (c Config) enabled() bool { return !c.SDKDisabled && c.TracesExporter != ExporterNone }
 
 // Check reports each invalid variable of c through require
-// (service.Checks.Require). A program embeds Config in its configuration
+// (kit.Checks.Require). A program embeds Config in its configuration
 // struct: as a named field envconfig would prefix the variables.
 func Check(c Config, require func(ok bool, variable, format string, args ...any)) {
 	switch c.TracesExporter {

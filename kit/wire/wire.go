@@ -20,11 +20,11 @@ const (
 	HeaderOriginalKey      = "x-original-routing-key"
 	HeaderHeld             = "x-held" // times put back without spending an attempt
 	// HeaderPauseHolds counts the holds a pause the service's code asked for
-	// (consumer.Pause) cost the message: MAX_HOLDS bounds them. Like x-attempt, it is
+	// (kit.Pause) cost the message: MAX_HOLDS bounds them. Like x-attempt, it is
 	// read only from a delivery that came back from one of our delay queues.
 	HeaderPauseHolds = "x-pause-holds"
 	// HeaderMayHaveRun marks every copy the kit makes of a message that may
-	// have run (consumer.Message.MayHaveRun): a copy has neither the broker's
+	// have run (kit.Message.MayHaveRun): a copy has neither the broker's
 	// redelivered flag nor, once replayed, our attempt count, and without the
 	// mark the key-expiry guard would take it for a first attempt.
 	HeaderMayHaveRun = "x-may-have-run"
@@ -40,7 +40,7 @@ const HeaderTimestampMillis = "timestamp_in_ms"
 
 // Dead-letter reasons the kit itself assigns, as the header's value
 // (d.Headers[HeaderDeadLetterReason] == ReasonX); the runtime holds them as
-// consumer.Reason values, as a service declares its own. A header holds the
+// kit.Reason values, as a service declares its own. A header holds the
 // word: compare it with a service's declared reason as
 // d.Headers[HeaderDeadLetterReason] == reason.String().
 const (

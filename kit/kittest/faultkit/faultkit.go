@@ -1,6 +1,6 @@
 // Package faultkit runs the fault scenarios of the fault kit against any
 // service on the kit, from its own tests: the service's replicas run as real
-// processes (testenv.Program), a supervisor starts again each one that dies
+// processes (kittest.Program), a supervisor starts again each one that dies
 // (as systemd, Kubernetes or Docker's restart policy would) and arms its
 // crash points again, and the faults are the real ones: crash points,
 // SIGKILL, the broker closing every connection, the database terminating
@@ -42,7 +42,7 @@ type Config struct {
 	Program  *testenv.Program
 	Replicas int // 1 or more
 	// AMQPURL and DBURL are the run's vhost and the service's database
-	// (testenv.VHost, testenv.Postgres); both are in every replica's
+	// (kittest.VHost, kittest.Postgres); both are in every replica's
 	// environment, with Env.
 	AMQPURL, DBURL string
 	Env            []string

@@ -22,7 +22,7 @@ type Scenario struct {
 	// visible effect.
 	Check func(t testing.TB, s *Stack)
 	// OnCluster asks the trial for the local three-node cluster
-	// (testenv.NewCluster) in Config.Cluster, its URL as AMQPURL.
+	// (kittest.Cluster) in Config.Cluster, its URL as AMQPURL.
 	OnCluster bool
 	// WholeBroker says that the fault disturbs the whole broker (a stop, an
 	// alarm), every vhost's clients: such a scenario runs alone.
