@@ -23,13 +23,14 @@
 //
 // The kit does the rest: configuration, the database and migrations, the
 // consumer runtime (inline or buffered inbox), retries and dead letters, the
-// outbox and its relay, metrics, health, traces and the shutdown order. Its
-// packages below this one (consumer, service, outbox, …) are its machinery.
+// outbox and its relay, metrics, health, traces and the shutdown order. That
+// machinery is under internal/, out of a service's reach: a service imports
+// this package, and kittest (with kittest/faultkit) for its tests.
 //
 // The kit is a Go module of its own, released on its own: a service requires
 // it at a version and takes an upgrade with
 //
-//	go get github.com/inbox-template/payment-service/kit@v0.3.0
+//	go get github.com/inbox-template/payment-service/kit@vX.Y.Z
 //
 // (the template's docs/upgrading.md: the releases, a file-based module
 // proxy for a kit that is not published, vendoring).
@@ -37,7 +38,7 @@ package kit
 
 import "github.com/inbox-template/payment-service/kit/internal/release"
 
-// Version is this kit's release, as its tag names it (kit/v0.2.0): a
+// Version is this kit's release, as its tag names it (kit/vX.Y.Z): a
 // service's `version` command prints it beside the module version the
 // binary was built from.
 const Version = release.Version

@@ -97,8 +97,15 @@ func CheckWrites[E any](t testing.TB, db *gorm.DB, svc kit.Service, h kit.Handle
 
 // Outbox is svc's outbox as the service holds it (Deps.Outbox) under its
 // default CONSUMER_NAME, for a handler built outside a running service:
-// its Enqueue writes rows the service's relay publishes.
-func Outbox(svc kit.Service) *kit.Outbox { return outbox.New(svc.Name, svc.Publishes...) }
+// its Enqueue writes rows the service's relay publishes, to the exchanges
+// svc.Publishes names. A service that publishes nothing has none (nil), as
+// its handler's Deps.Outbox is nil.
+func Outbox(svc kit.Service) *kit.Outbox {
+	if len(svc.Publishes) == 0 {
+		return nil
+	}
+	return outbox.New(svc.Name, svc.Publishes...)
+}
 
 // VHost makes a vhost of the test's own on the broker, removed after the
 // test, and returns its AMQP URL.
@@ -108,8 +115,8 @@ func VHost(t testing.TB) string { return testenv.VHost(t) }
 // returns its URL.
 func Postgres(t testing.TB) string { return testenv.Postgres(t) }
 
-// MigratedDB is a database of the test's own with the kit's schemas and sets
-// applied, open.
+// MigratedDB is a database of the test's own with sets applied (the kit's own,
+// migrations.Inbox and the like, among them if the test needs them), open.
 func MigratedDB(t testing.TB, sets ...kit.MigrationSet) (*gorm.DB, string) {
 	return testenv.MigratedDB(t, sets...)
 }

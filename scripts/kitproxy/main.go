@@ -5,7 +5,7 @@
 //	go run ./scripts/kitproxy -out /srv/goproxy                 # kit/ at its kit.Version
 //	go run ./scripts/kitproxy -kit ../next/kit -out /srv/goproxy   # another checkout's
 //	GOPROXY=file:///srv/goproxy,$(go env GOPROXY) GONOSUMDB=github.com/inbox-template/payment-service/kit \
-//	  go get github.com/inbox-template/payment-service/kit@v0.3.0
+//	  go get github.com/inbox-template/payment-service/kit@vX.Y.Z
 //
 // The version is the one the kit declares (kit.Version, in
 // internal/release/release.go), so that a service's version command says

@@ -202,9 +202,9 @@ func env(opts service.Options, stdout io.Writer) error {
 	return err
 }
 
-// kitModule is the kit's module path: this package's, without /ops (a copy
+// kitModule is the kit's module path: this package's, without /internal/ops (a copy
 // of the template renames the module, and this follows).
-var kitModule = strings.TrimSuffix(reflect.TypeFor[UsageError]().PkgPath(), "/ops")
+var kitModule = strings.TrimSuffix(reflect.TypeFor[UsageError]().PkgPath(), "/internal/ops")
 
 // version says which kit the binary holds: the release its source declares
 // (release.Version) and the module version go build took it at, from the

@@ -250,7 +250,7 @@ func LoadConfig(opts Options) (Config, error) {
 	}
 	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
-			"give kit.Service.OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)
+			"give its kit.Events an OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)
 	cfg.validate(&v)
 	if len(opts.Publishes) > 0 && !v.Failed("DB_MAX_CONNS", "DB_COMMITTERS") {
 		// The relay claims and marks on one more.

@@ -441,8 +441,8 @@ func (v *view) cluster() *testenv.Cluster {
 	return v.cfg.Cluster
 }
 
-// StopBroker stops the broker application (testenv.StopApp: rabbitmqctl
-// stop_app's) for d, supervising the replicas meanwhile, and starts it
+// StopBroker stops the broker application (rabbitmqctl stop_app)
+// for d, supervising the replicas meanwhile, and starts it
 // again. It stops every vhost: only for tests that run alone. If the test
 // ends meanwhile, its cleanup starts the broker again.
 func (b Broker) Stop(d time.Duration) {
@@ -461,7 +461,7 @@ func (b Broker) Stop(d time.Duration) {
 	b.s.t.Logf("fault: broker started again")
 }
 
-// MemoryAlarm raises a memory alarm on the broker (testenv.MemoryAlarm):
+// MemoryAlarm raises a memory alarm on the broker:
 // every connection that publishes blocks, on every vhost.
 // ClearMemoryAlarm clears it; the test's cleanup does if the test ends
 // first.
@@ -502,7 +502,7 @@ func (s *Stack) Pending() int {
 }
 
 // listQueues lists the vhost's queues: the cluster's or the machine's
-// broker's, through erl_call where it reaches a node (testenv.Queues).
+// broker's, through erl_call where it reaches a node (kittest.Queues).
 func (v *view) listQueues() []testenv.Queue {
 	v.t.Helper()
 	if v.cfg.Cluster != nil {
