@@ -613,9 +613,11 @@ func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
 
 // The gateway down for every message: after a run of failures the consumer
 // pauses instead of spending every message's retry budget, and everything is
-// paid once the gateway is back. With the run at 3 failures and 3 attempts no
-// message can fail three times before the pause, and after it every failure
-// is put back without spending an attempt: nothing is dead-lettered.
+// paid once the gateway is back. With the run at 3 failures and 3 attempts a
+// message could fail three times before the pause only if it ran three times
+// before two others ran once; after the pause, until a success, every
+// failure is put back without spending an attempt, that of a message which
+// spent two before it too: nothing is dead-lettered.
 func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	s := newStack(t)
 	var down atomic.Bool
@@ -636,7 +638,10 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	for i := range n {
 		s.publishOrder(fmt.Sprintf("d-%d", i), order(fmt.Sprintf("o-down-%d", i), 1000+int64(i)*100))
 	}
-	kittest.Eventually(t, 30*time.Second, "a pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	// Down through several pauses: each resumption probes the gateway with
+	// messages, some of which spent their attempts before the first pause;
+	// still down, they go back too.
+	kittest.Eventually(t, time.Minute, "several pauses", func() (bool, error) { return outcomes(m, "requeued") >= 3*s.pauseAfter, nil })
 	down.Store(false)
 	waitOutcome(t, m, "processed", n)
 	if outcomes(m, "dead_lettered") != 0 {

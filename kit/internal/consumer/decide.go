@@ -77,7 +77,8 @@ func (v verdict) errorType() string {
 // that cost something to learn are asked only when the rules reach them:
 // cause (the infrastructure at fault, the zero Cause for none: it may ask the database)
 // and inARow (it counts this failure in the run of failing messages, and
-// reports whether that run now pauses consumption).
+// reports whether that run had already paused consumption before it, and
+// whether it pauses consumption now).
 type failure struct {
 	err         error
 	stopping    bool // the runtime is stopping and cut the run short
@@ -86,7 +87,7 @@ type failure struct {
 	holds       int // the times the service's code paused it before, put back each time (MaxHolds)
 	maxHolds    int
 	cause       func() Cause
-	inARow      func() bool
+	inARow      func() (already, now bool)
 }
 
 // decide applies the rules in order: a stop cuts the run short; the
@@ -97,7 +98,11 @@ type failure struct {
 // fault itself (wire.ReasonHeldTooOften); a wait on a lock puts it back; then its
 // own budget is decided, before the run of failures of distinct messages,
 // which pauses when a dependency fails every message alike; else it is
-// retried.
+// retried. Once that run has paused consumption, and no message has
+// succeeded since, a failure is the dependency's whatever the message's
+// budget: a message that spent its attempts before the pause, and fails
+// again on the first delivery after it while the dependency is still down,
+// is put back too, not dead-lettered.
 //
 // Only the pauses the service's code asks for (Pause) count against
 // maxHolds: it claims them for one message, and may be wrong about that
@@ -125,8 +130,10 @@ func decide(f failure) verdict {
 	if waited(f.err) {
 		return verdict{act: actPutBack}
 	}
-	inARow := f.inARow()
+	already, inARow := f.inARow()
 	switch {
+	case already:
+		return verdict{act: actPause, cause: causeFailing}
 	case f.attempt >= f.maxAttempts:
 		return verdict{act: actDeadLetter, reason: reasonRetriesExhausted}
 	case inARow:

@@ -18,18 +18,20 @@ type failureStreak struct {
 }
 
 // fail adds a failed message and reports how many distinct messages the run
-// holds now. It stops growing at limit: no more is needed to decide.
-func (s *failureStreak) fail(id string, limit int) int {
+// held before it and holds now. It stops growing at limit: no more is
+// needed to decide.
+func (s *failureStreak) fail(id string, limit int) (before, now int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ids == nil {
 		s.ids = map[string]struct{}{}
 	}
-	if len(s.ids) < limit {
+	before = len(s.ids)
+	if before < limit {
 		s.ids[id] = struct{}{}
 	}
 	s.n.Store(int64(len(s.ids)))
-	return len(s.ids)
+	return before, len(s.ids)
 }
 
 // succeeded ends the run.
