@@ -27,6 +27,16 @@
 // machinery is under internal/, out of a service's reach: a service imports
 // this package, and kittest (with kittest/faultkit) for its tests.
 //
+// Most of this package's types are aliases of the machinery's, so that a
+// value passes through the runtime as it is. go doc shows their fields and
+// methods where they are defined (run it inside the kit's module):
+//
+//	go doc ./internal/service Options   # kit.Service (and Kit: kit.Deps, Config, Checks)
+//	go doc ./internal/consumer Events   # kit.Events (and Message, Writes, Outcome, Reason, Cause)
+//	go doc ./internal/outbox Outbox     # kit.Outbox (and Message: kit.OutboxMessage)
+//	go doc ./internal/testenv Process   # kittest.Process (and Program, Cluster)
+//	go doc ./internal/servicetest Stack # kittest.Stack (and Events)
+//
 // The kit is a Go module of its own, released on its own: a service requires
 // it at a version and takes an upgrade with
 //
