@@ -27,7 +27,7 @@ import (
 type Point string
 
 // The runtime's crash points, in the order a message passes them: each is
-// the stage of the same name (consumer.Stage…, the same string). A service
+// the stage of the same name (the runtime's Stage…, the same string). A service
 // declares its own, around its side effects, with After.
 const (
 	AfterInboxInsert = Point(consumer.StageInboxInsert) // inbox row inserted, transaction open
@@ -156,9 +156,6 @@ func (c *Crasher) fires(point Point) bool {
 	}
 	return rand.Float64() < a.probability
 }
-
-// OnStage is the consumer runtime's stage hook.
-func (c *Crasher) OnStage(s consumer.Stage) { c.Hit(Point(s)) }
 
 // Handler serves POST /faults/crash?at=POINT[&probability=P] (204) and
 // DELETE /faults/crash (disarm all, 204). With a token (FAULTS_TOKEN), a

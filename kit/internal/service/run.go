@@ -243,8 +243,9 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 	}
 	cfg := k.Config
 	var onStage func(consumer.Stage)
-	if k.Crasher != nil {
-		onStage = k.Crasher.OnStage
+	if c := k.Crasher; c != nil {
+		// A stage and its crash point have the same name.
+		onStage = func(s consumer.Stage) { c.Hit(faults.Point(s)) }
 	}
 	return consumer.New(consumer.Config{
 		Name:               cfg.Consumer,
