@@ -649,6 +649,56 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	}
 }
 
+// A message that spent its attempts before the run of failures reached its
+// bound, and fails again after it while the gateway is still down, is put
+// back, not dead-lettered: the failure is the gateway's. The message arrives
+// at its last attempt (x-attempt 3 of 3, as its retry queue delivers it)
+// once three other orders have failed and the consumer paused.
+func TestAMessageThatSpentItsAttemptsIsPutBackOnceTheRunPaused(t *testing.T) {
+	s := newStack(t)
+	var down atomic.Bool
+	down.Store(true)
+	var spent atomic.Int32 // the charge requests of o-spent
+	gw := s.gateway.Handler()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "order-charge:o-spent" {
+			spent.Add(1)
+		}
+		if down.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	s.gwURL = proxy.URL
+	s.maxAttempts, s.pauseAfter = 3, 3
+	m := s.service()
+	for i := range 3 {
+		s.publishOrder(fmt.Sprintf("r-%d", i), order(fmt.Sprintf("o-r-%d", i), 1000+int64(i)*100))
+	}
+	kittest.Eventually(t, 30*time.Second, "the pause", func() (bool, error) { return outcomes(m, "requeued") >= 1, nil })
+	body, err := json.Marshal(order("o-spent", 999))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.first.Publish(amqp.Publishing{MessageId: "spent", ContentType: "application/json", Body: body, Timestamp: time.Now(),
+		Headers: amqp.Table{kittest.HeaderAttempt: int32(3)}})
+	// Its last attempt fails: put back, it is charged again; dead-lettered,
+	// never.
+	kittest.Eventually(t, time.Minute, "o-spent tried again, or dead-lettered", func() (bool, error) {
+		return spent.Load() >= 2 || outcomes(m, "dead_lettered") > 0, nil
+	})
+	if n := outcomes(m, "dead_lettered"); n != 0 {
+		t.Fatalf("dead-lettered %d: its last attempt failed while the gateway was down, not by its own fault", n)
+	}
+	down.Store(false)
+	waitOutcome(t, m, "processed", 4)
+	if n := outcomes(m, "dead_lettered"); n != 0 {
+		t.Fatalf("dead-lettered %d once the gateway was back", n)
+	}
+}
+
 // Each payment recorded emits its event through the outbox, in the same
 // transaction: OrderPaid (with the order's shipping address) for a charge,
 // PaymentDeclined for a decline, nothing for a duplicate of the order. Each

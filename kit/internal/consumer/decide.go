@@ -77,8 +77,7 @@ func (v verdict) errorType() string {
 // that cost something to learn are asked only when the rules reach them:
 // cause (the infrastructure at fault, the zero Cause for none: it may ask the database)
 // and inARow (it counts this failure in the run of failing messages, and
-// reports whether that run had already paused consumption before it, and
-// whether it pauses consumption now).
+// reports whether that run has reached PauseAfterFailures distinct messages).
 type failure struct {
 	err         error
 	stopping    bool // the runtime is stopping and cut the run short
@@ -87,7 +86,7 @@ type failure struct {
 	holds       int // the times the service's code paused it before, put back each time (MaxHolds)
 	maxHolds    int
 	cause       func() Cause
-	inARow      func() (already, now bool)
+	inARow      func() bool
 }
 
 // decide applies the rules in order: a stop cuts the run short; the
@@ -95,14 +94,14 @@ type failure struct {
 // it; a dependency down or the database's trouble is nobody's fault of the
 // message's and pauses, unless the service's code has asked to pause for
 // this message maxHolds times already: then the message is taken to be at
-// fault itself (wire.ReasonHeldTooOften); a wait on a lock puts it back; then its
-// own budget is decided, before the run of failures of distinct messages,
-// which pauses when a dependency fails every message alike; else it is
-// retried. Once that run has paused consumption, and no message has
-// succeeded since, a failure is the dependency's whatever the message's
-// budget: a message that spent its attempts before the pause, and fails
-// again on the first delivery after it while the dependency is still down,
-// is put back too, not dead-lettered.
+// fault itself (wire.ReasonHeldTooOften); a wait on a lock puts it back; then
+// the run of failures of distinct messages, which pauses when a dependency
+// fails every message alike: once it has reached PauseAfterFailures, and
+// until a message succeeds, a failure is the dependency's whatever the
+// message's budget (a message that spent its attempts before the run
+// reached the bound, and fails again while the dependency is still down,
+// is put back too, not dead-lettered); below the bound, the message's own
+// budget is decided; else it is retried.
 //
 // Only the pauses the service's code asks for (Pause) count against
 // maxHolds: it claims them for one message, and may be wrong about that
@@ -130,14 +129,11 @@ func decide(f failure) verdict {
 	if waited(f.err) {
 		return verdict{act: actPutBack}
 	}
-	already, inARow := f.inARow()
 	switch {
-	case already:
+	case f.inARow():
 		return verdict{act: actPause, cause: causeFailing}
 	case f.attempt >= f.maxAttempts:
 		return verdict{act: actDeadLetter, reason: reasonRetriesExhausted}
-	case inARow:
-		return verdict{act: actPause, cause: causeFailing}
 	}
 	return verdict{act: actRetry}
 }

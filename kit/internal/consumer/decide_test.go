@@ -21,7 +21,6 @@ func TestDecide(t *testing.T) {
 		f        failure
 		cause    Cause
 		inARow   bool
-		already  bool // the run of failures had paused consumption before this one
 		want     verdict
 		asked    bool // whether the run of failures counted this one
 		noCauses bool // decided before the cause is asked
@@ -38,12 +37,12 @@ func TestDecide(t *testing.T) {
 			want: verdict{act: actPause, cause: CauseDatabase}},
 		{name: "lock wait on the last attempt", f: failure{err: lockWait, attempt: 5, maxAttempts: 5},
 			want: verdict{act: actPutBack}},
-		{name: "budget before the run of failures", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true,
+		{name: "last attempt below the run's bound", f: failure{err: errTransient, attempt: 5, maxAttempts: 5},
 			want: verdict{act: actDeadLetter, reason: reasonRetriesExhausted}, asked: true},
-		// Once the run has paused consumption (and nothing succeeded since),
-		// a message that spent its budget before the pause and fails again
-		// after it is the dependency's failure, not its own.
-		{name: "last attempt after the run of failures paused", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true, already: true,
+		// Once the run has reached its bound (and until a success), a
+		// message that spent its budget before and fails again is the
+		// dependency's failure, not its own.
+		{name: "last attempt at the run's bound", f: failure{err: errTransient, attempt: 5, maxAttempts: 5}, inARow: true,
 			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
 		{name: "run of failures", f: failure{err: errTransient, attempt: 2, maxAttempts: 5}, inARow: true,
 			want: verdict{act: actPause, cause: CauseFailing}, asked: true},
@@ -69,7 +68,7 @@ func TestDecide(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			causeAsked, counted := false, false
 			c.f.cause = func() Cause { causeAsked = true; return c.cause }
-			c.f.inARow = func() (bool, bool) { counted = true; return c.already, c.inARow }
+			c.f.inARow = func() bool { counted = true; return c.inARow }
 			if got := decide(c.f); got != c.want {
 				t.Errorf("decide = %+v (%s), want %+v (%s)", got, got.act, c.want, c.want.act)
 			}

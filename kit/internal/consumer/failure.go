@@ -26,7 +26,7 @@ func (j *judge) failure(ctx context.Context, err error, id string, attempt, maxA
 		err: err, stopping: ctx.Err() != nil, attempt: attempt, maxAttempts: maxAttempts,
 		holds: holds, maxHolds: j.cfg.MaxHolds,
 		cause:  func() Cause { return j.infrastructure(ctx, err) },
-		inARow: func() (bool, bool) { return j.failingInARow(id, err) },
+		inARow: func() bool { return j.failingInARow(id, err) },
 	}
 }
 
@@ -80,17 +80,15 @@ func (j *judge) pingDatabase(ctx context.Context) error {
 }
 
 // failingInARow counts a retried failure of the handler's outside-call step
-// and reports whether PauseAfterFailures distinct messages had failed in a
-// row before it (consumption paused for them, and no message succeeded
-// since), and whether they have now: a dependency down for every message,
-// not this message's fault.
-func (j *judge) failingInARow(id string, err error) (already, now bool) {
+// and reports whether PauseAfterFailures distinct messages have now failed in
+// a row, this one included, with no success since: a dependency down for
+// every message, not this message's fault.
+func (j *judge) failingInARow(id string, err error) bool {
 	var se *stepError
 	if j.cfg.PauseAfterFailures < 0 || !errors.As(err, &se) || se.step != stepHandler {
-		return false, false
+		return false
 	}
-	before, after := j.failures.fail(id, j.cfg.PauseAfterFailures)
-	return before >= j.cfg.PauseAfterFailures, after >= j.cfg.PauseAfterFailures
+	return j.failures.fail(id, j.cfg.PauseAfterFailures) >= j.cfg.PauseAfterFailures
 }
 
 // keyExpired is the key-expiry guard, the one of both modes: a message that

@@ -71,12 +71,11 @@ type Config struct {
 	// failed in the handler in a row (retried errors of the outside-call
 	// step, with no success in between): a dependency that fails every
 	// message alike (a gateway down) would otherwise spend every message's
-	// retry budget and dead-letter the stream. Until the run reaches it, a
-	// message's own budget is decided first: one at its last attempt is
-	// dead-lettered all the same, and one message failing alone never
-	// pauses. Once the run has paused consumption, every failure until a
-	// success is the dependency's: a message that spent its attempts before
-	// the pause is put back too. So the pause protects a stream of at least
+	// retry budget and dead-letter the stream. Below the bound, a message's
+	// own budget is decided: one at its last attempt is dead-lettered, and
+	// one message failing alone never pauses. Once the run has reached it,
+	// every failure until a success is the dependency's: a message that
+	// spent its attempts before is put back too. So the pause protects a stream of at least
 	// this many messages; fewer, failing longer than the retries last, are
 	// dead-lettered (retries_exhausted). 0 means 20; -1 never pauses.
 	PauseAfterFailures int

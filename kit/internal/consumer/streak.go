@@ -8,7 +8,8 @@ import (
 // failureStreak is the run of handler failures with no success between them,
 // counted in distinct messages: one message failing again and again is that
 // message's trouble, and its own budget ends it; many messages failing in a
-// row is a dependency down for all of them (PauseAfterFailures).
+// row is a dependency down for all of them (PauseAfterFailures), and then,
+// until a success, no budget ends a message.
 type failureStreak struct {
 	mu  sync.Mutex
 	ids map[string]struct{}
@@ -18,20 +19,18 @@ type failureStreak struct {
 }
 
 // fail adds a failed message and reports how many distinct messages the run
-// held before it and holds now. It stops growing at limit: no more is
-// needed to decide.
-func (s *failureStreak) fail(id string, limit int) (before, now int) {
+// holds now. It stops growing at limit: no more is needed to decide.
+func (s *failureStreak) fail(id string, limit int) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ids == nil {
 		s.ids = map[string]struct{}{}
 	}
-	before = len(s.ids)
-	if before < limit {
+	if len(s.ids) < limit {
 		s.ids[id] = struct{}{}
 	}
 	s.n.Store(int64(len(s.ids)))
-	return before, len(s.ids)
+	return len(s.ids)
 }
 
 // succeeded ends the run.
