@@ -153,7 +153,7 @@ vet:
 # gosec runs without -quiet: with it, gosec passes a run that found no issue
 # even where a package failed to load (its "Golang errors"); its log (a line
 # per package) goes nowhere, its summary and any such errors are printed.
-# testdata holds a program that must not compile (kit/internal/service's and the root package's typed
+# testdata holds a program that must not compile (the root package's typed
 # handler test): -quiet had hidden that gosec failed on it.
 lint:
 	$(GO) mod verify

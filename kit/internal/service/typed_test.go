@@ -3,35 +3,11 @@ package service
 import (
 	"context"
 	"errors"
-	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 )
-
-// A handler typed to one event and Events of another do not compile
-// together, whichever type the constructor returns (the Events' interface,
-// the handler's, the handler itself); the same program with one event type
-// compiles (so the failure is the types').
-func TestConsumeTypesTheHandlerToItsEvent(t *testing.T) {
-	if out, err := exec.Command("go", "build", "-o", "/dev/null", "./testdata/typed/match").CombinedOutput(); err != nil {
-		t.Fatalf("the well-typed program does not compile: %v\n%s", err, out)
-	}
-	out, err := exec.Command("go", "build", "-o", "/dev/null", "./testdata/typed/mismatch").CombinedOutput()
-	if err == nil {
-		t.Fatal("a handler of OrderPaid wired with the Events of OrderPlaced compiled")
-	}
-	for _, want := range []string{
-		"main.go:27:72: cannot use handler{} (value of struct type handler) as consumer.HandlerOf[OrderPlaced] value",
-		"main.go:28:21: in call to service.Consume, H (type consumer.HandlerOf[OrderPaid]) does not satisfy consumer.HandlerOf[E]",
-		"main.go:31:21: in call to service.Consume, H (type handler) does not satisfy consumer.HandlerOf[E]",
-	} {
-		if !strings.Contains(string(out), want) {
-			t.Errorf("the compiler's refusal lacks %q:\n%s", want, out)
-		}
-	}
-}
 
 type placed struct{ ID string }
 
