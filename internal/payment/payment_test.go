@@ -611,6 +611,28 @@ func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
 	}
 }
 
+// gatewayDown puts a switch in front of the stack's gateway for the next
+// service(): every charge answers 503 until the switch is turned off
+// (Store(false)). seen, if not nil, sees each request first.
+func (s *stack) gatewayDown(seen func(*http.Request)) *atomic.Bool {
+	down := new(atomic.Bool)
+	down.Store(true)
+	gw := s.gateway.Handler()
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if seen != nil {
+			seen(r)
+		}
+		if down.Load() {
+			http.Error(w, "unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		gw.ServeHTTP(w, r)
+	}))
+	s.t.Cleanup(proxy.Close)
+	s.gwURL = proxy.URL
+	return down
+}
+
 // The gateway down for every message: after a run of failures the consumer
 // pauses instead of spending every message's retry budget, and everything is
 // paid once the gateway is back. With the run at 3 failures and 3 attempts a
@@ -620,18 +642,7 @@ func TestRepublishAfterTheGatewayForgotTheKey(t *testing.T) {
 // spent two before it too: nothing is dead-lettered.
 func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 	s := newStack(t)
-	var down atomic.Bool
-	down.Store(true)
-	gw := s.gateway.Handler()
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if down.Load() {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		gw.ServeHTTP(w, r)
-	}))
-	t.Cleanup(proxy.Close)
-	s.gwURL = proxy.URL
+	down := s.gatewayDown(nil)
 	s.maxAttempts, s.pauseAfter = 3, 3
 	m := s.service()
 	const n = 40
@@ -656,22 +667,12 @@ func TestGatewayDownPausesInsteadOfDeadLettering(t *testing.T) {
 // once three other orders have failed and the consumer paused.
 func TestAMessageThatSpentItsAttemptsIsPutBackOnceTheRunPaused(t *testing.T) {
 	s := newStack(t)
-	var down atomic.Bool
-	down.Store(true)
 	var spent atomic.Int32 // the charge requests of o-spent
-	gw := s.gateway.Handler()
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	down := s.gatewayDown(func(r *http.Request) {
 		if r.Header.Get("Idempotency-Key") == "order-charge:o-spent" {
 			spent.Add(1)
 		}
-		if down.Load() {
-			http.Error(w, "unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		gw.ServeHTTP(w, r)
-	}))
-	t.Cleanup(proxy.Close)
-	s.gwURL = proxy.URL
+	})
 	s.maxAttempts, s.pauseAfter = 3, 3
 	m := s.service()
 	for i := range 3 {
