@@ -3,19 +3,21 @@
 // claim one message per ordering key at a time (Claim), with a status every
 // operator can query in SQL. The inbox table still dedupes message ids at
 // ingest; this package adds the stored messages (inbox_messages) and a row per
-// ordering key (inbox_keys) holding the key's sequence and a pointer to the
-// next message to process, so that a claim never scans a key's backlog.
+// ordering key (inbox_keys) holding the key's sequence and a pointer to its
+// head, the next message to process.
 //
-// A claim leases a key: it moves the key's available_at to the end of the
+// It is the outbox's queue on the inbox's tables (docs/message-flow.md): only
+// a key's head is ever due, the messages behind it wait at available_at =
+// 'infinity', and the settlement of the head makes its successor due. A claim
+// leases a message: it moves the message's available_at to the end of the
 // lease and writes a token; everything that settles the message later checks
 // the token in the same statement, so a worker whose lease passed to another
 // one (it crashed, or outlived the lease) can commit nothing. An expired lease
-// makes the key due again with no sweeper.
+// makes the message due again with no sweeper.
 package buffered
 
 import (
 	"errors"
-	"math/rand/v2"
 
 	"gorm.io/gorm"
 )
@@ -60,6 +62,4 @@ func New(db *gorm.DB, consumer string) *Store {
 // Consumer is the consumer whose messages the store keeps.
 func (s *Store) Consumer() string { return s.consumer }
 
-// newToken is a lease token: random, so that a token of one claim is never
 // taken for another's.
-func newToken() int64 { return rand.Int64() }

@@ -169,53 +169,57 @@ func TestClaimTakesOneHeadPerKey(t *testing.T) {
 	}
 }
 
-// A worker whose lease expired and passed to another commits nothing: its
-// writes roll back, alone in a group commit.
-// A claim whose statement leased a key without seeing its head (an ingest
-// committed between the statement's snapshot and its lock on the key) takes
-// the head in a second statement, instead of leaving the key leased, idle,
-// until the lease ends. A key with a real gap keeps its lease.
-func TestClaimTakesHeadsItsSnapshotMissed(t *testing.T) {
+// A message appended to a key while its head's settlement waits for the
+// key (an ingest holds the key's row to its commit) is made due by that
+// settlement: the settlement reads the successors after it holds the key,
+// so it sees the message the ingest committed. Read in the statement that
+// waited, the message would be missed, and would wait at infinity forever.
+func TestSettlementMakesDueAMessageAppendedWhileItWaited(t *testing.T) {
 	s, db := setup(t)
-	ingest(t, s, msg("m1", "late", `{}`))
-	// The first statement's work: both keys leased with its token. "ghost"
-	// says it has a message that no snapshot holds.
-	const token = 4242
-	if err := db.Exec(`UPDATE inbox_keys SET lease_token = ?, available_at = now() + interval '1 minute' WHERE ordering_key = 'late'`, token).Error; err != nil {
+	ingest(t, s, msg("m1", "k", `{}`))
+	head := claim(t, s, 10, time.Minute)
+	if len(head) != 1 {
+		t.Fatalf("claimed %v, want m1", ids(head))
+	}
+	appended, release := make(chan struct{}), make(chan struct{})
+	ingested := make(chan error, 1)
+	go func() {
+		_, err := s.Ingest(context.Background(), []buffered.Incoming{msg("m2", "k", `{}`)}, func() {
+			close(appended)
+			<-release
+		})
+		ingested <- err
+	}()
+	<-appended
+	if st := scalar(t, db, `SELECT count(*) FROM inbox_messages WHERE message_id = 'm2'`); st != 0 {
+		t.Fatal("m2 is visible before its ingest committed")
+	}
+	completed := make(chan []buffered.Completed, 1)
+	go func() {
+		res, err := s.Complete(context.Background(), []buffered.Completion{{Lease: head[0].Lease, Apply: effect("m1")}}, nil)
+		if err != nil {
+			t.Error(err)
+		}
+		completed <- res
+	}()
+	// The settlement waits for the key's row, held by the ingest.
+	for scalar(t, db, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_keys%'`) == 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	if err := <-ingested; err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec(`INSERT INTO inbox_keys (consumer, ordering_key, last_seq, lease_token, available_at)
-		VALUES ('test', 'ghost', 1, ?, now() + interval '1 minute')`, token).Error; err != nil {
-		t.Fatal(err)
+	if res := <-completed; len(res) != 1 || res[0].Err != nil || res[0].Lost {
+		t.Fatalf("m1's completion: %+v", res)
 	}
-	sqlDB, _ := db.DB()
-	tx, err := sqlDB.BeginTx(context.Background(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback() }()
-	got, err := s.CompleteClaim(context.Background(), tx, []string{"late", "ghost"}, token)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].MessageID != "m1" || got[0].Token != token || got[0].Attempts != 1 {
-		t.Fatalf("claimed %+v, want m1 with the claim's token and its first attempt", got)
-	}
-	if st := scalar(t, db, `SELECT count(*) FROM inbox_messages WHERE message_id = 'm1' AND status = 'processing'`); st != 1 {
-		t.Error("m1 is not marked processing")
-	}
-	if n := scalar(t, db, `SELECT count(*) FROM inbox_keys WHERE ordering_key = 'ghost' AND lease_token = ? AND available_at > now()`, token); n != 1 {
-		t.Error("the key with a gap lost its lease: it would be claimed again in a loop")
-	}
-	// The lease on the claimed key holds: a claim now finds nothing.
-	if c := claim(t, s, 10, time.Minute); len(c) != 0 {
-		t.Errorf("claimed %v while m1's key is leased", ids(c))
+	if next := claim(t, s, 10, time.Minute); len(next) != 1 || next[0].MessageID != "m2" {
+		t.Fatalf("claimed %v after m1 was processed, want m2", ids(next))
 	}
 }
 
+// A worker whose lease expired and passed to another commits nothing: its
+// writes roll back, alone in a group commit.
 func TestLostLeaseCommitsNothing(t *testing.T) {
 	s, db := setup(t)
 	ingest(t, s, msg("a1", "a", "1"), msg("b1", "b", "2"))

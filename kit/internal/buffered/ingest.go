@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/inbox"
+	"github.com/inbox-template/payment-service/kit/internal/pgqueue"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
@@ -166,11 +167,13 @@ func (in ingestion) knownFingerprints(ids []string, claimed map[string]bool) (ma
 
 // appendToKeys raises the sequence of every key the new messages belong to,
 // keys in sorted order (so that concurrent ingests lock key rows in one
-// order and cannot deadlock), and returns each new item's sequence number:
-// the key's new messages numbered in the order of items. A key that had
-// nothing left to process becomes due now; one with a backlog, a lease or a
-// retry pending keeps its time.
-func (in ingestion) appendToKeys(items []Incoming, fresh []int) (map[int]int64, error) {
+// order and cannot deadlock), and returns each new item's sequence number
+// (the key's new messages numbered in the order of items) and whether it is
+// its key's head: the key had nothing left to process, and this is its first
+// new message. A head is due now; the others wait for the messages before
+// them (insertMessages). The key's row stays locked to the commit, so a
+// settlement that moves the key on waits for it and then sees these messages.
+func (in ingestion) appendToKeys(items []Incoming, fresh []int) (map[int]position, error) {
 	perKey := map[string][]int{}
 	for _, i := range fresh {
 		k := KeyOf(items[i].OrderingKey, items[i].MessageID)
@@ -185,32 +188,34 @@ func (in ingestion) appendToKeys(items []Incoming, fresh []int) (map[int]int64, 
 	for _, k := range keys {
 		v.row(in.consumer, k, len(perKey[k]))
 	}
-	rows, err := in.tx.query(`INSERT INTO inbox_keys AS k (consumer, ordering_key, last_seq) VALUES `+v.sql()+`
-		ON CONFLICT (consumer, ordering_key) DO UPDATE SET
-			last_seq = k.last_seq + EXCLUDED.last_seq,
-			available_at = CASE WHEN k.next_seq > k.last_seq THEN now() ELSE k.available_at END,
-			updated_at = now()
-		RETURNING ordering_key, last_seq`, v.args...)
+	rows, err := in.tx.query(inboxQueue.Append(`VALUES `+v.sql()), v.args...)
 	if err != nil {
 		return nil, fmt.Errorf("append to %d ordering keys: %w", len(keys), err)
 	}
 	defer rows.Close()
-	seqs := make(map[int]int64, len(fresh))
+	seqs := make(map[int]position, len(fresh))
 	for rows.Next() {
 		var k string
-		var last int64
-		if err := rows.Scan(&k, &last); err != nil {
+		var last, next int64
+		if err := rows.Scan(&k, &last, &next); err != nil {
 			return nil, err
 		}
 		idx := perKey[k]
 		for n, i := range idx {
-			seqs[i] = last - int64(len(idx)) + 1 + int64(n)
+			seq := last - int64(len(idx)) + 1 + int64(n)
+			seqs[i] = position{seq: seq, head: pgqueue.IsHead(seq, next)}
 		}
 	}
 	return seqs, rows.Err()
 }
 
-func (in ingestion) insertMessages(items []Incoming, fresh []int, seqs map[int]int64) error {
+// position is a new message's place in its key.
+type position struct {
+	seq  int64
+	head bool // the key's next message to process: due now
+}
+
+func (in ingestion) insertMessages(items []Incoming, fresh []int, seqs map[int]position) error {
 	var v values
 	for _, i := range fresh {
 		it := items[i]
@@ -218,10 +223,14 @@ func (in ingestion) insertMessages(items []Incoming, fresh []int, seqs map[int]i
 		if !it.PublishedAt.IsZero() {
 			published = &it.PublishedAt
 		}
-		v.row(in.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i],
-			it.ContentType, rabbit.HeadersJSON(it.Headers), it.Body, published)
+		due := "infinity"
+		if seqs[i].head {
+			due = "now"
+		}
+		v.row(in.consumer, it.MessageID, KeyOf(it.OrderingKey, it.MessageID), seqs[i].seq,
+			it.ContentType, rabbit.HeadersJSON(it.Headers), it.Body, published, due)
 	}
-	_, err := in.tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at) VALUES `+
+	_, err := in.tx.exec(`INSERT INTO inbox_messages (consumer, message_id, ordering_key, seq, content_type, headers, body, published_at, available_at) VALUES `+
 		v.sql(), v.args...)
 	if err != nil {
 		return fmt.Errorf("store %d messages: %w", len(fresh), err)

@@ -52,8 +52,9 @@ func (s *Store) Stats(ctx context.Context, finished bool) (Stats, error) {
 			return st, err
 		}
 	}
-	err = db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(last_seq - next_seq), 0), now()
-		FROM inbox_keys WHERE consumer = $1 AND blocked`, s.consumer).Scan(&st.BlockedKeys, &st.BlockedMessages, &st.Now)
+	err = db.QueryRowContext(ctx, `SELECT count(*), coalesce(sum(k.last_seq - k.next_seq), 0), now()
+		FROM inbox_messages m JOIN inbox_keys k ON k.consumer = m.consumer AND k.ordering_key = m.ordering_key AND k.next_seq = m.seq
+		WHERE m.consumer = $1 AND m.status = 'parked'`, s.consumer).Scan(&st.BlockedKeys, &st.BlockedMessages, &st.Now)
 	if err != nil {
 		return st, fmt.Errorf("count blocked keys of %s: %w", s.consumer, err)
 	}
@@ -122,15 +123,15 @@ func (sel Selector) Validate() error {
 	return nil
 }
 
-// parkedHeads selects the parked heads of blocked keys matching $2 (message
-// id), $3 (key) or all ($2 and $3 empty).
+// parkedHeads selects the parked heads (the keys they block) matching $2
+// (message id), $3 (key) or all ($2 and $3 empty).
 const parkedHeads = `
 SELECT m.id, m.ordering_key, m.seq, m.message_id, m.attempts, coalesce(m.park_reason, ''), coalesce(m.last_error, ''),
 	m.received_at, m.parked_at, k.last_seq - k.next_seq, m.content_type, m.headers, m.body, m.published_at
-FROM inbox_keys k JOIN inbox_messages m
-	ON m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
-WHERE k.consumer = $1 AND k.blocked AND m.status = 'parked'
-	AND ($2 = '' OR m.message_id = $2) AND ($3 = '' OR k.ordering_key = $3)
+FROM inbox_messages m JOIN inbox_keys k
+	ON k.consumer = m.consumer AND k.ordering_key = m.ordering_key AND k.next_seq = m.seq
+WHERE m.consumer = $1 AND m.status = 'parked'
+	AND ($2 = '' OR m.message_id = $2) AND ($3 = '' OR m.ordering_key = $3)
 ORDER BY m.parked_at
 LIMIT $4`
 
@@ -164,10 +165,12 @@ func (s *Store) ListParked(ctx context.Context, sel Selector, limit int) ([]Park
 	return out, rows.Err()
 }
 
-// unpark settles parked heads chosen by $2/$3 (see parkedHeads): keySet and
-// msgSet are the SET lists for the key and the message. Keys are locked
-// first, as everywhere, and must still be blocked on the same head.
-func (s *Store) unpark(ctx context.Context, sel Selector, keySet, msgSet string, extra ...string) (int, error) {
+// unpark settles parked heads chosen by sel (see parkedHeads): msgSet is
+// the SET list of the message; advance moves its key on to the next
+// message, which becomes due (pgqueue.Table.Advance, in a statement of its
+// own after this one locked the keys in byte order). The message must still
+// be its key's parked head. extra adds CTEs to the statement.
+func (s *Store) unpark(ctx context.Context, sel Selector, msgSet string, advance bool, extra ...string) (int, error) {
 	if err := sel.Validate(); err != nil {
 		return 0, err
 	}
@@ -175,31 +178,57 @@ func (s *Store) unpark(ctx context.Context, sel Selector, keySet, msgSet string,
 	if err != nil {
 		return 0, err
 	}
-	// #nosec G202 -- keySet, msgSet and extra are the package's own SQL fragments; every value is a parameter
-	q := `WITH target AS (
-		SELECT k.ordering_key, m.id, m.message_id FROM inbox_keys k JOIN inbox_messages m
-			ON m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
-		WHERE k.consumer = $1 AND k.blocked AND m.status = 'parked'
-			AND ($2 = '' OR m.message_id = $2) AND ($3 = '' OR k.ordering_key = $3)
-		FOR UPDATE OF k, m
-	), keys AS (
-		UPDATE inbox_keys k SET blocked = false, available_at = now(), updated_at = now(), ` + keySet + `
-		FROM target t WHERE k.consumer = $1 AND k.ordering_key = t.ordering_key
-	)` + strings.Join(extra, "") + `
-	UPDATE inbox_messages m SET ` + msgSet + ` FROM target t WHERE m.id = t.id`
-	res, err := db.ExecContext(ctx, q, s.consumer, sel.MessageID, sel.OrderingKey)
+	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
-	n, err := res.RowsAffected()
-	return int(n), err
+	defer func() { _ = tx.Rollback() }()
+	// #nosec G202 -- msgSet and extra are the package's own SQL fragments; every value is a parameter
+	q := `WITH target AS (
+		SELECT k.ordering_key, m.id, m.seq, m.message_id FROM inbox_keys k JOIN inbox_messages m
+			ON m.consumer = k.consumer AND m.ordering_key = k.ordering_key AND m.seq = k.next_seq
+		WHERE k.consumer = $1 AND m.status = 'parked'
+			AND ($2 = '' OR m.message_id = $2) AND ($3 = '' OR k.ordering_key = $3)
+		ORDER BY k.ordering_key COLLATE "C"
+		FOR UPDATE OF k, m
+	)` + strings.Join(extra, "") + `
+	UPDATE inbox_messages m SET ` + msgSet + ` FROM target t WHERE m.id = t.id
+	RETURNING t.ordering_key, t.seq`
+	rows, err := tx.QueryContext(ctx, q, s.consumer, sel.MessageID, sel.OrderingKey)
+	if err != nil {
+		return 0, err
+	}
+	var keys []string
+	var seqs []int64
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		keys, seqs = append(keys, k), append(seqs, seq)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if advance && len(keys) > 0 {
+		if _, err := tx.ExecContext(ctx, inboxQueue.Advance(), s.consumer, keys, seqs); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	return len(keys), nil
 }
 
 // Retry gives the chosen parked messages a fresh retry budget (attempts and
-// holds): each is pending again and its key due now. It returns how many it re-armed.
+// holds): each is pending again and due now. It returns how many it re-armed.
 func (s *Store) Retry(ctx context.Context, sel Selector) (int, error) {
-	n, err := s.unpark(ctx, sel, `lease_token = NULL`,
-		`status = 'pending', attempts = 0, holds = 0, available_at = now(), park_reason = NULL`)
+	n, err := s.unpark(ctx, sel,
+		`status = 'pending', attempts = 0, holds = 0, available_at = now(), park_reason = NULL`, false)
 	if err != nil {
 		return n, fmt.Errorf("retry parked messages of %s: %w", s.consumer, err)
 	}
@@ -209,8 +238,7 @@ func (s *Store) Retry(ctx context.Context, sel Selector) (int, error) {
 // Skip gives up the chosen parked messages: each is skipped (kept for its
 // record until retention) and its key moves on to the next message.
 func (s *Store) Skip(ctx context.Context, sel Selector) (int, error) {
-	n, err := s.unpark(ctx, sel, `next_seq = k.next_seq + 1`,
-		`status = 'skipped', finished_at = now()`)
+	n, err := s.unpark(ctx, sel, `status = 'skipped', finished_at = now()`, true)
 	if err != nil {
 		return n, fmt.Errorf("skip parked messages of %s: %w", s.consumer, err)
 	}
@@ -225,8 +253,7 @@ func (s *Store) Skip(ctx context.Context, sel Selector) (int, error) {
 // (retried or skipped meanwhile): then the copy in the dead-letter queue is
 // one too many, and a replay of it is a duplicate the inbox suppresses.
 func (s *Store) MarkDeadLettered(ctx context.Context, p Parked) (ok bool, err error) {
-	n, err := s.unpark(ctx, Selector{MessageID: p.MessageID}, `next_seq = k.next_seq + 1`,
-		`status = 'dead_lettered', finished_at = now()`,
+	n, err := s.unpark(ctx, Selector{MessageID: p.MessageID}, `status = 'dead_lettered', finished_at = now()`, true,
 		`, forget AS (DELETE FROM inbox i USING target t WHERE i.consumer = $1 AND i.message_id = t.message_id)`)
 	if err != nil {
 		return false, fmt.Errorf("mark message %s dead-lettered: %w", p.MessageID, err)

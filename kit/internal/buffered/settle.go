@@ -2,6 +2,7 @@ package buffered
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -32,28 +33,27 @@ type Completed struct {
 	Err     error
 }
 
-// finish settles the heads of the input: each key moves to its next message
-// if the lease is still the caller's, and the message is marked processed.
-// Only the input rows that advanced their key settle their message: a
-// stale completion (its lease expired, another worker took the message over
-// and settled it) in one batch with the completion of the key's next message
-// shares its key with a row that advanced, but not its id.
-const finish = `
+// finish marks processed the heads of the input still leased to the caller,
+// and locks their keys in byte order (pgqueue.Table.Locked), returning each
+// key and number, then the count marked. A stale completion (its lease
+// ended, another worker took the message over) marks nothing. advance
+// follows in a statement of its own (see pgqueue).
+var finish = `
 WITH input AS (
-	SELECT * FROM unnest($2::bigint[], $3::text[], $4::bigint[], $5::bigint[], $6::text[])
-		AS i(id, ordering_key, seq, token, outcome)
-), advanced AS (
-	UPDATE inbox_keys k
-	SET next_seq = k.next_seq + 1, lease_token = NULL, available_at = now(), updated_at = now()
+	SELECT * FROM unnest($2::bigint[], $3::bigint[], $4::text[]) AS i(id, token, outcome)
+), settled AS (
+	UPDATE inbox_messages m
+	SET status = 'processed', outcome = i.outcome, finished_at = now(), lease_token = NULL
 	FROM input i
-	WHERE k.consumer = $1 AND k.ordering_key = i.ordering_key AND k.next_seq = i.seq AND k.lease_token = i.token
-	RETURNING i.id
-)
-UPDATE inbox_messages m
-SET status = 'processed', outcome = i.outcome, finished_at = now()
-FROM input i JOIN advanced a ON a.id = i.id
-WHERE m.id = i.id AND m.status = 'processing'
-RETURNING m.id`
+	WHERE m.id = i.id AND m.lease_token = i.token AND m.status = 'processing'
+	RETURNING m.ordering_key, m.seq
+), ` + inboxQueue.Locked("settled", "$1") + `
+SELECT ordering_key, seq, 0 FROM locked
+UNION ALL SELECT NULL, NULL, count(*) FROM settled`
+
+// advance moves the keys of the settled heads on and makes their next
+// messages due (pgqueue.Table.Advance).
+var advance = inboxQueue.Advance()
 
 // errFallBack rolls back the optimistic transaction of a batch with a failure.
 var errFallBack = errors.New("an item failed: run the batch with savepoints")
@@ -128,18 +128,47 @@ func (s *Store) completeAll(ctx context.Context, items []Completion, order []int
 }
 
 func (s *Store) settleProcessed(tx *queryTx, items []Completion, idx []int, results []Completed) (int, error) {
-	var ids, seqs, tokens []int64
-	var keys, outcomes []string
+	var ids, tokens []int64
+	var outcomes []string
 	for _, i := range idx {
 		l := items[i].Lease
-		ids, keys, seqs, tokens = append(ids, l.ID), append(keys, l.OrderingKey), append(seqs, l.Seq), append(tokens, l.Token)
+		ids, tokens = append(ids, l.ID), append(tokens, l.Token)
 		outcomes = append(outcomes, results[i].Outcome)
 	}
-	done, err := tx.strings(finish, s.consumer, ids, keys, seqs, tokens, outcomes)
+	rows, err := tx.query(finish, s.consumer, ids, tokens, outcomes)
 	if err != nil {
 		return 0, fmt.Errorf("mark %d messages processed: %w", len(ids), err)
 	}
-	return len(done), nil
+	keys, seqs, marked, err := scanLocked(rows)
+	if err != nil {
+		return 0, fmt.Errorf("mark %d messages processed: %w", len(ids), err)
+	}
+	if len(keys) > 0 {
+		if _, err := tx.exec(advance, s.consumer, keys, seqs); err != nil {
+			return 0, fmt.Errorf("move %d keys on: %w", len(keys), err)
+		}
+	}
+	return marked, nil
+}
+
+// scanLocked reads the rows of a statement ending with pgqueue's locked
+// keys: a key and number each, then one row of NULLs with the count marked.
+func scanLocked(rows *sql.Rows) (keys []string, seqs []int64, marked int, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var key sql.NullString
+		var seq sql.NullInt64
+		var n int
+		if err := rows.Scan(&key, &seq, &n); err != nil {
+			return nil, nil, 0, err
+		}
+		if key.Valid {
+			keys, seqs = append(keys, key.String), append(seqs, seq.Int64)
+		} else {
+			marked = n
+		}
+	}
+	return keys, seqs, marked, rows.Err()
 }
 
 // completeEach runs the batch with a savepoint per item (none for a single
@@ -220,23 +249,17 @@ func (s *Store) completeItem(gtx *gorm.DB, tx *queryTx, items []Completion, i in
 	return false, nil
 }
 
-// settleLease updates a leased key and its head in one statement, if the
-// lease is still the caller's. keySet and msgSet are SET lists; $1 is the
-// consumer, $2 the key, $3 the sequence, $4 the token, $5 the message id;
-// further arguments follow.
-func (s *Store) settleLease(ctx context.Context, l Lease, keySet, msgSet string, args ...any) (bool, error) {
+// settleLease updates a leased message, if the lease is still the caller's;
+// its key is left as it is. set is a SET list; $1 is the message id, $2 the
+// token; further arguments follow.
+func (s *Store) settleLease(ctx context.Context, l Lease, set string, args ...any) (bool, error) {
 	db, err := s.db.DB()
 	if err != nil {
 		return false, err
 	}
-	// #nosec G202 -- keySet and msgSet are the package's own SQL fragments; every value is a parameter
-	q := `WITH k AS (
-		UPDATE inbox_keys SET ` + keySet + `, lease_token = NULL, updated_at = now()
-		WHERE consumer = $1 AND ordering_key = $2 AND next_seq = $3 AND lease_token = $4
-		RETURNING 1
-	)
-	UPDATE inbox_messages SET ` + msgSet + ` WHERE id = $5 AND EXISTS (SELECT 1 FROM k)`
-	res, err := db.ExecContext(ctx, q, append([]any{s.consumer, l.OrderingKey, l.Seq, l.Token, l.ID}, args...)...)
+	// #nosec G202 -- set is the package's own SQL fragment; every value is a parameter
+	q := `UPDATE inbox_messages SET ` + set + `, lease_token = NULL WHERE id = $1 AND lease_token = $2 AND status = 'processing'`
+	res, err := db.ExecContext(ctx, q, append([]any{l.ID, l.Token}, args...)...)
 	if err != nil {
 		return false, err
 	}
@@ -244,12 +267,11 @@ func (s *Store) settleLease(ctx context.Context, l Lease, keySet, msgSet string,
 	return n == 1, err
 }
 
-// Fail records a failed run: the message is failed, and its key due again
-// after delay. ok false means the lease was lost and nothing was written.
+// Fail records a failed run: the message is failed, and due again after
+// delay. ok false means the lease was lost and nothing was written.
 func (s *Store) Fail(ctx context.Context, l Lease, delay time.Duration, cause string) (ok bool, err error) {
 	ok, err = s.settleLease(ctx, l,
-		`available_at = now() + make_interval(secs => $6)`,
-		`status = 'failed', last_error = $7, available_at = now() + make_interval(secs => $6)`,
+		`status = 'failed', last_error = $4, available_at = now() + make_interval(secs => $3)`,
 		delay.Seconds(), wire.ErrorText(cause))
 	if err != nil {
 		return false, fmt.Errorf("record failure of message %d: %w", l.ID, err)
@@ -257,12 +279,12 @@ func (s *Store) Fail(ctx context.Context, l Lease, delay time.Duration, cause st
 	return ok, nil
 }
 
-// Park parks the message: its key is blocked until an operator retries,
-// skips or exports it. ok false means the lease was lost.
+// Park parks the message: its key is blocked (the messages behind it stay
+// waiting) until an operator retries, skips or exports it. ok false means
+// the lease was lost.
 func (s *Store) Park(ctx context.Context, l Lease, reason, cause string) (ok bool, err error) {
 	ok, err = s.settleLease(ctx, l,
-		`blocked = true, available_at = now()`,
-		`status = 'parked', park_reason = $6, last_error = $7, parked_at = now()`,
+		`status = 'parked', park_reason = $3, last_error = $4, parked_at = now()`,
 		reason, wire.ErrorText(cause))
 	if err != nil {
 		return false, fmt.Errorf("park message %d: %w", l.ID, err)
@@ -281,9 +303,8 @@ func (s *Store) Release(ctx context.Context, l Lease, delay time.Duration, cause
 		hold = 1
 	}
 	ok, err = s.settleLease(ctx, l,
-		`available_at = now() + make_interval(secs => $6)`,
 		`attempts = attempts - 1, status = CASE WHEN attempts > 1 THEN 'failed' ELSE 'pending' END,
-		 last_error = $7, available_at = now() + make_interval(secs => $6), holds = holds + $8`,
+		 last_error = $4, available_at = now() + make_interval(secs => $3), holds = holds + $5`,
 		delay.Seconds(), wire.ErrorText(cause), hold)
 	if err != nil {
 		return false, fmt.Errorf("release message %d: %w", l.ID, err)

@@ -42,9 +42,9 @@ func TestUnreachableDatabaseGivesTheAttemptBackAfterThePause(t *testing.T) {
 	<-inHandler
 	proxy.Stop()
 	close(resume) // the commit fails: the database is unreachable
-	testenv.Eventually(t, time.Minute, "the key's lease run out during the outage", func() (bool, error) {
+	testenv.Eventually(t, time.Minute, "the message's lease run out during the outage", func() (bool, error) {
 		var leased int
-		err := e.db.Raw(`SELECT count(*) FROM inbox_keys WHERE available_at > now()`).Row().Scan(&leased)
+		err := e.db.Raw(`SELECT count(*) FROM inbox_messages WHERE status = 'processing' AND available_at > now()`).Row().Scan(&leased)
 		return leased == 0, err
 	})
 	if err := proxy.Start(); err != nil {

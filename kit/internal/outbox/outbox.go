@@ -203,11 +203,8 @@ func (o *Outbox) insertOne(tx *gorm.DB, msgs []Message, ids []string) error {
 				count(*) OVER (PARTITION BY ordering_key) AS of_key
 			FROM m
 		), k AS (
-			INSERT INTO outbox_keys AS k (producer, ordering_key, last_seq)
-			SELECT ?, ordering_key, count(*) FROM m WHERE ordering_key IS NOT NULL
-			GROUP BY ordering_key ORDER BY ordering_key COLLATE "C"
-			ON CONFLICT (producer, ordering_key) DO UPDATE SET last_seq = k.last_seq + EXCLUDED.last_seq
-			RETURNING ordering_key, last_seq, next_seq
+			`+outboxQueue.Append(`SELECT ?, ordering_key, count(*) FROM m WHERE ordering_key IS NOT NULL
+			GROUP BY ordering_key ORDER BY ordering_key COLLATE "C"`)+`
 		)
 		INSERT INTO outbox (id, producer, exchange, routing_key, content_type, headers, body, mandatory, ordering_key, seq, available_at)
 		SELECT r.id, ?, r.exchange, r.routing_key, r.content_type, r.headers, r.body, r.mandatory, r.ordering_key, q.seq,

@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/kit/database"
+	"github.com/inbox-template/payment-service/kit/internal/pgqueue"
 	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
@@ -53,30 +53,22 @@ type Claimed struct {
 	leasedUntil time.Time
 }
 
+// outboxQueue is the outbox's place in the kit's one leased, per-key ordered
+// queue (pgqueue): its rules, and the statements that claim, lock and
+// advance, are the buffered inbox's too.
+var outboxQueue = pgqueue.Table{Items: "outbox", Keys: "outbox_keys", Owner: "producer", Due: []string{"'pending'"}}
+
 // claim leases up to $2 due rows, oldest due first, for $3 seconds under
-// token $4. FOR UPDATE SKIP LOCKED passes over rows another relay's claim
-// holds, and the lease moves available_at past now, so that no other relay
-// takes them until the lease ends (its holder died) or they are settled.
-// Only rows committed are seen: the claim reads pending rows, never "the ids
-// after the last one sent", which would skip a row of a transaction that
-// committed after a later one.
-const claim = `
-WITH due AS (
-	SELECT id FROM outbox
-	WHERE producer = $1 AND status = 'pending' AND available_at <= now()
-	ORDER BY available_at
-	LIMIT $2
-	FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox o SET available_at = now() + make_interval(secs => $3), lease_token = $4
-FROM due WHERE o.id = due.id
-RETURNING o.id, o.exchange, o.routing_key, o.content_type, o.headers, o.body, o.mandatory,
-	coalesce(o.ordering_key, ''), coalesce(o.seq, 0), o.attempts, o.created_at`
+// token $4 (pgqueue.Table.Claim). Only rows committed are seen: the claim
+// reads pending rows, never "the ids after the last one sent", which would
+// skip a row of a transaction that committed after a later one.
+var claim = outboxQueue.Claim("", `o.id, o.exchange, o.routing_key, o.content_type, o.headers, o.body, o.mandatory,
+	coalesce(o.ordering_key, ''), coalesce(o.seq, 0), o.attempts, o.created_at`)
 
 // Claim leases up to n due rows for lease and returns them with the lease's
 // token, ordered rows of one key never more than one (the key's head).
 func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claimed, int64, error) {
-	token := rand.Int64()
+	token := pgqueue.NewToken()
 	leasedUntil := time.Now().Add(lease)
 	rows, err := s.db.QueryContext(ctx, claim, database.CustomPlan, s.producer, n, lease.Seconds(), token)
 	if err != nil {
@@ -133,37 +125,23 @@ const markUnordered = `UPDATE outbox SET status = 'sent', sent_at = now(), lease
 	WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'`
 
 // markOrdered marks rows sent and locks the keys of the ordered ones, in
-// byte order (as Enqueue locks them: COLLATE "C", since the column's
-// collation may sort otherwise), returning each ordered row's key and
-// number. Only rows still leased to the tokens are marked.
-const markOrdered = `WITH sent AS (
+// byte order (pgqueue.Table.Locked, as Enqueue locks them), returning each
+// ordered row's key and number. Only rows still leased to the tokens are
+// marked.
+var markOrdered = `WITH sent AS (
 	UPDATE outbox SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
 	WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'
 	RETURNING ordering_key, seq
-), locked AS (
-	SELECT k.ordering_key, s.seq FROM outbox_keys k JOIN sent s ON k.producer = $3 AND k.ordering_key = s.ordering_key
-	ORDER BY k.ordering_key COLLATE "C"
-	FOR UPDATE OF k
-)
+), ` + outboxQueue.Locked("sent", "$3") + `
 SELECT ordering_key, seq, 0 FROM locked
 UNION ALL SELECT NULL, NULL, count(*) FROM sent`
 
 // advanceKeys moves each key past its sent head and makes the key's next row
-// due, in one statement. It runs after markOrdered, in a statement of its
-// own: the keys are locked by then, so every transaction that enqueued to
-// them has committed and its rows are in this statement's snapshot. The
-// successors are found from the arrays, not from the keys moved: joined to
-// those, the plan read every pending row for each key.
-const advanceKeys = `WITH moved AS (
-	UPDATE outbox_keys k SET next_seq = v.seq + 1
-	FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
-	WHERE k.producer = $1 AND k.ordering_key = v.key AND k.next_seq = v.seq
-	RETURNING k.ordering_key
-)
-UPDATE outbox o SET available_at = now()
-FROM unnest($2::text[], $3::bigint[]) AS v(key, seq)
-WHERE o.producer = $1 AND o.ordering_key = v.key AND o.seq = v.seq + 1 AND o.status = 'pending'
-	AND v.key IN (SELECT ordering_key FROM moved)`
+// due, in one statement (pgqueue.Table.Advance). It runs after markOrdered,
+// in a statement of its own: the keys are locked by then, so every
+// transaction that enqueued to them has committed and its rows are in this
+// statement's snapshot.
+var advanceKeys = outboxQueue.Advance()
 
 // MarkSent settles confirmed rows, of any claims of this producer: each is
 // sent, and each ordered one moves its key on and makes the key's next row

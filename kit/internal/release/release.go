@@ -7,4 +7,4 @@ package release
 // scripts/kitproxy serves by default. A release changes it with the tag
 // (docs/upgrading.md); a service's `version` command prints it beside the
 // module version the binary was built from.
-const Version = "v0.3.0"
+const Version = "v0.4.0"

@@ -55,10 +55,10 @@ func TestPruneBufferedKeepsUnfinishedMessages(t *testing.T) {
 			}
 		}
 	}
-	_, err = db.ExecContext(ctx, `INSERT INTO inbox_keys (consumer, ordering_key, last_seq, next_seq, blocked) VALUES
-		('payments', 'done', 2, 3, false), ('payments', 'mixed', 2, 2, false), ('payments', 'parked', 1, 1, true),
-		('payments', 'failed', 1, 1, false), ('payments', 'busy', 1, 1, false), ('payments', 'recent', 1, 2, false),
-		('payments', 'dead', 1, 2, false)`)
+	_, err = db.ExecContext(ctx, `INSERT INTO inbox_keys (consumer, ordering_key, last_seq, next_seq) VALUES
+		('payments', 'done', 2, 3), ('payments', 'mixed', 2, 2), ('payments', 'parked', 1, 1),
+		('payments', 'failed', 1, 1), ('payments', 'busy', 1, 1), ('payments', 'recent', 1, 2),
+		('payments', 'dead', 1, 2)`)
 	if err != nil {
 		t.Fatal(err)
 	}

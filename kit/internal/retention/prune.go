@@ -135,14 +135,14 @@ DELETE FROM inbox_messages WHERE ctid = ANY (ARRAY(
 	FOR UPDATE SKIP LOCKED))
 RETURNING ordering_key`
 
-// deleteIdleKeys deletes the keys of a batch left with no message and nothing
-// leased. A key's sequence starts again at 1 if it comes back, which is safe
+// deleteIdleKeys deletes the keys of a batch left with no message (so none
+// leased either). A key's sequence starts again at 1 if it comes back, which is safe
 // only because no message of it remains. An ingest appending to a key locks
 // its row first, so the delete either waits and finds the key busy, or goes
 // first and the ingest creates the key anew.
 const deleteIdleKeys = `
 DELETE FROM inbox_keys k
-WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq AND k.lease_token IS NULL
+WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq
 	AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = k.consumer AND m.ordering_key = k.ordering_key)`
 
 // keyedTable is a table of rows with ordering keys that retention prunes in
