@@ -758,7 +758,7 @@ func TestPaymentWritesMayRunTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := kittest.CheckWrites(t, s.db, payment.Service(), h, kit.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
+		out, err := kittest.CheckWrites(t, s.db, payment.Events, h, kit.Message{ID: "m-" + c.order.OrderID, Body: body, Attempt: 1})
 		if err != nil || out != c.want {
 			t.Fatalf("order %s: %q, %v; want %q", c.order.OrderID, out, err, c.want)
 		}

@@ -23,6 +23,17 @@ type Settings struct {
 // charged, nothing of the message is committed yet.
 const AfterGatewayCharge kit.CrashPoint = "after-gateway-charge"
 
+// Events is how the payment service reads OrderPlaced: each body is decoded
+// once, a message without a message_id property is deduped by its event_id,
+// and the buffered mode processes the events of one order one at a time.
+// The handler is typed to the same event: one of another would not compile,
+// in Service as in kittest.CheckWrites.
+var Events = kit.Events[orders.OrderPlaced]{
+	Decode:      DecodeOrder,
+	ID:          func(e orders.OrderPlaced) string { return e.EventID },
+	OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
+}
+
 // Service describes the payment service to the kit: it consumes OrderPlaced
 // from the orders exchange under the names it was released with.
 func Service() kit.Service {
@@ -41,15 +52,7 @@ func Service() kit.Service {
 		// list` name its order even when it is not a valid OrderPlaced.
 		LogAttrs: kit.JSONAttrs("order_id"),
 	},
-		// Each body is decoded once: a message without a message_id property
-		// is deduped by its event_id, and the buffered mode processes the
-		// events of one order one at a time. The handler is typed to the
-		// same event: one of another would not compile.
-		kit.Events[orders.OrderPlaced]{
-			Decode:      DecodeOrder,
-			ID:          func(e orders.OrderPlaced) string { return e.EventID },
-			OrderingKey: func(e orders.OrderPlaced) string { return e.OrderID },
-		},
+		Events,
 		func(k *kit.Deps, s *Settings) (kit.Handler[orders.OrderPlaced], error) {
 			// One keep-alive connection per worker: each may be in a gateway call.
 			client := gateway.NewClient(s.GatewayURL, s.GatewayTimeout, k.Config.Workers)

@@ -81,14 +81,15 @@ func Start(t testing.TB, svc kit.Service, env ...string) *Stack {
 }
 
 // CheckWrites runs msg through h as the runtime does: its body decoded by
-// svc's Events (a refusal is returned), Handle with no transaction open,
-// then the writes twice on db, in a transaction that rolls back and in one
-// that commits (the runtime may run them again when a batch-mate fails). It
-// fails t when the two runs differ or give no outcome, and returns what the
-// committed run gave.
-func CheckWrites[E any](t testing.TB, db *gorm.DB, svc kit.Service, h kit.Handler[E], msg kit.Message) (kit.Outcome, error) {
+// events (the Events the service was wired with in kit.Consume; a refusal
+// is returned), Handle with no transaction open, then the writes twice on
+// db, in a transaction that rolls back and in one that commits (the runtime
+// may run them again when a batch-mate fails). It fails t when the two runs
+// differ or give no outcome, and returns what the committed run gave. A
+// handler of another event than events' does not compile.
+func CheckWrites[E any](t testing.TB, db *gorm.DB, events kit.Events[E], h kit.Handler[E], msg kit.Message) (kit.Outcome, error) {
 	t.Helper()
-	decoded, err := consumer.Decode(svc.Decoder, msg)
+	decoded, err := consumer.Decode(events, msg)
 	if err != nil {
 		return "", err
 	}

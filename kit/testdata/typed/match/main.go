@@ -6,6 +6,7 @@ import (
 	"context"
 
 	"github.com/inbox-template/payment-service/kit"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 type OrderPlaced struct{ OrderID string }
@@ -27,4 +28,5 @@ func main() {
 		func(*kit.Deps) (kit.Handler[OrderPlaced], error) { return handler{}, nil })
 	_ = kit.Consume(kit.Service{Name: "x"}, placed,
 		func(*kit.Deps) (handler, error) { return handler{}, nil })
+	_, _ = kittest.CheckWrites(nil, nil, placed, handler{}, kit.Message{})
 }

@@ -1,13 +1,15 @@
 // Package main wires, through the kit's root API, a handler of OrderPaid with
 // the Events of OrderPlaced, three ways: through a constructor of the
 // Events' type, through one of the handler's, and through one of the
-// handler's own type. None may compile (TestConsumeRefusesAHandlerOfAnotherEvent).
+// handler's own type; and runs it through kittest.CheckWrites with those
+// Events. None may compile (TestConsumeRefusesAHandlerOfAnotherEvent).
 package main
 
 import (
 	"context"
 
 	"github.com/inbox-template/payment-service/kit"
+	"github.com/inbox-template/payment-service/kit/kittest"
 )
 
 type OrderPlaced struct{ OrderID string }
@@ -29,4 +31,5 @@ func main() {
 		func(*kit.Deps) (kit.Handler[OrderPaid], error) { return handler{}, nil })
 	_ = kit.Consume(kit.Service{Name: "x"}, placed,
 		func(*kit.Deps) (handler, error) { return handler{}, nil })
+	_, _ = kittest.CheckWrites(nil, nil, placed, handler{}, kit.Message{})
 }
