@@ -105,7 +105,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 
 // The payment service's names, as its outbox rows carry them: the producer
 // (its CONSUMER_NAME defaults to its name), the exchange its events go to,
-// and OrderPaid's routing key (internal/payment/events.go).
+// and OrderPaid's routing key (internal/payment/events.go). The payment
+// service's TestBenchRelayWritesThePaymentServicesRows holds these and
+// orderPaidEvent to its own.
 const (
 	producer         = "payment-service"
 	exchangePayments = "payments"
