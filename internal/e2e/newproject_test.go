@@ -17,10 +17,11 @@ import (
 )
 
 // The README's first command for your own copy: scripts/new-project.sh under a
-// new module path, with a new service. In the copy the module builds, vets
-// and passes its unit tests, the generated service passes its end-to-end test
-// against the real broker and database as generated, no file names the
-// template's module path, and the scripts keep their exec bits.
+// new module path, with a new service. In the copy the module vets (every
+// package type-checked, its dependencies compiled) and passes its unit
+// tests, the generated service passes its end-to-end test against the real
+// broker and database as generated, no file names the template's module
+// path, and the scripts keep their exec bits.
 func TestNewProjectScript(t *testing.T) {
 	t.Parallel() // beside the fault trials of make test-scenarios
 	dir := filepath.Join(t.TempDir(), "shipping-service")
@@ -35,8 +36,10 @@ func TestNewProjectScript(t *testing.T) {
 		t.Errorf("the service generated --publishes does not emit through the outbox (%v)", err)
 	}
 	// The kit is a module of its own (kit/, replaced with ./kit): ./... stops
-	// at it, so its packages are named by their module path.
-	mustRun(t, dir, "go", "build", "./...", module+"/kit/...")
+	// at it, so its packages are named by their module path. go vet compiles
+	// every dependency and type-checks every package; the binaries are not
+	// linked here (go run and go test below link theirs): a link of each of
+	// the copy's programs cost more than the rest of the test.
 	mustRun(t, dir, "go", "vet", "./...", module+"/kit/...")
 	if out, err := exec.Command("gofmt", "-l", dir).Output(); err != nil || len(out) > 0 {
 		t.Errorf("gofmt -l in the copy: %v\n%s", err, out)
@@ -311,9 +314,12 @@ func TestNewProjectScriptBare(t *testing.T) {
 		!strings.Contains(out, fmt.Sprintf("kit %s (module %s %s)", next, kitModule, next)) {
 		t.Errorf("refund-service version after go get: %v, want kit %s at module version %[2]s:\n%s", err, next, out)
 	}
-	// A team that must vendor: go mod vendor, and the build needs no proxy.
+	// A team that must vendor: go mod vendor, and every package the build
+	// and the tests need resolves from vendor/ with no proxy. (Compiling
+	// them again from there would compile the kit a third time: the same
+	// source, under other paths.)
 	mustRunEnv(t, dir, env, "go", "mod", "vendor")
-	mustRunEnv(t, dir, append(env, "GOPROXY=off"), "go", "build", "./...")
+	mustRunEnv(t, dir, append(env, "GOPROXY=off", "GOFLAGS=-mod=vendor -trimpath"), "go", "list", "-deps", "-test", "./...")
 	if b, err := os.ReadFile(filepath.Join(dir, "vendor", filepath.FromSlash(kitModule), "internal", "release", "release.go")); err != nil || !strings.Contains(string(b), next) {
 		t.Errorf("vendor/ does not hold the kit %s (%v)", next, err)
 	}
