@@ -194,23 +194,8 @@ func (s *Store) unpark(ctx context.Context, sel Selector, msgSet string, advance
 	)` + strings.Join(extra, "") + `
 	UPDATE inbox_messages m SET ` + msgSet + ` FROM target t WHERE m.id = t.id
 	RETURNING t.ordering_key, t.seq`
-	rows, err := tx.QueryContext(ctx, q, s.consumer, sel.MessageID, sel.OrderingKey)
+	keys, seqs, err := keySeqs(tx.QueryContext(ctx, q, s.consumer, sel.MessageID, sel.OrderingKey))
 	if err != nil {
-		return 0, err
-	}
-	var keys []string
-	var seqs []int64
-	for rows.Next() {
-		var k string
-		var seq int64
-		if err := rows.Scan(&k, &seq); err != nil {
-			rows.Close()
-			return 0, err
-		}
-		keys, seqs = append(keys, k), append(seqs, seq)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return 0, err
 	}
 	if advance && len(keys) > 0 {
@@ -222,6 +207,23 @@ func (s *Store) unpark(ctx context.Context, sel Selector, msgSet string, advance
 		return 0, err
 	}
 	return len(keys), nil
+}
+
+// keySeqs reads rows of a key and a sequence number.
+func keySeqs(rows *sql.Rows, err error) (keys []string, seqs []int64, _ error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			return nil, nil, err
+		}
+		keys, seqs = append(keys, k), append(seqs, seq)
+	}
+	return keys, seqs, rows.Err()
 }
 
 // Retry gives the chosen parked messages a fresh retry budget (attempts and

@@ -128,6 +128,8 @@ const markUnordered = `UPDATE outbox SET status = 'sent', sent_at = now(), lease
 // byte order (pgqueue.Table.Locked, as Enqueue locks them), returning each
 // ordered row's key and number. Only rows still leased to the tokens are
 // marked.
+//
+// #nosec G202 -- the fragment is pgqueue's, built from the package's own table names; every value is a parameter
 var markOrdered = `WITH sent AS (
 	UPDATE outbox SET status = 'sent', sent_at = now(), lease_token = NULL, last_error = NULL
 	WHERE id = ANY($1::uuid[]) AND lease_token = ANY($2::bigint[]) AND status = 'pending'
