@@ -16,7 +16,7 @@ import (
 )
 
 // processor runs the handler on the stored messages of the buffered mode. A
-// claimer leases due keys (one head message each) as workers become free and
+// claimer leases due messages (a key's head each) as workers become free and
 // hands the messages to the workers; each runs the handler with no
 // transaction open and hands its writes to the finishers, which commit them
 // with the message's status (group commit). It works from the table alone,
@@ -117,7 +117,7 @@ func (p *processor) run(ctx context.Context) {
 func (p *processor) claimLoop(ctx context.Context, jobs chan<- buffered.Claimed, free chan struct{}) {
 	backoff := amqpsession.NewBackoff(time.Second, p.rt.cfg.ReconnectMaxWait)
 	lastPause := time.Time{}
-	skipped := 0 // claims in a row that found due keys they could not take
+	skipped := 0 // claims in a row that found due messages they could not take
 	for {
 		if cause := p.pauseReq.Swap(nil); cause != nil {
 			if time.Since(lastPause) > time.Minute {
@@ -210,7 +210,7 @@ func (p *processor) claimFailed(ctx context.Context, err error) {
 
 // waitForWork sleeps until this replica stores messages, a NOTIFY comes, the
 // next retry or lease is due, or the poll interval passes. skipped counts the
-// claims in a row that left due keys behind; it returns the new count.
+// claims in a row that left due messages behind; it returns the new count.
 func (p *processor) waitForWork(ctx context.Context, skipped int) (int, bool) {
 	wait := p.cfg.PollInterval
 	dctx, cancel := context.WithTimeout(ctx, applyMargin)
@@ -223,10 +223,10 @@ func (p *processor) waitForWork(ctx context.Context, skipped int) (int, bool) {
 		skipped = 0
 		wait = min(wait, time.Until(at))
 	default:
-		// Keys that are due but were skipped: locked by a commit or an
-		// ingest in progress (gone in milliseconds), or by an operator's
-		// transaction (gone in minutes). Try again shortly, then less and
-		// less often, down to once a second (a retry of another key that
+		// Messages that are due but were skipped: locked by another
+		// claim or a settlement in progress (gone in milliseconds), or by
+		// an operator's transaction (gone in minutes). Try again shortly, then less and less often,
+		// down to once a second (a retry of another message that
 		// falls due meanwhile waits that long at most), instead of claiming
 		// in a loop; a wake-up still comes at once.
 		wait = min(wait, time.Second, skippedRetry<<min(skipped, 16))

@@ -113,7 +113,7 @@ func (m *Metrics) registerBuffered(reg prometheus.Registerer) {
 	}, []string{"consumer"})
 	m.claimSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "inbox_buffered_claim_duration_seconds",
-		Help:    "Time of one claim statement (leasing up to 64 due keys).",
+		Help:    "Time of one claim statement (leasing up to 64 due messages).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 	}, []string{"consumer"})
 	m.parked = prometheus.NewCounterVec(prometheus.CounterOpts{

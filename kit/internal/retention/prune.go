@@ -139,10 +139,16 @@ RETURNING ordering_key`
 // leased either). A key's sequence starts again at 1 if it comes back, which is safe
 // only because no message of it remains. An ingest appending to a key locks
 // its row first, so the delete either waits and finds the key busy, or goes
-// first and the ingest creates the key anew.
+// first and the ingest creates the key anew. The keys are locked first in
+// byte order, as every statement of the queue locks them (pgqueue), so that
+// the delete and an ingest of several keys cannot deadlock.
 const deleteIdleKeys = `
-DELETE FROM inbox_keys k
-WHERE k.consumer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq
+WITH locked AS (
+	SELECT ordering_key FROM inbox_keys WHERE consumer = $1 AND ordering_key = ANY($2)
+	ORDER BY ordering_key COLLATE "C" FOR UPDATE
+)
+DELETE FROM inbox_keys k USING locked l
+WHERE k.consumer = $1 AND k.ordering_key = l.ordering_key AND k.next_seq > k.last_seq
 	AND NOT EXISTS (SELECT 1 FROM inbox_messages m WHERE m.consumer = k.consumer AND m.ordering_key = k.ordering_key)`
 
 // keyedTable is a table of rows with ordering keys that retention prunes in
@@ -294,10 +300,15 @@ RETURNING coalesce(ordering_key, '')`
 // them sent. A key's sequence starts again at 1 if it comes back, which is
 // safe only because no row of it remains; Enqueue locks the key's row first,
 // so the delete either waits and finds the key busy, or goes first and
-// Enqueue creates the key anew.
+// Enqueue creates the key anew. The keys are locked first in byte order
+// (see deleteIdleKeys).
 const deleteIdleOutboxKeys = `
-DELETE FROM outbox_keys k
-WHERE k.producer = $1 AND k.ordering_key = ANY($2) AND k.next_seq > k.last_seq
+WITH locked AS (
+	SELECT ordering_key FROM outbox_keys WHERE producer = $1 AND ordering_key = ANY($2)
+	ORDER BY ordering_key COLLATE "C" FOR UPDATE
+)
+DELETE FROM outbox_keys k USING locked l
+WHERE k.producer = $1 AND k.ordering_key = l.ordering_key AND k.next_seq > k.last_seq
 	AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.producer = k.producer AND o.ordering_key = k.ordering_key)`
 
 // deleteSent prunes the outbox's sent rows.
