@@ -21,9 +21,7 @@ import (
 	"reflect"
 	"runtime/debug"
 	"strings"
-	"time"
 
-	"github.com/inbox-template/payment-service/kit/database"
 	"github.com/inbox-template/payment-service/kit/internal/release"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/logging"
@@ -265,25 +263,12 @@ func migrate(ctx context.Context, opts service.Options, stdout io.Writer) error 
 // Migrate applies sets to the database at url and prints their versions.
 func Migrate(ctx context.Context, url, name string, sets []migrations.Set, stdout io.Writer) error {
 	log := logging.New(io.Discard, "error", name)
-	db, err := database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: 5 * time.Minute, AppName: name + " migrate"}, log)
-	if err != nil {
-		return err
-	}
-	defer database.Close(db)
-	sqlDB, err := db.DB()
-	if err != nil {
-		return err
-	}
-	applied, err := migrations.Apply(ctx, sqlDB, sets...)
+	applied, versions, err := service.Migrate(ctx, url, name, sets, log)
 	if err != nil {
 		return err
 	}
 	for _, set := range sets {
-		version, err := migrations.Version(ctx, sqlDB, set)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "%s: %s schema at version %d (applied now: %v)\n", name, set.Name(), version, applied[set.Name()])
+		fmt.Fprintf(stdout, "%s: %s schema at version %d (applied now: %v)\n", name, set.Name(), versions[set.Name()], applied[set.Name()])
 	}
 	return nil
 }

@@ -166,7 +166,8 @@ func newRegistry() *prometheus.Registry {
 }
 
 // openDatabase opens the pool and applies the kit's inbox schema, then the
-// service's own, under advisory locks (replicas starting together never race).
+// service's own, under advisory locks (replicas starting together never race),
+// on a pool of their own (Migrate).
 func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logger) (*gorm.DB, error) {
 	db, err := database.Open(ctx, database.Options{
 		URL:              cfg.URL,
@@ -177,17 +178,45 @@ func openDatabase(ctx context.Context, opts Options, cfg Config, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		return nil, err
-	}
-	applied, err := migrations.Apply(ctx, sqlDB, Schemas(opts)...)
+	applied, _, err := Migrate(ctx, cfg.URL, opts.Name, Schemas(opts), log)
 	if err != nil {
 		_ = database.Close(db)
 		return nil, err
 	}
 	log.Info("schema up to date", "applied", applied)
 	return db, nil
+}
+
+// MigrationTimeout is the statement timeout of the sessions that apply
+// schemas: at a service's start as in its migrate command.
+const MigrationTimeout = 5 * time.Minute
+
+// Migrate applies sets to the database at url, on a pool of its own whose
+// statements may take MigrationTimeout, not the service's
+// DB_STATEMENT_TIMEOUT: a migration that moves many rows (the buffered
+// set's 00003: 18 s for 800,000 waiting messages) would otherwise be rolled
+// back at every start, and the service would never come up. It returns the
+// versions applied now and each set's version after.
+func Migrate(ctx context.Context, url, name string, sets []migrations.Set, log *slog.Logger) (applied map[string][]int64, versions map[string]int64, err error) {
+	db, err := database.Open(ctx, database.Options{URL: url, MaxConns: 2, StatementTimeout: MigrationTimeout, AppName: name + " migrate"}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer database.Close(db)
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, nil, err
+	}
+	if applied, err = migrations.Apply(ctx, sqlDB, sets...); err != nil {
+		return nil, nil, err
+	}
+	versions = map[string]int64{}
+	for _, set := range sets {
+		if versions[set.Name()], err = migrations.Version(ctx, sqlDB, set); err != nil {
+			return nil, nil, err
+		}
+	}
+	return applied, versions, nil
 }
 
 // readerConns sizes the handlers' read-only pool, taken out of

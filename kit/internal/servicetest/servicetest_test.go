@@ -373,3 +373,16 @@ func TestFaultEndpointsRequireTheToken(t *testing.T) {
 		t.Error("the token is in the logs")
 	}
 }
+
+// A service applies its schemas at start with the migrate command's
+// statement timeout, not DB_STATEMENT_TIMEOUT: a migration longer than the
+// sessions' timeout (the buffered set's 00003 on a large backlog) would be
+// rolled back at every start, and the service would never come up.
+func TestStartAppliesAMigrationLongerThanTheStatementTimeout(t *testing.T) {
+	slow := ledger()
+	slow.Migrations = append(slow.Migrations, migrations.NewSet("slow", fstest.MapFS{"00001_slow.sql": {Data: []byte(
+		"-- +goose Up\nSELECT pg_sleep(3);\n-- +goose Down\nSELECT 1;\n")}}))
+	s := servicetest.Start(t, slow, "DB_STATEMENT_TIMEOUT=1s")
+	s.Publish(amqp.Publishing{MessageId: "m-1", Body: body("e-1", 1)})
+	s.WaitOutcome(consumer.OutcomeProcessed, 1)
+}
