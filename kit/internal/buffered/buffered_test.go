@@ -144,7 +144,7 @@ func TestClaimTakesOneHeadPerKey(t *testing.T) {
 		t.Fatalf("first claim %v, want the heads a1 and b1", got)
 	}
 	if again := claim(t, s, 10, time.Minute); len(again) != 0 {
-		t.Fatalf("claimed %v while every key is leased", ids(again))
+		t.Fatalf("claimed %v while every key's head is leased", ids(again))
 	}
 	if first[0].Attempts != 1 || status(t, db, "a1") != "processing" {
 		t.Errorf("attempts %d, status %s: want 1, processing", first[0].Attempts, status(t, db, "a1"))

@@ -109,7 +109,7 @@ func (r *replica) kill() {
 // SIGKILLed every second or so while events of 16 keys are published in
 // order: every event is applied once, each key's in the order published.
 // A kill lands anywhere: mid-ingest, between ingest commit and ack, mid-claim,
-// mid-handler (its lease expires and another replica takes the key over),
+// mid-handler (its lease expires and another replica takes the message over),
 // between the final commit and its status.
 func TestBufferedOrderAcrossKilledReplicas(t *testing.T) {
 	t.Parallel()

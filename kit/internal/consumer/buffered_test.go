@@ -468,11 +468,11 @@ func TestHungHandlerBatchedWithTheNextMessageCommitsNothing(t *testing.T) {
 	}
 }
 
-// A due key whose row an operator's transaction holds locked is skipped by
-// every claim (FOR UPDATE SKIP LOCKED) while the table still reports it due:
+// A due message whose row an operator's transaction holds locked is skipped
+// by every claim (FOR UPDATE SKIP LOCKED) while the table still reports it due:
 // the claimer backs off instead of claiming in a loop every 10 ms, and takes
 // the message once the lock is gone.
-func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
+func TestBufferedClaimBacksOffWhileADueMessageIsLocked(t *testing.T) {
 	t.Parallel()
 	e := newBufferedEnv(t, nil)
 	store := buffered.New(e.db, "test")
@@ -482,7 +482,7 @@ func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	lock := e.db.Begin()
-	if err := lock.Exec(`SELECT 1 FROM inbox_keys WHERE ordering_key = 'key-00' FOR UPDATE`).Error; err != nil {
+	if err := lock.Exec(`SELECT 1 FROM inbox_messages WHERE message_id = 'locked-1' FOR UPDATE`).Error; err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Rollback()
@@ -490,9 +490,9 @@ func TestBufferedClaimBacksOffWhileADueKeyIsLocked(t *testing.T) {
 	before := claims(t, rt)
 	time.Sleep(3 * time.Second) // a window to count claims in
 	n := claims(t, rt) - before
-	t.Logf("%d claims in 3 s while the due key was locked", n)
+	t.Logf("%d claims in 3 s while the due message was locked", n)
 	if n > 40 {
-		t.Errorf("%d claims in 3 s while the only due key was locked: the claimer spins", n)
+		t.Errorf("%d claims in 3 s while the only due message was locked: the claimer spins", n)
 	}
 	if err := lock.Rollback().Error; err != nil {
 		t.Fatal(err)

@@ -23,8 +23,8 @@ func stopTakes(t *testing.T, rt *runtime, budget time.Duration) time.Duration {
 }
 
 // Buffered: a handler cancelled when the budget runs out releases its
-// message within what is left of it, even when the release waits (its key's
-// row locked, as by an operator's transaction or a database that does not
+// message within what is left of it, even when the release waits (the
+// message's row locked, as by an operator's transaction or a database that does not
 // answer): the lease gives the message back later instead.
 func TestBufferedStopSettlesWithinTheBudget(t *testing.T) {
 	e := newBufferedEnv(t, nil)
@@ -42,7 +42,7 @@ func TestBufferedStopSettlesWithinTheBudget(t *testing.T) {
 	e.publish("m1", `{"key":"k","n":1}`)
 	<-in
 	lock := e.db.Begin()
-	if err := lock.Exec(`SELECT 1 FROM inbox_keys WHERE ordering_key = 'k' FOR UPDATE`).Error; err != nil {
+	if err := lock.Exec(`SELECT 1 FROM inbox_messages WHERE ordering_key = 'k' FOR UPDATE`).Error; err != nil {
 		t.Fatal(err)
 	}
 	defer lock.Rollback()

@@ -9,7 +9,9 @@
 //     number of its newest item (last_seq) and of its head, the next to
 //     settle (next_seq). An item is appended under its key's row lock, held
 //     to the commit (Append), so the numbers of one key follow the commit
-//     order and have no gaps. An item without an ordering key is its own.
+//     order and have no gaps. An item without an ordering key waits for
+//     nothing: the outbox leaves its key NULL and makes it due at once, the
+//     buffered inbox gives it a key of its own.
 //   - Only a key's head is ever due: the items behind it wait at
 //     available_at = 'infinity', beyond the range a claim scans. An item is
 //     due when its status is one of the queue's due statuses and its
@@ -20,18 +22,23 @@
 //     holds; a lease that ends (its holder died) makes the item due again,
 //     with no sweeper. Every settlement names the token, in the same
 //     statement: an item whose lease passed to another holder is left to it.
-//   - Settling a head (sent, processed, skipped) moves its key on and makes
-//     the next item due (Advance), in a statement that runs after the keys
-//     were locked (Locked, in the statement that marks the heads): every
+//   - Settling a head (sent, processed, skipped, dead-lettered) moves its
+//     key on and makes the next item due (Advance), in a statement that runs
+//     after the keys were locked (Locked, in the statement that marks the
+//     heads, or the operator's statement that settles them): every
 //     transaction that appended to them has committed by then, and its items
 //     are in the statement's snapshot. Read in the statement that waited for
 //     the lock, a successor committed meanwhile would be missed, and wait at
 //     infinity forever.
 //   - Keys are locked in byte order (COLLATE "C": the column's collation may
 //     sort otherwise) by Append and by Locked alike, so that two transactions
-//     sharing keys lock them in one order.
+//     sharing keys lock them in one order. One exception is the caller's: a
+//     transaction that appends in several statements (several Enqueue calls)
+//     locks its keys in the order of its calls, and can deadlock against a
+//     settlement; PostgreSQL aborts one side, and the outbox's mark retries.
 //   - A parked head blocks its key: its status is not a due one, and its
-//     successors stay waiting until an operator retries or skips it.
+//     successors stay waiting until an operator retries, skips or exports
+//     it.
 package pgqueue
 
 import (

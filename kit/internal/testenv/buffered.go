@@ -17,8 +17,9 @@ import (
 // inbox commands (status, parked, retry, skip, export) are tested on. The
 // messages behind wait, the key blocked. Its body is {"order_id":key}, its
 // x-original-exchange "orders". To reach it, it claims the consumer's due
-// keys and puts every other head back with an hour's delay; it fails the
-// test if the message is not among them (key must be new).
+// messages (the keys' heads) and puts every other one back with an hour's
+// delay; it fails the test if the message is not among them (key must be
+// new).
 func ParkBuffered(t testing.TB, db *gorm.DB, consumer, id, key string, behind int, reason, detail string) {
 	t.Helper()
 	ctx := context.Background()
@@ -47,6 +48,6 @@ func ParkBuffered(t testing.TB, db *gorm.DB, consumer, id, key string, behind in
 		}
 	}
 	if !parked {
-		t.Fatalf("park %s: the claim of %d due keys did not reach it (is %s new, and the only work due?)", id, len(cs), key)
+		t.Fatalf("park %s: the claim of %d due messages did not reach it (is %s new, and the only work due?)", id, len(cs), key)
 	}
 }
