@@ -57,7 +57,7 @@ type Handler struct {
 }
 
 // Handle books the pickup of the paid order (the event, decoded once by
-// Service's Events) with no transaction open, then returns the shipment
+// Events) with no transaction open, then returns the shipment
 // insert for the runtime to commit with the inbox row.
 func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev OrderPaid) (kit.Writes, error) {
 	// The idempotency key is the order's: a redelivery books the same pickup.
@@ -91,6 +91,15 @@ type Settings struct {
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
+// Events is how the shipping service reads OrderPaid: each body is decoded
+// once; in the buffered mode, one order's events are processed in order.
+// The handler is typed to the same event: one of another would not compile,
+// in Service as in kittest.CheckWrites.
+var Events = kit.Events[OrderPaid]{
+	Decode:      DecodeOrderPaid,
+	OrderingKey: func(e OrderPaid) string { return e.OrderID },
+}
+
 // Service describes the shipping service to the kit. Its queues are derived:
 // shipping-service.order-paid, shipping-service.dlx, ….
 func Service() kit.Service {
@@ -102,13 +111,7 @@ func Service() kit.Service {
 		Migrations: []kit.MigrationSet{kit.Migrations("shipping", migrationFiles, "migrations")},
 		LogAttrs:   kit.JSONAttrs("order_id"),
 	},
-		// Each body is decoded once; in the buffered mode, one order's
-		// events are processed in order. The handler is typed to the same
-		// event: one of another would not compile.
-		kit.Events[OrderPaid]{
-			Decode:      DecodeOrderPaid,
-			OrderingKey: func(e OrderPaid) string { return e.OrderID },
-		},
+		Events,
 		func(d *kit.Deps, s *Settings) (kit.Handler[OrderPaid], error) {
 			carrier := NewCarrier(s.CarrierURL, s.CarrierTimeout, d.Config.Workers)
 			// A span under the message's, and the crash point right after it.

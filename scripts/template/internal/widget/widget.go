@@ -100,7 +100,7 @@ type Handler struct {
 // gen> type Handler struct{}
 // gen:end
 
-// Handle takes the event Service's Events made of the body (decoded once,
+// Handle takes the event Events made of the body (decoded once,
 // before the handler runs) and returns its writes.
 func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev WidgetOrdered) (kit.Writes, error) {
 	// gen:if outside-calls
@@ -142,6 +142,16 @@ func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev WidgetOrdered)
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
+
+// Events is how the service reads WidgetOrdered: each body is decoded once,
+// before the handler runs; a body without a message_id property is deduped
+// by its event_id. The handler is typed to the same event: one of another
+// does not compile, in Service as in kittest.CheckWrites(t, db, Events, h, msg).
+var Events = kit.Events[WidgetOrdered]{
+	Decode:      DecodeWidgetOrdered,
+	ID:          func(e WidgetOrdered) string { return e.EventID },
+	OrderingKey: func(e WidgetOrdered) string { return e.Key },
+}
 
 // Service describes widget-service to the kit. Its queues are derived:
 // widget-service.widget-ordered, widget-service.dlx, widget-service.widget-ordered.dlq and the retry queues.
@@ -201,14 +211,7 @@ func Service() kit.Service {
 		Publishes: []string{"widget-events"},
 		// gen:end
 	},
-		// Each body is decoded once, before the handler runs; a body without
-		// a message_id property is deduped by its event_id. The handler is
-		// typed to the same event: one of another does not compile.
-		kit.Events[WidgetOrdered]{
-			Decode:      DecodeWidgetOrdered,
-			ID:          func(e WidgetOrdered) string { return e.EventID },
-			OrderingKey: func(e WidgetOrdered) string { return e.Key },
-		},
+		Events,
 		// d holds what a handler may keep: d.Reader for reads outside the
 		// transaction, d.Outbox to emit events from the writes (with
 		// Publishes naming their exchanges), d.Config; an outside call is
