@@ -76,7 +76,7 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 	}
 	token := pgqueue.NewToken()
-	out, err := s.claimIn(ctx, tx, token, claim, s.consumer, n, lease.Seconds(), token)
+	out, err := s.claimIn(ctx, tx, token, n, lease)
 	if err != nil {
 		return nil, fmt.Errorf("claim messages of %s: %w", s.consumer, err)
 	}
@@ -86,10 +86,9 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	return out, nil
 }
 
-// claimIn runs a claiming query whose rows are headColumns, and returns the
-// messages leased under token.
-func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, token int64, query string, args ...any) ([]Claimed, error) {
-	rows, err := tx.QueryContext(ctx, query, append([]any{database.CustomPlan}, args...)...)
+// claimIn runs the claim in tx and returns the messages leased under token.
+func (s *Store) claimIn(ctx context.Context, tx *sql.Tx, token int64, n int, lease time.Duration) ([]Claimed, error) {
+	rows, err := tx.QueryContext(ctx, claim, database.CustomPlan, s.consumer, n, lease.Seconds(), token)
 	if err != nil {
 		return nil, err
 	}

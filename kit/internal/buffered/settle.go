@@ -2,7 +2,6 @@ package buffered
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,6 +10,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/inbox-template/payment-service/kit/internal/pgqueue"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -139,7 +139,7 @@ func (s *Store) settleProcessed(tx *queryTx, items []Completion, idx []int, resu
 	if err != nil {
 		return 0, fmt.Errorf("mark %d messages processed: %w", len(ids), err)
 	}
-	keys, seqs, marked, err := scanLocked(rows)
+	keys, seqs, marked, err := pgqueue.ScanLocked(rows)
 	if err != nil {
 		return 0, fmt.Errorf("mark %d messages processed: %w", len(ids), err)
 	}
@@ -149,26 +149,6 @@ func (s *Store) settleProcessed(tx *queryTx, items []Completion, idx []int, resu
 		}
 	}
 	return marked, nil
-}
-
-// scanLocked reads the rows of a statement ending with pgqueue's locked
-// keys: a key and number each, then one row of NULLs with the count marked.
-func scanLocked(rows *sql.Rows) (keys []string, seqs []int64, marked int, err error) {
-	defer rows.Close()
-	for rows.Next() {
-		var key sql.NullString
-		var seq sql.NullInt64
-		var n int
-		if err := rows.Scan(&key, &seq, &n); err != nil {
-			return nil, nil, 0, err
-		}
-		if key.Valid {
-			keys, seqs = append(keys, key.String), append(seqs, seq.Int64)
-		} else {
-			marked = n
-		}
-	}
-	return keys, seqs, marked, rows.Err()
 }
 
 // completeEach runs the batch with a savepoint per item (none for a single

@@ -97,12 +97,6 @@ func (s *Store) Claim(ctx context.Context, n int, lease time.Duration) ([]Claime
 	return out, token, nil
 }
 
-// keySeq is an ordered row's key and sequence number.
-type keySeq struct {
-	key string
-	seq int64
-}
-
 // leases are the ids of rows and the tokens of their claims, as the arrays of
 // a statement. A row is settled only while it is leased to one of the
 // tokens: the tokens are random, one per claim, so a row whose lease passed
@@ -171,11 +165,11 @@ func (s *Store) MarkSent(ctx context.Context, sent []Claimed) (marked, due int, 
 		return 0, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(sent), err)
 	}
 	defer func() { _ = tx.Rollback() }()
-	ordered, marked, err := s.markOrdered(ctx, tx, ids, tokens)
+	keys, seqs, marked, err := s.markOrdered(ctx, tx, ids, tokens)
 	if err != nil {
 		return 0, 0, err
 	}
-	if due, err = s.advance(ctx, tx, ordered); err != nil {
+	if due, err = s.advance(ctx, tx, keys, seqs); err != nil {
 		return 0, 0, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -184,42 +178,22 @@ func (s *Store) MarkSent(ctx context.Context, sent []Claimed) (marked, due int, 
 	return marked, due, nil
 }
 
-func (s *Store) markOrdered(ctx context.Context, tx *sql.Tx, ids []string, tokens []int64) ([]keySeq, int, error) {
+func (s *Store) markOrdered(ctx context.Context, tx *sql.Tx, ids []string, tokens []int64) (keys []string, seqs []int64, marked int, err error) {
 	rows, err := tx.QueryContext(ctx, markOrdered, database.CustomPlan, ids, tokens, s.producer)
 	if err != nil {
-		return nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+		return nil, nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
-	defer rows.Close()
-	var ordered []keySeq
-	marked := 0
-	for rows.Next() {
-		var key sql.NullString
-		var seq sql.NullInt64
-		var n int
-		if err := rows.Scan(&key, &seq, &n); err != nil {
-			return nil, 0, err
-		}
-		if key.Valid {
-			ordered = append(ordered, keySeq{key.String, seq.Int64})
-		} else {
-			marked = n
-		}
+	if keys, seqs, marked, err = pgqueue.ScanLocked(rows); err != nil {
+		return nil, nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, 0, fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
-	}
-	return ordered, marked, nil
+	return keys, seqs, marked, nil
 }
 
 // advance moves the keys of the ordered rows just marked on, and makes
 // their next rows due; it returns how many it made due.
-func (s *Store) advance(ctx context.Context, tx *sql.Tx, ordered []keySeq) (int, error) {
-	if len(ordered) == 0 {
+func (s *Store) advance(ctx context.Context, tx *sql.Tx, keys []string, seqs []int64) (int, error) {
+	if len(keys) == 0 {
 		return 0, nil
-	}
-	keys, seqs := make([]string, len(ordered)), make([]int64, len(ordered))
-	for i, ks := range ordered {
-		keys[i], seqs[i] = ks.key, ks.seq
 	}
 	res, err := tx.ExecContext(ctx, advanceKeys, database.CustomPlan, s.producer, keys, seqs)
 	if err != nil {
@@ -382,7 +356,7 @@ func (s *Store) Skip(ctx context.Context, id string) (Skipped, error) {
 		return k, fmt.Errorf("skip outbox row %s: %w", id, err)
 	}
 	if key.Valid {
-		if _, err := s.advance(ctx, tx, []keySeq{{key.String, k.Seq}}); err != nil {
+		if _, err := s.advance(ctx, tx, []string{key.String}, []int64{k.Seq}); err != nil {
 			return k, err
 		}
 	}

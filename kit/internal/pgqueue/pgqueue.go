@@ -42,6 +42,7 @@
 package pgqueue
 
 import (
+	"database/sql"
 	"math/rand/v2"
 	"strings"
 )
@@ -105,6 +106,28 @@ func (t Table) Locked(marked, owner string) string {
 	ORDER BY k.ordering_key COLLATE "C"
 	FOR UPDATE OF k
 )`
+}
+
+// ScanLocked reads and closes the rows of a statement that ends with Locked
+// and then one row of NULLs with the count marked (SELECT ordering_key,
+// seq, 0 FROM locked UNION ALL SELECT NULL, NULL, count(*) FROM …): the
+// arrays Advance takes, and the count.
+func ScanLocked(rows *sql.Rows) (keys []string, seqs []int64, marked int, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var key sql.NullString
+		var seq sql.NullInt64
+		var n int
+		if err := rows.Scan(&key, &seq, &n); err != nil {
+			return nil, nil, 0, err
+		}
+		if key.Valid {
+			keys, seqs = append(keys, key.String), append(seqs, seq.Int64)
+		} else {
+			marked = n
+		}
+	}
+	return keys, seqs, marked, rows.Err()
 }
 
 // Advance is the statement that moves each key $2[i] of owner $1 whose head
