@@ -116,6 +116,58 @@ func ExampleConsume() {
 	// Output: invoice-service invoice-due
 }
 
+// InvoiceVoided is a second event of the invoice service.
+type InvoiceVoided struct {
+	EventID   string `json:"event_id"`
+	InvoiceID string `json:"invoice_id"`
+}
+
+// Voids handles InvoiceVoided events: a kit.Handler[InvoiceVoided].
+type Voids struct{}
+
+// Handle marks the invoice void; it has no outside call.
+func (Voids) Handle(ctx context.Context, msg kit.Message, ev InvoiceVoided) (kit.Writes, error) {
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
+		return kit.OutcomeProcessed, tx.Exec(`UPDATE invoices SET void = true WHERE invoice_id = ?`, ev.InvoiceID).Error
+	}, nil
+}
+
+// A service that consumes a second event adds it with its own binding key,
+// its own Events (dedupe and ordering key) and its own typed handler: the
+// work queue is bound to both keys, each message reaches the handler of its
+// key, and in the buffered mode a void comes after its invoice (one
+// ordering key, the invoice's id, across both events).
+func ExampleConsumeAlso() {
+	service := kit.Consume(kit.Service{
+		Name: "invoice-service", Event: "invoice-due", Exchange: "billing", RoutingKey: "invoice.due",
+		Migrations: []kit.MigrationSet{kit.Migrations("invoice-service", migrationFiles, "migrations")},
+	},
+		kit.Events[InvoiceDue]{
+			Decode:      DecodeInvoiceDue,
+			ID:          func(e InvoiceDue) string { return e.EventID },
+			OrderingKey: func(e InvoiceDue) string { return e.InvoiceID },
+		},
+		func(d *kit.Deps) (kit.Handler[InvoiceDue], error) {
+			return &Invoices{post: kit.OutsideCall(d, "ledger post", "after-ledger-post", Ledger{}.Post), outbox: d.Outbox}, nil
+		})
+	service = kit.ConsumeAlso(service, "invoice.voided",
+		kit.Events[InvoiceVoided]{
+			Decode: func(body []byte) (InvoiceVoided, error) {
+				var ev InvoiceVoided
+				if err := json.Unmarshal(body, &ev); err != nil {
+					return ev, kit.Permanent(ReasonMalformedJSON, err)
+				}
+				return ev, nil
+			},
+			ID:          func(e InvoiceVoided) string { return e.EventID },
+			OrderingKey: func(e InvoiceVoided) string { return e.InvoiceID },
+		},
+		func(d *kit.Deps) (kit.Handler[InvoiceVoided], error) { return Voids{}, nil })
+	cfg, err := kit.LoadConfig(service)
+	fmt.Println(cfg.Queue, "bound to", cfg.RoutingKey, cfg.MoreRoutingKeys, err)
+	// Output: invoice-service.invoice-due bound to invoice.due [invoice.voided] <nil>
+}
+
 // The reason of a permanent error is a declared value: the kit dead-letters
 // the message with it (its x-dead-letter-reason header, the reason label of
 // consumer_dead_letters_total).

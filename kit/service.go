@@ -54,6 +54,27 @@ func ConsumeWithSettings[E, S any, H Handler[E]](svc Service, events Events[E], 
 	return service.ConsumeWithSettings(svc, events, newHandler)
 }
 
+// ConsumeAlso returns svc, wired by Consume or ConsumeWithSettings, with a
+// further event: the messages published to svc's exchange with a routing
+// key that key matches (a topic pattern: "*" one word, "#" any) are decoded
+// by events and handled by the handler newHandler builds, in the same
+// inbox, outbox, database and queues; the work queue is bound once more,
+// with key. Each message goes to the first event whose binding key matches
+// the key it was published with (a retried copy keeps it), the service's
+// own (ROUTING_KEY) first; one that none matches is dead-lettered (parked)
+// invalid_event. In the buffered mode the events' ordering keys share one
+// order: give an OrderCancelled its order's id, and it is processed after
+// that order's OrderPlaced.
+func ConsumeAlso[E any, H Handler[E]](svc Service, key string, events Events[E], newHandler func(d *Deps) (H, error)) Service {
+	return service.ConsumeAlso(svc, key, events, newHandler)
+}
+
+// ConsumeAlsoWithSettings is ConsumeAlso for a handler that takes the
+// service's settings S: svc was wired by ConsumeWithSettings with the same S.
+func ConsumeAlsoWithSettings[E, S any, H Handler[E]](svc Service, key string, events Events[E], newHandler func(d *Deps, s *S) (H, error)) Service {
+	return service.ConsumeAlsoWithSettings(svc, key, events, newHandler)
+}
+
 // Config is the kit's configuration of a service, as its environment set it.
 type Config = service.Config
 

@@ -33,6 +33,9 @@ type Topology struct {
 	// whose default (quorum_cluster_size) is 3, or every node of a smaller
 	// cluster. Like SingleActive it is fixed when a queue is first declared.
 	QuorumGroupSize int
+	// MoreRoutingKeys are the binding keys of a service's further events
+	// (kit.ConsumeAlso): the work queue is bound to Exchange with each.
+	MoreRoutingKeys []string
 }
 
 // DeadLetterKey is the routing key that reaches DeadLetterQueue.
@@ -134,8 +137,10 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return declareError("queue", q.name, err)
 		}
 	}
-	if err := ch.QueueBind(t.Queue, t.RoutingKey, t.Exchange, false, nil); err != nil {
-		return fmt.Errorf("bind %s to %s: %w", t.Queue, t.Exchange, err)
+	for _, key := range append([]string{t.RoutingKey}, t.MoreRoutingKeys...) {
+		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s with %s: %w", t.Queue, t.Exchange, key, err)
+		}
 	}
 	if err := ch.QueueBind(t.DeadLetterQueue, t.DeadLetterKey(), t.DeadLetterExchange, false, nil); err != nil {
 		return fmt.Errorf("bind %s to %s: %w", t.DeadLetterQueue, t.DeadLetterExchange, err)

@@ -169,15 +169,19 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 			errors.New("ordering key is longer than 255 bytes, not UTF-8, or holds a control character"), log)
 		return it, false
 	}
-	headers := d.Headers
-	if msg.MayHaveRun() && !wire.MarkedAsRun(headers) {
+	headers := maps.Clone(d.Headers)
+	if headers == nil {
+		headers = amqp.Table{}
+	}
+	if msg.MayHaveRun() {
 		// Stored, the message loses the redelivered flag and the attempt
 		// count: the mark keeps what they said for the key-expiry guard.
-		headers = maps.Clone(headers)
-		if headers == nil {
-			headers = amqp.Table{}
-		}
 		headers[wire.HeaderMayHaveRun] = true
+	}
+	if _, ok := headers[wire.HeaderOriginalKey]; !ok {
+		// Stored, it loses its delivery's routing key too: the processing
+		// routes it by this one (a service that consumes several events).
+		headers[wire.HeaderOriginalExchange], headers[wire.HeaderOriginalKey] = originOf(d)
 	}
 	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
 		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: headers, Body: d.Body,

@@ -207,9 +207,8 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 	if msg.holds > 0 {
 		p.Headers[wire.HeaderPauseHolds] = header32(msg.holds)
 	}
-	if _, ok := p.Headers[wire.HeaderOriginalExchange]; !ok {
-		p.Headers[wire.HeaderOriginalExchange] = d.Exchange
-		p.Headers[wire.HeaderOriginalKey] = d.RoutingKey
+	if _, ok := p.Headers[wire.HeaderOriginalKey]; !ok {
+		p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = originOf(d)
 	}
 	return p
 }

@@ -118,6 +118,16 @@ type Options struct {
 	// event is the handler's event type when Consume wired it: the Decoder
 	// must still decode that type.
 	event reflect.Type
+	// more are the further events ConsumeAlso added, each on a binding key
+	// of its own.
+	more []moreEvents
+}
+
+// moreEvents is one further event of a service (ConsumeAlso).
+type moreEvents struct {
+	key        string
+	decoder    consumer.Decoder
+	newHandler func(k *Kit) (consumer.Handler, error)
 }
 
 // Requirements are kit settings a service pins (Options.Requires).
@@ -248,6 +258,8 @@ func LoadConfig(opts Options) (Config, error) {
 			"no idempotency key is kept anywhere, so it does not apply; unset it", opts.Name)
 		cfg.IdempotencyKeyTTL, cfg.noOutsideCalls = 0, true
 	}
+	v.Require(!slices.Contains(cfg.MoreRoutingKeys, cfg.RoutingKey), "ROUTING_KEY",
+		"is %q, the binding key of one of %s's further events (kit.ConsumeAlso) too: give each event its own", cfg.RoutingKey, opts.Name)
 	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
 			"give its kit.Events an OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)
@@ -271,6 +283,9 @@ func LoadConfig(opts Options) (Config, error) {
 func prefill(opts Options) Config {
 	cfg := Config{Consumer: opts.Name}
 	cfg.Exchange, cfg.RoutingKey = opts.Exchange, opts.RoutingKey
+	for _, m := range opts.more {
+		cfg.MoreRoutingKeys = append(cfg.MoreRoutingKeys, m.key)
+	}
 	cfg.Queue, cfg.DeadLetterEx, cfg.DeadLetterQueue = opts.Queue, opts.DeadLetterExchange, opts.DeadLetterQueue
 	cfg.URL = "postgres://postgres@localhost:5432/" + opts.database() + "?sslmode=disable"
 	// The runtime's defaults, written once, in the packages that use them.
@@ -306,7 +321,17 @@ func pointerToStruct(v any) bool {
 }
 
 // ordered reports whether the options name an ordering key.
-func (o *Options) ordered() bool { return o.OrderingKey != nil || consumer.Ordered(o.Decoder) }
+func (o *Options) ordered() bool {
+	if o.OrderingKey != nil || consumer.Ordered(o.Decoder) {
+		return true
+	}
+	for _, m := range o.more {
+		if consumer.Ordered(m.decoder) {
+			return true
+		}
+	}
+	return false
+}
 
 func (o *Options) database() string {
 	if o.Database != "" {

@@ -250,7 +250,7 @@ type startRefusal struct{ err error }
 
 // buildHandler runs the service's constructor; a RefuseStart there is the
 // start's error. Any other panic stays one, with its stack: a bug.
-func buildHandler(opts Options, k *Kit) (h consumer.Handler, err error) {
+func buildHandler(newHandler func(k *Kit) (consumer.Handler, error), k *Kit) (h consumer.Handler, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			r, ok := p.(startRefusal)
@@ -260,17 +260,31 @@ func buildHandler(opts Options, k *Kit) (h consumer.Handler, err error) {
 			err = r.err
 		}
 	}()
-	return opts.NewHandler(k)
+	return newHandler(k)
 }
 
 func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consumer.Runtime, error) {
 	hk := *k
 	hk.DB = nil // a handler reads through Reader and writes through its writes' tx
-	h, err := buildHandler(opts, &hk)
+	h, err := buildHandler(opts.NewHandler, &hk)
 	if err != nil {
 		return nil, fmt.Errorf("build the handler: %w", err)
 	}
 	cfg := k.Config
+	decoder := opts.Decoder
+	if len(opts.more) > 0 {
+		routes := []consumer.Route{{Key: cfg.RoutingKey, Decoder: opts.Decoder, Handler: h}}
+		for _, m := range opts.more {
+			mh, err := buildHandler(m.newHandler, &hk)
+			if err != nil {
+				return nil, fmt.Errorf("build the handler of %s: %w", consumer.EventType(m.decoder), err)
+			}
+			routes = append(routes, consumer.Route{Key: m.key, Decoder: m.decoder, Handler: mh})
+		}
+		if decoder, h, err = consumer.Routed(routes); err != nil {
+			return nil, fmt.Errorf("route the events: %w", err)
+		}
+	}
 	var onStage func(consumer.Stage)
 	if c := k.Crasher; c != nil {
 		// A stage and its crash point have the same name.
@@ -287,7 +301,7 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 		GroupCommitMax:     cfg.GroupCommitMax,
 		GroupCommitWait:    cfg.GroupCommitWait,
 		MaxBodyBytes:       cfg.MaxBodyBytes,
-		Decoder:            opts.Decoder,
+		Decoder:            decoder,
 		KeyFromBody:        opts.KeyFromBody,
 		LogAttrs:           opts.LogAttrs,
 		MaxAttempts:        cfg.MaxAttempts,
@@ -342,6 +356,7 @@ func Topology(cfg Config) rabbit.Topology {
 	return rabbit.Topology{
 		Exchange:           cfg.Exchange,
 		RoutingKey:         cfg.RoutingKey,
+		MoreRoutingKeys:    cfg.MoreRoutingKeys,
 		Queue:              cfg.Queue,
 		DeadLetterExchange: cfg.DeadLetterEx,
 		DeadLetterQueue:    cfg.DeadLetterQueue,

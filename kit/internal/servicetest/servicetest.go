@@ -139,6 +139,13 @@ func (s *Stack) Publish(msgs ...amqp.Publishing) {
 	testenv.Publish(s.t, s.AMQPURL, s.Config.Exchange, s.Config.RoutingKey, msgs...)
 }
 
+// PublishTo sends msgs to the service's exchange with key: the events of a
+// service that consumes several (kit.ConsumeAlso) each have their own.
+func (s *Stack) PublishTo(key string, msgs ...amqp.Publishing) {
+	s.t.Helper()
+	testenv.Publish(s.t, s.AMQPURL, s.Config.Exchange, key, msgs...)
+}
+
 // Outcome is how many messages the service settled with outcome so far
 // (consumer_messages_total).
 func (s *Stack) Outcome(outcome consumer.Outcome) int {

@@ -1,0 +1,223 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/kit/rabbit"
+	"github.com/inbox-template/payment-service/kit/wire"
+)
+
+// The broker's topic matching, as the routes apply it to a message's key.
+func TestTopicMatchesAsTheBrokerRoutes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		pattern, key string
+		want         bool
+	}{
+		{"order.placed", "order.placed", true},
+		{"order.placed", "order.cancelled", false},
+		{"order.placed", "order.placed.eu", false},
+		{"order.*", "order.placed", true},
+		{"order.*", "order", false},
+		{"order.*", "order.placed.eu", false},
+		{"order.#", "order", true},
+		{"order.#", "order.placed.eu", true},
+		{"#", "anything.at.all", true},
+		{"#.eu", "order.placed.eu", true},
+		{"#.eu", "order.placed.us", false},
+		{"*.placed.#", "order.placed", true},
+		{"*.placed.#", "placed", false},
+		{"a.#.b", "a.b", true},
+		{"a.#.b", "a.x.y.b", true},
+		{"a.#.b", "a.x.y.c", false},
+	} {
+		if got := TopicMatches(tc.pattern, tc.key); got != tc.want {
+			t.Errorf("TopicMatches(%q, %q) = %v, want %v", tc.pattern, tc.key, got, tc.want)
+		}
+	}
+}
+
+// A message's routing key is the one it was published with: a copy the
+// runtime made carries it in a header of its own; a message the broker
+// dead-lettered itself, replayed through the default exchange, names it in
+// its first death.
+func TestTheRoutingKeyOfACopyIsTheOriginalOne(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		d    amqp.Delivery
+		want string
+	}{
+		{"published", amqp.Delivery{RoutingKey: "order.cancelled"}, "order.cancelled"},
+		{"a retry", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{wire.HeaderOriginalKey: "order.cancelled"}}, "order.cancelled"},
+		{"a broker's dead letter replayed", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work", "routing-keys": []any{"work"}},
+			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
+		}}}, "order.cancelled"},
+		{"a malformed x-death", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{"what"}}}, "work"},
+	} {
+		if got := routingKeyOf(tc.d); got != tc.want {
+			t.Errorf("%s: routing key %q, want %q", tc.name, got, tc.want)
+		}
+		if ex, _ := originOf(tc.d); tc.name == "a broker's dead letter replayed" && ex != "orders" {
+			t.Errorf("%s: exchange %q, want the first death's, orders", tc.name, ex)
+		}
+	}
+}
+
+type cancelledEvent decodedEvent
+
+func cancelledEvents() Events[cancelledEvent] {
+	return Events[cancelledEvent]{
+		Decode: func(body []byte) (cancelledEvent, error) {
+			var ev cancelledEvent
+			return ev, json.Unmarshal(body, &ev)
+		},
+		OrderingKey: func(e cancelledEvent) string { return e.Key },
+	}
+}
+
+// Routed refuses what would route a message two ways, or nowhere.
+func TestRoutedRefusesAmbiguousRoutes(t *testing.T) {
+	t.Parallel()
+	var decodes atomic.Int64
+	placed, h := countingEvents(&decodes), HandlerFunc(func(context.Context, Message) (Writes, error) { return nil, nil })
+	for _, tc := range []struct {
+		routes []Route
+		want   string
+	}{
+		{[]Route{{"order.placed", placed, h}, {"order.placed", cancelledEvents(), h}}, "given twice"},
+		{[]Route{{"order.placed", placed, h}, {"order.other", placed, h}}, "both decode"},
+		{[]Route{{"order.placed", placed, h}, {"", cancelledEvents(), h}}, "1 to 255 bytes"},
+		{[]Route{{"order.placed", placed, h}, {"order.cancelled", nil, h}}, "no Decoder"},
+		{[]Route{{"order.#", placed, h}, {"order.cancelled", cancelledEvents(), h}}, "never reached"},
+		{nil, "no routes"},
+	} {
+		if _, _, err := Routed(tc.routes); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Routed(%d routes): %v, want an error saying %q", len(tc.routes), err, tc.want)
+		}
+	}
+}
+
+// A runtime with two events: each message reaches the handler of the event
+// its routing key is bound to (a pattern included), a retried one too,
+// though it comes back from its retry queue (inline) or the table (buffered)
+// under the queue's name; the buffered mode keeps one key's order across the
+// two events; a message no binding key matches is given up as an invalid
+// event, naming its key.
+func TestEachEventReachesItsOwnHandler(t *testing.T) {
+	t.Parallel()
+	eachMode(t, func(t *testing.T, m modeCase) {
+		e := withBufferedTables(t, newEnvWith(t, func(tp *rabbit.Topology) {
+			tp.MoreRoutingKeys = []string{"order.cancelled.#"}
+		}))
+		var decodes atomic.Int64
+		var mu sync.Mutex
+		failed := map[string]bool{}
+		record := func(kind string, key string, n int, msg Message) (Writes, error) {
+			mu.Lock()
+			first := !failed[msg.ID]
+			failed[msg.ID] = true
+			mu.Unlock()
+			if first && n%3 == 1 {
+				return nil, errTransient // once: retried, and routed again
+			}
+			return func(ctx context.Context, tx *gorm.DB) (Outcome, error) {
+				return OutcomeProcessed, tx.Exec(`INSERT INTO ordered (key, n, message_id) VALUES (?, ?, ?)`,
+					key, n, kind+"/"+msg.ID+"/"+msg.RoutingKey).Error
+			}, nil
+		}
+		placedHandler := Typed[decodedEvent](typedFunc[decodedEvent](func(ctx context.Context, msg Message, ev decodedEvent) (Writes, error) {
+			return record("placed", ev.Key, ev.N, msg)
+		}))
+		cancelledHandler := Typed[cancelledEvent](typedFunc[cancelledEvent](func(ctx context.Context, msg Message, ev cancelledEvent) (Writes, error) {
+			return record("cancelled", ev.Key, ev.N, msg)
+		}))
+		dec, h, err := Routed([]Route{
+			{Key: e.topo.RoutingKey, Decoder: countingEvents(&decodes), Handler: placedHandler},
+			{Key: "order.cancelled.#", Decoder: cancelledEvents(), Handler: cancelledHandler},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Each key: placed 0, cancelled 1, placed 2, cancelled 3, …
+		keys := []string{"a", "b"}
+		const perKey = 6
+		want := map[string]string{}
+		for n := range perKey {
+			for _, k := range keys {
+				id := fmt.Sprintf("%s-%d", k, n)
+				body, _ := json.Marshal(decodedEvent{ID: id, Key: k, N: n})
+				rk, kind := e.topo.RoutingKey, "placed"
+				if n%2 == 1 {
+					rk, kind = "order.cancelled.eu", "cancelled"
+				}
+				e.publishTo(e.topo.Exchange, rk, id, string(body))
+				want[id] = kind + "/" + id + "/" + rk
+			}
+		}
+		// Straight to the queue: its routing key is the queue's name.
+		e.publishTo("", e.topo.Queue, "unbound", `{"key": "c", "n": 0}`)
+		rt := e.start(h, func(c *Config) {
+			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.OrderingKey = nil })(c)
+			c.Decoder, c.KeyFromBody = dec, nil
+		})
+		got := m.givenUp(e, 1)
+		if len(got) != 1 || got[0].id != "unbound" || got[0].reason != wire.ReasonInvalidEvent ||
+			!strings.Contains(got[0].err, `routing key "`+e.topo.Queue+`"`) {
+			t.Errorf("given up on %+v, want the unbound message alone, %s, naming its routing key", got, wire.ReasonInvalidEvent)
+		}
+		e.waitApplied(t, len(want))
+		var rows []struct {
+			Key       string
+			N         int
+			MessageID string
+		}
+		if err := e.db.Raw(`SELECT key, n, message_id FROM ordered ORDER BY id`).Scan(&rows).Error; err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			id := fmt.Sprintf("%s-%d", r.Key, r.N)
+			if r.MessageID != want[id] {
+				t.Errorf("event %s applied as %q, want %q (handler/id/routing key)", id, r.MessageID, want[id])
+			}
+			delete(want, id)
+		}
+		if len(want) != 0 {
+			t.Errorf("not applied: %v", want)
+		}
+		if m.orderPerKey {
+			e.assertInOrder(keys, perKey)
+		}
+		rt.shutdown(t)
+	})
+}
+
+// typedFunc adapts a function to HandlerOf.
+type typedFunc[E any] func(ctx context.Context, msg Message, ev E) (Writes, error)
+
+func (f typedFunc[E]) Handle(ctx context.Context, msg Message, ev E) (Writes, error) {
+	return f(ctx, msg, ev)
+}
+
+// publishTo sends a persistent JSON message to exchange with key, with a confirm.
+func (e *env) publishTo(exchange, key, id, body string) {
+	e.t.Helper()
+	ch := e.channel()
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	p := amqp.Publishing{MessageId: id, ContentType: "application/json", DeliveryMode: amqp.Persistent, Body: []byte(body)}
+	if err := rabbit.PublishConfirmed(context.Background(), ch, exchange, key, p); err != nil {
+		e.t.Fatal(err)
+	}
+}

@@ -1,0 +1,125 @@
+package servicetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"gorm.io/gorm"
+
+	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/service"
+	"github.com/inbox-template/payment-service/kit/internal/servicetest"
+	"github.com/inbox-template/payment-service/kit/migrations"
+)
+
+// A ledger that consumes two events: an entry made, and an entry voided.
+var voidsSchema = migrations.NewSet("voids", fstest.MapFS{"00001_voids.sql": {Data: []byte(
+	"-- +goose Up\nCREATE TABLE voids (entry text PRIMARY KEY, had_entry boolean NOT NULL);\n-- +goose Down\nDROP TABLE voids;\n")}})
+
+type voided struct {
+	Entry string `json:"entry"`
+}
+
+type entryHandler struct{}
+
+func (entryHandler) Handle(ctx context.Context, msg consumer.Message, e entry) (consumer.Writes, error) {
+	return ledgerHandler(ctx, msg)
+}
+
+type voidHandler struct{}
+
+// Handle records the void, and whether the entry was there when it came:
+// in the buffered mode an entry's void comes after the entry.
+func (voidHandler) Handle(_ context.Context, _ consumer.Message, v voided) (consumer.Writes, error) {
+	return func(ctx context.Context, tx *gorm.DB) (consumer.Outcome, error) {
+		return consumer.OutcomeProcessed, tx.WithContext(ctx).Exec(
+			`INSERT INTO voids (entry, had_entry) VALUES (?, EXISTS (SELECT 1 FROM ledger WHERE entry = ?))`, v.Entry, v.Entry).Error
+	}, nil
+}
+
+func twoEvents() service.Options {
+	opts := service.Options{
+		Name: "ledger", Event: "entry-made", Exchange: "ledger", RoutingKey: "entry.made",
+		Migrations: []migrations.Set{ledgerSchema, voidsSchema}, NoOutsideCalls: true,
+	}
+	opts = service.Consume(opts, consumer.Events[entry]{
+		Decode: func(b []byte) (entry, error) {
+			var e entry
+			err := json.Unmarshal(b, &e)
+			return e, err
+		},
+		OrderingKey: func(e entry) string { return e.Entry },
+	}, func(*service.Kit) (entryHandler, error) { return entryHandler{}, nil })
+	return service.ConsumeAlso(opts, "entry.voided", consumer.Events[voided]{
+		Decode: func(b []byte) (voided, error) {
+			var v voided
+			if err := json.Unmarshal(b, &v); err != nil || v.Entry == "" {
+				return v, errors.New("a void names its entry")
+			}
+			return v, nil
+		},
+		OrderingKey: func(v voided) string { return v.Entry },
+	}, func(*service.Kit) (voidHandler, error) { return voidHandler{}, nil })
+}
+
+// A service that consumes two events binds its work queue to each, and each
+// message reaches its own handler; in the buffered mode an entry's void,
+// published right after the entry, is applied after it (one ordering key
+// across the two events).
+func TestAServiceConsumesTwoEvents(t *testing.T) {
+	for _, mode := range []string{service.ModeInline, service.ModeBuffered} {
+		t.Run(mode, func(t *testing.T) {
+			s := servicetest.Start(t, twoEvents(), "INBOX_MODE="+mode)
+			const n = 20
+			for i := range n {
+				e := "e-" + string(rune('a'+i))
+				s.Publish(amqp.Publishing{MessageId: "made-" + e, Body: body(e, 10)})
+				s.PublishTo("entry.voided", amqp.Publishing{MessageId: "void-" + e, Body: []byte(`{"entry":"` + e + `"}`)})
+			}
+			s.WaitOutcome(consumer.OutcomeProcessed, 2*n)
+			if got := s.Count("SELECT count(*) FROM ledger"); got != n {
+				t.Errorf("%d ledger rows, want %d", got, n)
+			}
+			if got := s.Count("SELECT count(*) FROM voids"); got != n {
+				t.Errorf("%d voids, want %d", got, n)
+			}
+			if mode == service.ModeBuffered {
+				if got := s.Count("SELECT count(*) FROM voids WHERE had_entry"); got != n {
+					t.Errorf("%d of %d voids found their entry applied first", got, n)
+				}
+			}
+		})
+	}
+}
+
+// What would route a message two ways, or nowhere, refuses to start.
+func TestAServiceRefusesEventsThatCollide(t *testing.T) {
+	events := consumer.Events[voided]{Decode: func([]byte) (voided, error) { return voided{}, nil }}
+	newVoid := func(*service.Kit) (voidHandler, error) { return voidHandler{}, nil }
+	for _, tc := range []struct {
+		name string
+		opts service.Options
+		env  []string
+		want string
+	}{
+		{"before Consume", service.ConsumeAlso(ledger(), "entry.voided", events, newVoid), nil, "call Consume"},
+		{"one event type twice", service.ConsumeAlso(twoEvents(), "entry.cancelled", events, newVoid), nil, "consumed with binding key \"entry.voided\" already"},
+		{"ROUTING_KEY on another event's key", twoEvents(), []string{"ROUTING_KEY=entry.voided"}, "ROUTING_KEY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, kv := range tc.env {
+				k, v, _ := strings.Cut(kv, "=")
+				t.Setenv(k, v)
+			}
+			_, err := service.LoadConfig(tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("LoadConfig: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
