@@ -150,7 +150,7 @@ func ExampleConsumeAlso() {
 		func(d *kit.Deps) (kit.Handler[InvoiceDue], error) {
 			return &Invoices{post: kit.OutsideCall(d, "ledger post", "after-ledger-post", Ledger{}.Post), outbox: d.Outbox}, nil
 		})
-	service = kit.ConsumeAlso(service, "invoice.voided",
+	service = kit.ConsumeAlso(service, kit.Binding{Key: "invoice.voided"},
 		kit.Events[InvoiceVoided]{
 			Decode: func(body []byte) (InvoiceVoided, error) {
 				var ev InvoiceVoided
@@ -164,8 +164,8 @@ func ExampleConsumeAlso() {
 		},
 		func(d *kit.Deps) (kit.Handler[InvoiceVoided], error) { return Voids{}, nil })
 	cfg, err := kit.LoadConfig(service)
-	fmt.Println(cfg.Queue, "bound to", cfg.RoutingKey, cfg.MoreRoutingKeys, err)
-	// Output: invoice-service.invoice-due bound to invoice.due [invoice.voided] <nil>
+	fmt.Println(cfg.Queue, "bound to", cfg.RoutingKey, cfg.MoreBindings, err)
+	// Output: invoice-service.invoice-due bound to invoice.due [{billing invoice.voided}] <nil>
 }
 
 // The reason of a permanent error is a declared value: the kit dead-letters

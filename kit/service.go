@@ -12,6 +12,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // Service describes a service to the kit: its name and the event it
@@ -54,25 +55,30 @@ func ConsumeWithSettings[E, S any, H Handler[E]](svc Service, events Events[E], 
 	return service.ConsumeWithSettings(svc, events, newHandler)
 }
 
+// Binding is an exchange and a binding key (a topic pattern: "*" one word,
+// "#" any) a further event is consumed with (ConsumeAlso); an empty
+// Exchange is the service's own.
+type Binding = rabbit.Binding
+
 // ConsumeAlso returns svc, wired by Consume or ConsumeWithSettings, with a
-// further event: the messages published to svc's exchange with a routing
-// key that key matches (a topic pattern: "*" one word, "#" any) are decoded
-// by events and handled by the handler newHandler builds, in the same
-// inbox, outbox, database and queues; the work queue is bound once more,
-// with key. Each message goes to the first event whose binding key matches
-// the key it was published with (a retried copy keeps it), the service's
-// own (ROUTING_KEY) first; one that none matches is dead-lettered (parked)
-// invalid_event. In the buffered mode the events' ordering keys share one
-// order: give an OrderCancelled its order's id, and it is processed after
-// that order's OrderPlaced.
-func ConsumeAlso[E any, H Handler[E]](svc Service, key string, events Events[E], newHandler func(d *Deps) (H, error)) Service {
-	return service.ConsumeAlso(svc, key, events, newHandler)
+// further event: the messages published to binding's exchange (svc's own if
+// it names none; the kit declares it) with a routing key its Key matches
+// are decoded by events and handled by the handler newHandler builds, in
+// the same inbox, outbox, database and queues; the work queue is bound once
+// more, with binding. Each message goes to the first event bound to the
+// exchange and key it was published with (a retried copy keeps them), svc's
+// own first; one that none matches is dead-lettered (parked) invalid_event.
+// The inbox is one dedupe namespace: message ids, and the ids the events'
+// ID give, must be unique across the events. In the buffered mode the
+// events' ordering keys share one order.
+func ConsumeAlso[E any, H Handler[E]](svc Service, binding Binding, events Events[E], newHandler func(d *Deps) (H, error)) Service {
+	return service.ConsumeAlso(svc, binding, events, newHandler)
 }
 
 // ConsumeAlsoWithSettings is ConsumeAlso for a handler that takes the
 // service's settings S: svc was wired by ConsumeWithSettings with the same S.
-func ConsumeAlsoWithSettings[E, S any, H Handler[E]](svc Service, key string, events Events[E], newHandler func(d *Deps, s *S) (H, error)) Service {
-	return service.ConsumeAlsoWithSettings(svc, key, events, newHandler)
+func ConsumeAlsoWithSettings[E, S any, H Handler[E]](svc Service, binding Binding, events Events[E], newHandler func(d *Deps, s *S) (H, error)) Service {
+	return service.ConsumeAlsoWithSettings(svc, binding, events, newHandler)
 }
 
 // Config is the kit's configuration of a service, as its environment set it.

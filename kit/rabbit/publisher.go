@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/inbox-template/payment-service/kit/tracing"
+	"github.com/inbox-template/payment-service/kit/wire"
 )
 
 // ErrReturned means the broker took a mandatory message but no queue did: the
@@ -119,4 +120,43 @@ func Copy(d amqp.Delivery) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// Origin is the exchange and routing key d was published with. A delivery
+// through an exchange (d.Exchange set: a producer's publish, or a message
+// dead-lettered into that exchange by a queue upstream) shows them itself,
+// whatever its headers say. One through the default exchange (from a retry
+// queue, or replayed) is a copy: CopiedOrigin reads them from its headers.
+// ok is false when d says nothing of them; key is then d's own.
+func Origin(d amqp.Delivery) (exchange, key string, ok bool) {
+	if d.Exchange != "" {
+		return d.Exchange, d.RoutingKey, true
+	}
+	if exchange, key, ok = CopiedOrigin(d.Headers); ok {
+		return exchange, key, true
+	}
+	return "", d.RoutingKey, false
+}
+
+// CopiedOrigin is the exchange and routing key a copy's headers name: those
+// a consumer's copy carries (wire.HeaderOriginalExchange and
+// wire.HeaderOriginalKey), else, for a message the broker dead-lettered
+// itself (past the delivery limit, or rejected), its first death's (x-death
+// lists the most recent first).
+func CopiedOrigin(h amqp.Table) (exchange, key string, ok bool) {
+	if k, found := h[wire.HeaderOriginalKey].(string); found {
+		exchange, _ = h[wire.HeaderOriginalExchange].(string)
+		return exchange, k, true
+	}
+	if deaths, found := h["x-death"].([]any); found && len(deaths) > 0 {
+		if first, found := deaths[len(deaths)-1].(amqp.Table); found {
+			if keys, found := first["routing-keys"].([]any); found && len(keys) > 0 {
+				if k, found := keys[0].(string); found {
+					exchange, _ = first["exchange"].(string)
+					return exchange, k, true
+				}
+			}
+		}
+	}
+	return "", "", false
 }

@@ -33,9 +33,18 @@ type Topology struct {
 	// whose default (quorum_cluster_size) is 3, or every node of a smaller
 	// cluster. Like SingleActive it is fixed when a queue is first declared.
 	QuorumGroupSize int
-	// MoreRoutingKeys are the binding keys of a service's further events
-	// (kit.ConsumeAlso): the work queue is bound to Exchange with each.
-	MoreRoutingKeys []string
+	// MoreBindings are those of a service's further events
+	// (kit.ConsumeAlso): the work queue is bound with each, its exchange
+	// declared as Exchange is.
+	MoreBindings []Binding
+}
+
+// Binding is an exchange and a binding key the work queue is bound with.
+type Binding struct {
+	// Exchange is a topic exchange ("" in kit.ConsumeAlso: the service's).
+	Exchange string
+	// Key is a topic pattern: "*" stands for one word, "#" for any number.
+	Key string
 }
 
 // DeadLetterKey is the routing key that reaches DeadLetterQueue.
@@ -137,9 +146,14 @@ func (t Topology) Declare(ch *amqp.Channel) error {
 			return declareError("queue", q.name, err)
 		}
 	}
-	for _, key := range append([]string{t.RoutingKey}, t.MoreRoutingKeys...) {
-		if err := ch.QueueBind(t.Queue, key, t.Exchange, false, nil); err != nil {
-			return fmt.Errorf("bind %s to %s with %s: %w", t.Queue, t.Exchange, key, err)
+	for _, b := range append([]Binding{{t.Exchange, t.RoutingKey}}, t.MoreBindings...) {
+		if b.Exchange != t.Exchange {
+			if err := ch.ExchangeDeclare(b.Exchange, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+				return declareError("exchange", b.Exchange, err)
+			}
+		}
+		if err := ch.QueueBind(t.Queue, b.Key, b.Exchange, false, nil); err != nil {
+			return fmt.Errorf("bind %s to %s with %s: %w", t.Queue, b.Exchange, b.Key, err)
 		}
 	}
 	if err := ch.QueueBind(t.DeadLetterQueue, t.DeadLetterKey(), t.DeadLetterExchange, false, nil); err != nil {

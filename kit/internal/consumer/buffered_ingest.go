@@ -178,11 +178,10 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 		// count: the mark keeps what they said for the key-expiry guard.
 		headers[wire.HeaderMayHaveRun] = true
 	}
-	if _, ok := headers[wire.HeaderOriginalKey]; !ok {
-		// Stored, it loses its delivery's routing key too: the processing
-		// routes it by this one (a service that consumes several events).
-		headers[wire.HeaderOriginalExchange], headers[wire.HeaderOriginalKey] = originOf(d)
-	}
+	// Stored, it loses its delivery's exchange and routing key too: the
+	// processing routes it by these (a service that consumes several
+	// events). Set from the delivery, never a producer's headers.
+	headers[wire.HeaderOriginalExchange], headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
 	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
 		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: headers, Body: d.Body,
 		PublishedAt: msg.PublishedAt,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/internal/amqpsession"
 	"github.com/inbox-template/payment-service/kit/internal/buffered"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -281,10 +282,12 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	defer span.End()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt, holds: c.Holds}
-	// The key it was published with, stored with its headers at ingest; ""
-	// for a message stored before the kit kept it (Routed takes it to the
-	// service's first event).
-	msg.RoutingKey, _ = c.Headers[wire.HeaderOriginalKey].(string)
+	// Where it was published, stored with its headers at ingest. A message
+	// stored before the kit kept it (v0.3.0) was of the service's one event.
+	var stored bool
+	if msg.Exchange, msg.RoutingKey, stored = rabbit.CopiedOrigin(c.Headers); !stored {
+		msg.Exchange, msg.RoutingKey = r.cfg.Topology.Exchange, r.cfg.Topology.RoutingKey
+	}
 	log := &messageLog{door: &r.door, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	st := bufferedSettler{p: p, c: c, log: log, span: span}
 	if c.Attempts > p.cfg.MaxAttempts {
@@ -307,7 +310,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	if r.cfg.Decoder != nil {
 		// Decoded at ingest already: this decode fails only if the
 		// Decoder changed since (a new release), and then it always will.
-		ev, err := r.door.decode(msg.RoutingKey, msg.Body, msg.ID)
+		ev, err := r.door.decode(origin{msg.Exchange, msg.RoutingKey}, msg.Body, msg.ID)
 		if err != nil {
 			st.end(permanentReason(err), err)
 			return

@@ -11,7 +11,7 @@ import (
 // event, and hands the event to the handler as Message.Event. Events[E] is
 // the one implementation.
 type Decoder interface {
-	decode(key string, body []byte) (decoded, error)
+	decode(o origin, body []byte) (decoded, error)
 	ordered() bool
 	eventType() reflect.Type
 }
@@ -61,7 +61,7 @@ type decoded struct {
 	orderingKey string
 }
 
-func (e Events[E]) decode(_ string, body []byte) (decoded, error) {
+func (e Events[E]) decode(_ origin, body []byte) (decoded, error) {
 	ev, err := e.Decode(body)
 	if err != nil {
 		return decoded{id: e.refusedID(ev)}, err
@@ -123,7 +123,7 @@ func refusal(err error) error {
 // handler, for a service's tests that call the handler themselves. The error
 // is a PermanentError, with the reason the runtime would dead-letter with.
 func Decode(d Decoder, msg Message) (Message, error) {
-	out, err := d.decode(msg.RoutingKey, msg.Body)
+	out, err := d.decode(origin{msg.Exchange, msg.RoutingKey}, msg.Body)
 	if err != nil {
 		return msg, refusal(err)
 	}

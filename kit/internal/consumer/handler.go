@@ -31,9 +31,10 @@ type Message struct {
 	ID          string // dedupe key: the AMQP message_id, else the id found in the body
 	Body        []byte
 	ContentType string
-	// RoutingKey is the key the message was published with (a copy the
-	// runtime made carries the original's); a service that consumes several
-	// events routes each message by it (Routed).
+	// Exchange and RoutingKey are where the message was published (a copy
+	// the runtime made carries the original's): a service that consumes
+	// several events routes each message by them (Routed).
+	Exchange    string
 	RoutingKey  string
 	Headers     map[string]any
 	Attempt     int       // 1 on first delivery, counted in our own header across retries

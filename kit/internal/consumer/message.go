@@ -73,11 +73,13 @@ func message(d amqp.Delivery) Message {
 		attempt = n
 	}
 	holds, _ := intHeader(d.Headers, wire.HeaderPauseHolds)
+	exchange, key, _ := rabbit.Origin(d)
 	return Message{
 		ID:          d.MessageId,
 		Body:        d.Body,
 		ContentType: d.ContentType,
-		RoutingKey:  routingKeyOf(d),
+		Exchange:    exchange,
+		RoutingKey:  key,
 		Headers:     d.Headers,
 		Attempt:     attempt,
 		Redelivered: d.Redelivered,
@@ -121,7 +123,7 @@ func (dr *door) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) 
 			" bytes leave no room in one frame for the runtime's (" + strconv.Itoa(limit) + " at most)")
 	}
 	if dr.cfg.Decoder != nil {
-		ev, err := dr.decode(msg.RoutingKey, d.Body, d.MessageId)
+		ev, err := dr.decode(origin{msg.Exchange, msg.RoutingKey}, d.Body, d.MessageId)
 		msg.undecoded = err
 		msg.Event, msg.orderingKey = ev.event, ev.orderingKey
 		switch {
@@ -159,7 +161,7 @@ func (dr *door) admit(d amqp.Delivery, msg *Message) (reason Reason, err error) 
 // Decoder, counted and logged (ReasonInvalidEvent), without an id, so that a
 // body it cannot take never crashes a replica, at ingest or when the
 // buffered mode decodes a stored message again.
-func (dr *door) decode(key string, body []byte, id string) (d decoded, err error) {
+func (dr *door) decode(o origin, body []byte, id string) (d decoded, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			dr.metrics.panics.WithLabelValues(dr.cfg.Name).Inc()
@@ -171,7 +173,7 @@ func (dr *door) decode(key string, body []byte, id string) (d decoded, err error
 			}
 		}
 	}()
-	d, err = dr.cfg.Decoder.decode(key, body)
+	d, err = dr.cfg.Decoder.decode(o, body)
 	if err != nil {
 		return decoded{id: d.id}, refusal(err)
 	}

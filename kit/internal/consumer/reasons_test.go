@@ -102,7 +102,7 @@ func TestReasonsAndCausesAreWordsRefusedAtStart(t *testing.T) {
 	d := assemble(&Runtime{cfg: Config{Name: "t", Decoder: Events[string]{Decode: func(b []byte) (string, error) {
 		return "", Permanent(NewReason(string(b)), nil)
 	}}}, metrics: NewMetrics(prometheus.NewRegistry()), log: slog.New(slog.DiscardHandler)}).door
-	if _, err := d.decode("", []byte("Not A Word"), "m-3"); permanentReason(err) != reasonInvalidReason {
+	if _, err := d.decode(origin{}, []byte("Not A Word"), "m-3"); permanentReason(err) != reasonInvalidReason {
 		t.Errorf("a Decoder's malformed reason: %v, dead-lettered as %s; want invalid_reason", err, permanentReason(err))
 	}
 	// A log's JSON shows the word, not an empty object.

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -23,43 +21,46 @@ import (
 // messages published with a routing key that Key matches are decoded by
 // Decoder and handled by Handler.
 type Route struct {
-	// Key is the binding key, a topic pattern: "*" stands for one word,
-	// "#" for any number of words.
-	Key     string
-	Decoder Decoder
-	Handler Handler
+	// Exchange is the topic exchange the event is published to, and Key
+	// its binding key there, a topic pattern: "*" stands for one word, "#"
+	// for any number of words.
+	Exchange, Key string
+	Decoder       Decoder
+	Handler       Handler
 }
 
 // Routed returns the Decoder and the Handler of a runtime that consumes
 // each route's event. A message goes to the first route whose Key matches
-// its routing key: the key it was published with, which a copy the runtime
-// made (a retry, a hold, a dead letter replayed) carries in
-// wire.HeaderOriginalKey, since it comes back through the default exchange
-// under a queue's name. A message stored in the buffered inbox before its
-// service consumed more than one event has no key and goes to the first
-// route. A message no route matches is refused as an invalid event
-// (dead-lettered inline, parked in the buffered mode), naming its key.
+// the exchange and routing key it was published with (rabbit.Origin: a copy
+// the runtime made, a retry, a hold or a dead letter replayed, carries them
+// in wire.HeaderOriginalExchange and wire.HeaderOriginalKey, since it comes
+// back through the default exchange under a queue's name). A message no
+// route matches is refused as an invalid event (dead-lettered inline,
+// parked in the buffered mode), naming its exchange and key.
 func Routed(routes []Route) (Decoder, Handler, error) {
 	if len(routes) == 0 {
 		return nil, nil, errors.New("no routes")
 	}
-	seen := map[string]bool{}
+	seen := map[origin]bool{}
 	types := map[reflect.Type]string{}
 	for i, r := range routes {
 		switch {
+		case r.Exchange == "":
+			return nil, nil, fmt.Errorf("binding key %q has no exchange", r.Key)
 		case !ValidBindingKey(r.Key):
 			return nil, nil, fmt.Errorf("binding key %q: want 1 to 255 bytes of UTF-8", r.Key)
-		case seen[r.Key]:
-			return nil, nil, fmt.Errorf("binding key %q is given twice", r.Key)
+		case seen[origin{r.Exchange, r.Key}]:
+			return nil, nil, fmt.Errorf("binding key %q on %s is given twice", r.Key, r.Exchange)
 		case r.Decoder == nil || r.Handler == nil:
 			return nil, nil, fmt.Errorf("binding key %q has no Decoder or no Handler", r.Key)
 		}
 		for _, before := range routes[:i] {
-			if !strings.ContainsAny(r.Key, "*#") && TopicMatches(before.Key, r.Key) {
-				return nil, nil, fmt.Errorf("binding key %q is never reached: %q, before it, matches every message it would", r.Key, before.Key)
+			if before.Exchange == r.Exchange && TopicCovers(before.Key, r.Key) {
+				return nil, nil, fmt.Errorf("binding key %q on %s is never reached: %q, before it, matches every message it would",
+					r.Key, r.Exchange, before.Key)
 			}
 		}
-		seen[r.Key] = true
+		seen[origin{r.Exchange, r.Key}] = true
 		if t := EventType(r.Decoder); t != nil {
 			if other, ok := types[t]; ok {
 				return nil, nil, fmt.Errorf("binding keys %q and %q both decode %v: give one event type one binding key (a pattern matches several)", other, r.Key, t)
@@ -74,30 +75,30 @@ func Routed(routes []Route) (Decoder, Handler, error) {
 // router is the Decoder of several routes.
 type router []Route
 
-// route is the route of a message published with key.
-func (rs router) route(key string) (Route, error) {
-	if key == "" {
-		return rs[0], nil
-	}
+// origin is where a message was published: its exchange and routing key.
+type origin struct{ exchange, key string }
+
+// route is the route of a message published at o.
+func (rs router) route(o origin) (Route, error) {
 	for _, r := range rs {
-		if TopicMatches(r.Key, key) {
+		if r.Exchange == o.exchange && TopicMatches(r.Key, o.key) {
 			return r, nil
 		}
 	}
-	keys := make([]string, len(rs))
+	bound := make([]string, len(rs))
 	for i, r := range rs {
-		keys[i] = r.Key
+		bound[i] = r.Exchange + " " + r.Key
 	}
-	return Route{}, Permanent(reasonInvalidEvent, fmt.Errorf("no event of this service is bound to routing key %q (its binding keys: %s)",
-		wire.ErrorText(key), strings.Join(keys, ", ")))
+	return Route{}, Permanent(reasonInvalidEvent, fmt.Errorf("no event of this service is bound to exchange %q, routing key %q (its bindings: %s)",
+		wire.ErrorText(o.exchange), wire.ErrorText(o.key), strings.Join(bound, ", ")))
 }
 
-func (rs router) decode(key string, body []byte) (decoded, error) {
-	r, err := rs.route(key)
+func (rs router) decode(o origin, body []byte) (decoded, error) {
+	r, err := rs.route(o)
 	if err != nil {
 		return decoded{}, err
 	}
-	return r.Decoder.decode(key, body)
+	return r.Decoder.decode(o, body)
 }
 
 // ordered: a route whose events name no ordering key makes each of its
@@ -119,7 +120,7 @@ func (rs router) eventType() reflect.Type { return nil }
 type routedHandler struct{ rs router }
 
 func (h routedHandler) Handle(ctx context.Context, msg Message) (Writes, error) {
-	r, err := h.rs.route(msg.RoutingKey)
+	r, err := h.rs.route(origin{msg.Exchange, msg.RoutingKey})
 	if err != nil {
 		return nil, err
 	}
@@ -128,9 +129,44 @@ func (h routedHandler) Handle(ctx context.Context, msg Message) (Writes, error) 
 
 // TopicMatches reports whether a topic exchange would route a message
 // published with key to a binding with pattern: words separated by dots,
-// "*" matching one word and "#" any number of them, none included.
+// "*" matching one word and "#" any number of them, none included ("" is
+// no word at all).
 func TopicMatches(pattern, key string) bool {
-	return topicMatch(strings.Split(pattern, "."), strings.Split(key, "."))
+	return topicMatch(words(pattern), words(key))
+}
+
+func words(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ".")
+}
+
+// TopicCovers reports whether pattern p matches every key that pattern q
+// does (a binding after p with q would never be reached). It may answer
+// false where p does cover q in some contrived case ("#.#"): the check it
+// serves then lets a shadowed binding start, as before it.
+func TopicCovers(p, q string) bool { return covers(words(p), words(q)) }
+
+func covers(p, q []string) bool {
+	switch {
+	case len(p) == 0:
+		return len(q) == 0
+	case p[0] == "#":
+		for i := 0; i <= len(q); i++ {
+			if covers(p[1:], q[i:]) {
+				return true
+			}
+		}
+		return false
+	case len(q) == 0 || q[0] == "#":
+		// q matches a key p cannot: none left, or q's "#" takes no word
+		// or several where p needs one.
+		return false
+	case p[0] == "*" || p[0] == q[0]:
+		return covers(p[1:], q[1:])
+	}
+	return false
 }
 
 func topicMatch(p, k []string) bool {
@@ -161,34 +197,4 @@ func topicMatch(p, k []string) bool {
 // most 255 bytes (AMQP's limit), UTF-8.
 func ValidBindingKey(key string) bool {
 	return key != "" && len(key) <= 255 && utf8.ValidString(key)
-}
-
-// routingKeyOf is the routing key d was published with (originOf).
-func routingKeyOf(d amqp.Delivery) string {
-	_, key := originOf(d)
-	return key
-}
-
-// originOf is the exchange and routing key d was published with: a copy the
-// runtime made carries them in wire.HeaderOriginalExchange and
-// wire.HeaderOriginalKey; a message the broker dead-lettered itself (past
-// the delivery limit, or too large to copy), replayed by an operator
-// through the default exchange, names them in its first death (x-death
-// lists the most recent first).
-func originOf(d amqp.Delivery) (exchange, key string) {
-	if k, ok := d.Headers[wire.HeaderOriginalKey].(string); ok {
-		exchange, _ = d.Headers[wire.HeaderOriginalExchange].(string)
-		return exchange, k
-	}
-	if deaths, ok := d.Headers["x-death"].([]any); ok && len(deaths) > 0 {
-		if first, ok := deaths[len(deaths)-1].(amqp.Table); ok {
-			if keys, ok := first["routing-keys"].([]any); ok && len(keys) > 0 {
-				if k, ok := keys[0].(string); ok {
-					exchange, _ = first["exchange"].(string)
-					return exchange, k
-				}
-			}
-		}
-	}
-	return d.Exchange, d.RoutingKey
 }

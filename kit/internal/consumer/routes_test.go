@@ -39,6 +39,9 @@ func TestTopicMatchesAsTheBrokerRoutes(t *testing.T) {
 		{"a.#.b", "a.b", true},
 		{"a.#.b", "a.x.y.b", true},
 		{"a.#.b", "a.x.y.c", false},
+		{"#", "", true},
+		{"*", "", false},
+		{"order.#", "", false},
 	} {
 		if got := TopicMatches(tc.pattern, tc.key); got != tc.want {
 			t.Errorf("TopicMatches(%q, %q) = %v, want %v", tc.pattern, tc.key, got, tc.want)
@@ -46,30 +49,58 @@ func TestTopicMatchesAsTheBrokerRoutes(t *testing.T) {
 	}
 }
 
-// A message's routing key is the one it was published with: a copy the
-// runtime made carries it in a header of its own; a message the broker
-// dead-lettered itself, replayed through the default exchange, names it in
-// its first death.
-func TestTheRoutingKeyOfACopyIsTheOriginalOne(t *testing.T) {
+// A message's origin is where it was published: a delivery through an
+// exchange shows it, whatever its headers say (a producer's header, an
+// upstream queue's x-death); a copy through the default exchange carries
+// it in headers of the kit's own, or, dead-lettered by the broker itself,
+// in its first death.
+func TestTheOriginOfACopyIsTheOriginalOne(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		name string
-		d    amqp.Delivery
-		want string
+		name         string
+		d            amqp.Delivery
+		exchange, rk string
 	}{
-		{"published", amqp.Delivery{RoutingKey: "order.cancelled"}, "order.cancelled"},
-		{"a retry", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{wire.HeaderOriginalKey: "order.cancelled"}}, "order.cancelled"},
+		{"published", amqp.Delivery{Exchange: "orders", RoutingKey: "order.cancelled"}, "orders", "order.cancelled"},
+		{"published with a producer's header", amqp.Delivery{Exchange: "orders", RoutingKey: "order.placed",
+			Headers: amqp.Table{wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalKey: "order.cancelled"}}, "orders", "order.placed"},
+		{"dead-lettered into the exchange by an upstream delay queue", amqp.Delivery{Exchange: "orders", RoutingKey: "order.cancelled",
+			Headers: amqp.Table{"x-death": []any{amqp.Table{"queue": "delay", "exchange": "", "routing-keys": []any{"delay"}}}}}, "orders", "order.cancelled"},
+		{"a retry", amqp.Delivery{RoutingKey: "work",
+			Headers: amqp.Table{wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalKey: "order.cancelled"}}, "orders", "order.cancelled"},
 		{"a broker's dead letter replayed", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
 			amqp.Table{"queue": "work", "routing-keys": []any{"work"}},
 			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
-		}}}, "order.cancelled"},
-		{"a malformed x-death", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{"what"}}}, "work"},
+		}}}, "orders", "order.cancelled"},
+		{"straight to the queue", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{"what"}}}, "", "work"},
 	} {
-		if got := routingKeyOf(tc.d); got != tc.want {
-			t.Errorf("%s: routing key %q, want %q", tc.name, got, tc.want)
+		if ex, rk, _ := rabbit.Origin(tc.d); ex != tc.exchange || rk != tc.rk {
+			t.Errorf("%s: origin %s %q, want %s %q", tc.name, ex, rk, tc.exchange, tc.rk)
 		}
-		if ex, _ := originOf(tc.d); tc.name == "a broker's dead letter replayed" && ex != "orders" {
-			t.Errorf("%s: exchange %q, want the first death's, orders", tc.name, ex)
+	}
+}
+
+// A pattern covers another when it matches every key the other does: a
+// binding behind one that covers it is never reached.
+func TestTopicCoversWhatItShadows(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		p, q string
+		want bool
+	}{
+		{"order.#", "order.cancelled", true},
+		{"order.#", "order.*", true},
+		{"order.#", "order.#", true},
+		{"#", "a.*.#", true},
+		{"order.*", "order.cancelled", true},
+		{"order.*", "order.#", false},
+		{"order.*", "order.*.eu", false},
+		{"order.placed", "order.*", false},
+		{"*.placed", "order.#", false},
+		{"order.*.eu", "order.placed.*", false},
+	} {
+		if got := TopicCovers(tc.p, tc.q); got != tc.want {
+			t.Errorf("TopicCovers(%q, %q) = %v, want %v", tc.p, tc.q, got, tc.want)
 		}
 	}
 }
@@ -95,21 +126,28 @@ func TestRoutedRefusesAmbiguousRoutes(t *testing.T) {
 		routes []Route
 		want   string
 	}{
-		{[]Route{{"order.placed", placed, h}, {"order.placed", cancelledEvents(), h}}, "given twice"},
-		{[]Route{{"order.placed", placed, h}, {"order.other", placed, h}}, "both decode"},
-		{[]Route{{"order.placed", placed, h}, {"", cancelledEvents(), h}}, "1 to 255 bytes"},
-		{[]Route{{"order.placed", placed, h}, {"order.cancelled", nil, h}}, "no Decoder"},
-		{[]Route{{"order.#", placed, h}, {"order.cancelled", cancelledEvents(), h}}, "never reached"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "order.placed", cancelledEvents(), h}}, "given twice"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "order.other", placed, h}}, "both decode"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "", cancelledEvents(), h}}, "1 to 255 bytes"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"", "order.cancelled", cancelledEvents(), h}}, "no exchange"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "order.cancelled", nil, h}}, "no Decoder"},
+		{[]Route{{"orders", "order.#", placed, h}, {"orders", "order.cancelled", cancelledEvents(), h}}, "never reached"},
+		{[]Route{{"orders", "order.#", placed, h}, {"orders", "order.*", cancelledEvents(), h}}, "never reached"},
 		{nil, "no routes"},
 	} {
 		if _, _, err := Routed(tc.routes); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Routed(%d routes): %v, want an error saying %q", len(tc.routes), err, tc.want)
 		}
 	}
+	// The same key on two exchanges is two bindings.
+	if _, _, err := Routed([]Route{{"orders", "order.#", placed, h}, {"payments", "order.cancelled", cancelledEvents(), h}}); err != nil {
+		t.Errorf("the same key on another exchange: %v", err)
+	}
 }
 
-// A runtime with two events: each message reaches the handler of the event
-// its routing key is bound to (a pattern included), a retried one too,
+// A runtime with two events, on two exchanges: each message reaches the
+// handler of the event its exchange and routing key are bound to (a pattern
+// included), a retried one too,
 // though it comes back from its retry queue (inline) or the table (buffered)
 // under the queue's name; the buffered mode keeps one key's order across the
 // two events; a message no binding key matches is given up as an invalid
@@ -118,7 +156,7 @@ func TestEachEventReachesItsOwnHandler(t *testing.T) {
 	t.Parallel()
 	eachMode(t, func(t *testing.T, m modeCase) {
 		e := withBufferedTables(t, newEnvWith(t, func(tp *rabbit.Topology) {
-			tp.MoreRoutingKeys = []string{"order.cancelled.#"}
+			tp.MoreBindings = []rabbit.Binding{{Exchange: "refunds", Key: "order.cancelled.#"}}
 		}))
 		var decodes atomic.Int64
 		var mu sync.Mutex
@@ -143,8 +181,8 @@ func TestEachEventReachesItsOwnHandler(t *testing.T) {
 			return record("cancelled", ev.Key, ev.N, msg)
 		}))
 		dec, h, err := Routed([]Route{
-			{Key: e.topo.RoutingKey, Decoder: countingEvents(&decodes), Handler: placedHandler},
-			{Key: "order.cancelled.#", Decoder: cancelledEvents(), Handler: cancelledHandler},
+			{Exchange: e.topo.Exchange, Key: e.topo.RoutingKey, Decoder: countingEvents(&decodes), Handler: placedHandler},
+			{Exchange: "refunds", Key: "order.cancelled.#", Decoder: cancelledEvents(), Handler: cancelledHandler},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -157,11 +195,11 @@ func TestEachEventReachesItsOwnHandler(t *testing.T) {
 			for _, k := range keys {
 				id := fmt.Sprintf("%s-%d", k, n)
 				body, _ := json.Marshal(decodedEvent{ID: id, Key: k, N: n})
-				rk, kind := e.topo.RoutingKey, "placed"
+				ex, rk, kind := e.topo.Exchange, e.topo.RoutingKey, "placed"
 				if n%2 == 1 {
-					rk, kind = "order.cancelled.eu", "cancelled"
+					ex, rk, kind = "refunds", "order.cancelled.eu", "cancelled"
 				}
-				e.publishTo(e.topo.Exchange, rk, id, string(body))
+				e.publishTo(ex, rk, id, string(body))
 				want[id] = kind + "/" + id + "/" + rk
 			}
 		}

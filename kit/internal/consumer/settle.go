@@ -91,6 +91,11 @@ func (mv *mover) returnUnstarted(ctx context.Context, s *session, deliveries <-c
 		log := &messageLog{door: mv.door, msg: &msg, tag: d.DeliveryTag, redelivered: d.Redelivered}
 		pub := rabbit.Copy(d)
 		stampSeen(pub.Headers, publishedAt(d), time.Now())
+		// It comes back through the default exchange under the queue's
+		// name: it carries where it was published, as every copy does.
+		if exchange, key, ok := rabbit.Origin(d); ok {
+			pub.Headers[wire.HeaderOriginalExchange], pub.Headers[wire.HeaderOriginalKey] = exchange, key
+		}
 		if d.Redelivered {
 			// It may have run in a replica that died: the copy is a new
 			// message to the broker, without the redelivered flag.
@@ -207,9 +212,9 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 	if msg.holds > 0 {
 		p.Headers[wire.HeaderPauseHolds] = header32(msg.holds)
 	}
-	if _, ok := p.Headers[wire.HeaderOriginalKey]; !ok {
-		p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = originOf(d)
-	}
+	// Where it was published (rabbit.Origin: a producer's own headers are
+	// not taken for it), for its return from a retry queue or a replay.
+	p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
 	return p
 }
 

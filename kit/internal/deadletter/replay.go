@@ -235,6 +235,13 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 		// runtime's key-expiry guard for the copy.
 		p.Headers[wire.HeaderTimestampMillis] = m.Since.UnixMilli()
 	}
+	// Where it was published, which the copy's delivery through the
+	// default exchange will not show: the kit's own headers, or a broker's
+	// dead letter's first death, read before x-death goes (a service that
+	// consumes several events routes the copy by it).
+	if exchange, key, ok := rabbit.CopiedOrigin(d.Headers); ok {
+		p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = exchange, key
+	}
 	for _, k := range resetHeaders {
 		delete(p.Headers, k)
 	}

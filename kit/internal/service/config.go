@@ -9,6 +9,7 @@ import (
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/retention"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
@@ -126,10 +127,10 @@ type Broker struct {
 	// SingleActiveConsumer is a queue argument: RabbitMQ refuses to declare
 	// an existing queue with another value (PRECONDITION_FAILED).
 	SingleActiveConsumer bool `envconfig:"SINGLE_ACTIVE_CONSUMER" default:"false" desc:"declare the work queue with x-single-active-consumer: one replica consumes at a time, in the broker's order (the buffered inbox then stores each key's messages in the order published); fixed when the queue is first declared: RabbitMQ refuses another value (PRECONDITION_FAILED) until the queue is deleted"`
-	// MoreRoutingKeys are the binding keys of the further events the
-	// service's code consumes (kit.ConsumeAlso): set in code, not by a
-	// variable.
-	MoreRoutingKeys []string `ignored:"true"`
+	// MoreBindings are those of the further events the service's code
+	// consumes (kit.ConsumeAlso), each exchange filled in: set in code, not
+	// by a variable.
+	MoreBindings []rabbit.Binding `ignored:"true"`
 }
 
 // Database is the service's PostgreSQL pool.

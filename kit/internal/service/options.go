@@ -20,6 +20,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
 	"github.com/inbox-template/payment-service/kit/internal/outbox"
 	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/tracing"
 )
 
@@ -125,7 +126,7 @@ type Options struct {
 
 // moreEvents is one further event of a service (ConsumeAlso).
 type moreEvents struct {
-	key        string
+	binding    rabbit.Binding
 	decoder    consumer.Decoder
 	newHandler func(k *Kit) (consumer.Handler, error)
 }
@@ -250,6 +251,13 @@ func LoadConfig(opts Options) (Config, error) {
 		}
 	}
 	cfg.derive(opts)
+	for _, m := range opts.more {
+		b := m.binding
+		if b.Exchange == "" {
+			b.Exchange = cfg.Exchange
+		}
+		cfg.MoreBindings = append(cfg.MoreBindings, b)
+	}
 	var v Checks
 	opts.Requires.apply(opts.Name, &cfg, &v)
 	if opts.NoOutsideCalls {
@@ -258,8 +266,9 @@ func LoadConfig(opts Options) (Config, error) {
 			"no idempotency key is kept anywhere, so it does not apply; unset it", opts.Name)
 		cfg.IdempotencyKeyTTL, cfg.noOutsideCalls = 0, true
 	}
-	v.Require(!slices.Contains(cfg.MoreRoutingKeys, cfg.RoutingKey), "ROUTING_KEY",
-		"is %q, the binding key of one of %s's further events (kit.ConsumeAlso) too: give each event its own", cfg.RoutingKey, opts.Name)
+	v.Require(!slices.Contains(cfg.MoreBindings, rabbit.Binding{Exchange: cfg.Exchange, Key: cfg.RoutingKey}), "ROUTING_KEY",
+		"is %q on EXCHANGE %q, the binding of one of %s's further events (kit.ConsumeAlso) too: give each event its own",
+		cfg.RoutingKey, cfg.Exchange, opts.Name)
 	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
 			"give its kit.Events an OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)
@@ -283,9 +292,6 @@ func LoadConfig(opts Options) (Config, error) {
 func prefill(opts Options) Config {
 	cfg := Config{Consumer: opts.Name}
 	cfg.Exchange, cfg.RoutingKey = opts.Exchange, opts.RoutingKey
-	for _, m := range opts.more {
-		cfg.MoreRoutingKeys = append(cfg.MoreRoutingKeys, m.key)
-	}
 	cfg.Queue, cfg.DeadLetterEx, cfg.DeadLetterQueue = opts.Queue, opts.DeadLetterExchange, opts.DeadLetterQueue
 	cfg.URL = "postgres://postgres@localhost:5432/" + opts.database() + "?sslmode=disable"
 	// The runtime's defaults, written once, in the packages that use them.

@@ -273,13 +273,14 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 	cfg := k.Config
 	decoder := opts.Decoder
 	if len(opts.more) > 0 {
-		routes := []consumer.Route{{Key: cfg.RoutingKey, Decoder: opts.Decoder, Handler: h}}
-		for _, m := range opts.more {
+		routes := []consumer.Route{{Exchange: cfg.Exchange, Key: cfg.RoutingKey, Decoder: opts.Decoder, Handler: h}}
+		for i, m := range opts.more {
 			mh, err := buildHandler(m.newHandler, &hk)
 			if err != nil {
 				return nil, fmt.Errorf("build the handler of %s: %w", consumer.EventType(m.decoder), err)
 			}
-			routes = append(routes, consumer.Route{Key: m.key, Decoder: m.decoder, Handler: mh})
+			b := cfg.MoreBindings[i] // m.binding with its exchange filled in
+			routes = append(routes, consumer.Route{Exchange: b.Exchange, Key: b.Key, Decoder: m.decoder, Handler: mh})
 		}
 		if decoder, h, err = consumer.Routed(routes); err != nil {
 			return nil, fmt.Errorf("route the events: %w", err)
@@ -356,7 +357,7 @@ func Topology(cfg Config) rabbit.Topology {
 	return rabbit.Topology{
 		Exchange:           cfg.Exchange,
 		RoutingKey:         cfg.RoutingKey,
-		MoreRoutingKeys:    cfg.MoreRoutingKeys,
+		MoreBindings:       cfg.MoreBindings,
 		Queue:              cfg.Queue,
 		DeadLetterExchange: cfg.DeadLetterEx,
 		DeadLetterQueue:    cfg.DeadLetterQueue,

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // SettingsChecker is implemented by a service's settings that validate
@@ -80,42 +81,46 @@ func ConsumeWithSettings[E, S any, H consumer.HandlerOf[E]](opts Options, events
 }
 
 // ConsumeAlso adds a further event to a service that Consume or
-// ConsumeWithSettings wired: the messages published to the service's
-// exchange with a routing key that key (a topic pattern) matches are
-// decoded by events and handled by the handler newHandler builds, in the
-// same inbox, with the same outbox and database, through the same work,
-// retry and dead-letter queues (the work queue is bound once more, with
-// key). A message goes to the first event whose binding key matches its
-// routing key, the service's own (ROUTING_KEY) first, then in the order
-// of the ConsumeAlso calls; one no binding key matches is dead-lettered
-// (parked) invalid_event. Each event type is consumed once.
-func ConsumeAlso[E any, H consumer.HandlerOf[E]](opts Options, key string, events consumer.Events[E], newHandler func(k *Kit) (H, error)) Options {
+// ConsumeWithSettings wired: the messages published to binding's exchange
+// (the service's own if it names none) with a routing key its Key (a topic
+// pattern) matches are decoded by events and handled by the handler
+// newHandler builds, in the same inbox, with the same outbox and database,
+// through the same work, retry and dead-letter queues (the work queue is
+// bound once more, with binding). A message goes to the first event bound
+// to the exchange it was published to whose key matches its routing key,
+// the service's own (EXCHANGE, ROUTING_KEY) first, then in the order of the
+// ConsumeAlso calls; one no binding matches is dead-lettered (parked)
+// invalid_event. Each event type is consumed once.
+func ConsumeAlso[E any, H consumer.HandlerOf[E]](opts Options, binding rabbit.Binding, events consumer.Events[E], newHandler func(k *Kit) (H, error)) Options {
 	t := reflect.TypeFor[E]()
+	fn := fmt.Sprintf("ConsumeAlso(%q)", binding.Key)
 	switch {
 	case opts.invalid != "":
 		return opts
 	case opts.event == nil:
-		opts.invalid = fmt.Sprintf("ConsumeAlso(%q): call Consume (or ConsumeWithSettings) first: the service's first event takes ROUTING_KEY", key)
-	case !consumer.ValidBindingKey(key):
-		opts.invalid = fmt.Sprintf("ConsumeAlso(%q): want a binding key of 1 to 255 bytes of UTF-8 (dot-separated words, '*' one word, '#' any)", key)
+		opts.invalid = fn + ": call Consume (or ConsumeWithSettings) first: the service's first event takes EXCHANGE and ROUTING_KEY"
+	case !consumer.ValidBindingKey(binding.Key):
+		opts.invalid = fn + ": want a binding key of 1 to 255 bytes of UTF-8 (dot-separated words, '*' one word, '#' any)"
+	case binding.Exchange != "" && !consumer.ValidBindingKey(binding.Exchange):
+		opts.invalid = fn + ": want an exchange name of at most 255 bytes of UTF-8"
 	case events.Decode == nil:
-		opts.invalid = fmt.Sprintf("ConsumeAlso(%q): the Events[%s] have no Decode", key, t)
+		opts.invalid = fmt.Sprintf("%s: the Events[%s] have no Decode", fn, t)
 	case t == opts.event:
-		opts.invalid = fmt.Sprintf("ConsumeAlso(%q): %s is the service's first event already: one binding key an event type (a pattern matches several)", key, t)
+		opts.invalid = fmt.Sprintf("%s: %s is the service's first event already: one binding an event type (a pattern matches several keys)", fn, t)
 	}
 	for _, m := range opts.more {
 		switch {
 		case opts.invalid != "":
-		case m.key == key:
-			opts.invalid = fmt.Sprintf("ConsumeAlso(%q): the binding key is given twice", key)
+		case m.binding == binding:
+			opts.invalid = fn + ": the binding is given twice"
 		case consumer.EventType(m.decoder) == t:
-			opts.invalid = fmt.Sprintf("ConsumeAlso(%q): %s is consumed with binding key %q already: one binding key an event type", key, t, m.key)
+			opts.invalid = fmt.Sprintf("%s: %s is consumed with binding key %q already: one binding an event type", fn, t, m.binding.Key)
 		}
 	}
 	if opts.invalid != "" {
 		return opts
 	}
-	opts.more = append(slices.Clip(opts.more), moreEvents{key: key, decoder: events, newHandler: func(k *Kit) (consumer.Handler, error) {
+	opts.more = append(slices.Clip(opts.more), moreEvents{binding: binding, decoder: events, newHandler: func(k *Kit) (consumer.Handler, error) {
 		return typedHandler[E, H](opts.Name)(newHandler(k))
 	}})
 	return opts
@@ -124,14 +129,14 @@ func ConsumeAlso[E any, H consumer.HandlerOf[E]](opts Options, key string, event
 // ConsumeAlsoWithSettings is ConsumeAlso for a handler that takes the
 // service's settings S: the service was wired with ConsumeWithSettings and
 // the same S.
-func ConsumeAlsoWithSettings[E, S any, H consumer.HandlerOf[E]](opts Options, key string, events consumer.Events[E],
+func ConsumeAlsoWithSettings[E, S any, H consumer.HandlerOf[E]](opts Options, binding rabbit.Binding, events consumer.Events[E],
 	newHandler func(k *Kit, s *S) (H, error)) Options {
-	return ConsumeAlso(opts, key, events, func(k *Kit) (H, error) {
+	return ConsumeAlso(opts, binding, events, func(k *Kit) (H, error) {
 		s, ok := k.Config.settings.(*S)
 		if !ok {
 			var none H
 			return none, fmt.Errorf("ConsumeAlsoWithSettings(%q): the service's settings are not a %v: wire it with ConsumeWithSettings and the same settings type",
-				key, reflect.TypeFor[S]())
+				binding.Key, reflect.TypeFor[S]())
 		}
 		return newHandler(k, s)
 	})

@@ -1,20 +1,25 @@
 package servicetest_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
 
 	"github.com/inbox-template/payment-service/kit/internal/consumer"
+	"github.com/inbox-template/payment-service/kit/internal/ops"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/internal/servicetest"
+	"github.com/inbox-template/payment-service/kit/internal/testenv"
 	"github.com/inbox-template/payment-service/kit/migrations"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // A ledger that consumes two events: an entry made, and an entry voided.
@@ -55,7 +60,7 @@ func twoEvents() service.Options {
 		},
 		OrderingKey: func(e entry) string { return e.Entry },
 	}, func(*service.Kit) (entryHandler, error) { return entryHandler{}, nil })
-	return service.ConsumeAlso(opts, "entry.voided", consumer.Events[voided]{
+	return service.ConsumeAlso(opts, rabbit.Binding{Key: "entry.voided"}, consumer.Events[voided]{
 		Decode: func(b []byte) (voided, error) {
 			var v voided
 			if err := json.Unmarshal(b, &v); err != nil || v.Entry == "" {
@@ -107,8 +112,9 @@ func TestAServiceRefusesEventsThatCollide(t *testing.T) {
 		env  []string
 		want string
 	}{
-		{"before Consume", service.ConsumeAlso(ledger(), "entry.voided", events, newVoid), nil, "call Consume"},
-		{"one event type twice", service.ConsumeAlso(twoEvents(), "entry.cancelled", events, newVoid), nil, "consumed with binding key \"entry.voided\" already"},
+		{"before Consume", service.ConsumeAlso(ledger(), rabbit.Binding{Key: "entry.voided"}, events, newVoid), nil, "call Consume"},
+		{"one event type twice", service.ConsumeAlso(twoEvents(), rabbit.Binding{Key: "entry.cancelled"}, events, newVoid), nil,
+			"consumed with binding key \"entry.voided\" already"},
 		{"ROUTING_KEY on another event's key", twoEvents(), []string{"ROUTING_KEY=entry.voided"}, "ROUTING_KEY"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -119,6 +125,62 @@ func TestAServiceRefusesEventsThatCollide(t *testing.T) {
 			_, err := service.LoadConfig(tc.opts)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("LoadConfig: %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// A further event's message that the broker dead-lettered itself (rejected
+// without requeue: x-death, none of the kit's headers) and one the buffered
+// inbox parked are replayed by the operators' commands to their own
+// handler: the replayed copy comes back through the default exchange under
+// the work queue's name, and carries where it was first published.
+func TestAFurtherEventsDeadLetterIsReplayedToItsHandler(t *testing.T) {
+	for _, mode := range []string{service.ModeInline, service.ModeBuffered} {
+		t.Run(mode, func(t *testing.T) {
+			s := servicetest.Start(t, twoEvents(), "INBOX_MODE="+mode)
+			s.Publish(amqp.Publishing{MessageId: "made-e-1", Body: body("e-1", 10)})
+			s.WaitOutcome(consumer.OutcomeProcessed, 1)
+			s.Stop()
+			// Published while the service is away, then rejected by hand:
+			// the broker dead-letters it with its x-death alone.
+			s.PublishTo("entry.voided", amqp.Publishing{MessageId: "void-e-1", Body: []byte(`{"entry":"e-1"}`)})
+			testenv.WithChannel(t, s.AMQPURL, func(ch *amqp.Channel) error {
+				for {
+					d, ok, err := ch.Get(s.Config.Queue, false)
+					if err != nil {
+						return err
+					}
+					if ok {
+						return d.Reject(false)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+			})
+			// The broker dead-letters it on its own time (at least once,
+			// from a quorum queue): the replay must find it there.
+			testenv.Eventually(t, 30*time.Second, "the rejected void in the dead-letter queue", func() (bool, error) {
+				n := 0
+				testenv.WithChannel(t, s.AMQPURL, func(ch *amqp.Channel) error {
+					q, err := ch.QueueDeclarePassive(s.Config.DeadLetterQueue, true, false, false, false, nil)
+					n = q.Messages
+					return err
+				})
+				return n == 1, nil
+			})
+			env := []string{"INBOX_MODE=" + mode, "AMQP_URL=" + s.AMQPURL, "DATABASE_URL=" + s.DBURL}
+			var out bytes.Buffer
+			if err := ops.Run(context.Background(), twoEvents(), []string{"dlq", "replay", "--all"}, nil, &out); err != nil ||
+				!strings.Contains(out.String(), "1 replayed") {
+				t.Fatalf("dlq replay --all: %v\n%s", err, out.String())
+			}
+			again := servicetest.Start(t, twoEvents(), env...)
+			again.WaitOutcome(consumer.OutcomeProcessed, 1)
+			if n := again.Count("SELECT count(*) FROM voids WHERE entry = 'e-1'"); n != 1 {
+				t.Errorf("%d voids of e-1 after the replay, want 1", n)
+			}
+			if dead := again.DeadLetters(); len(dead) != 0 {
+				t.Errorf("dead letters after the replay: %v", dead)
 			}
 		})
 	}
