@@ -141,21 +141,27 @@ func Origin(d amqp.Delivery) (exchange, key string, ok bool) {
 // CopiedOrigin is the exchange and routing key a copy's headers name: those
 // a consumer's copy carries (wire.HeaderOriginalExchange and
 // wire.HeaderOriginalKey), else, for a message the broker dead-lettered
-// itself (past the delivery limit, or rejected), its first death's (x-death
-// lists the most recent first).
+// itself (past the delivery limit, or rejected), those of its latest death
+// in a queue it reached through a named exchange (x-death lists the most
+// recent first): the work queue's, not an upstream delay queue's before it,
+// and not a retry queue's, which the consumer fed through the default
+// exchange. ok is false when they name none: an origin unknown is never
+// made up.
 func CopiedOrigin(h amqp.Table) (exchange, key string, ok bool) {
 	if k, found := h[wire.HeaderOriginalKey].(string); found {
 		exchange, _ = h[wire.HeaderOriginalExchange].(string)
-		return exchange, k, true
+		return exchange, k, exchange != ""
 	}
-	if deaths, found := h["x-death"].([]any); found && len(deaths) > 0 {
-		if first, found := deaths[len(deaths)-1].(amqp.Table); found {
-			if keys, found := first["routing-keys"].([]any); found && len(keys) > 0 {
-				if k, found := keys[0].(string); found {
-					exchange, _ = first["exchange"].(string)
-					return exchange, k, true
-				}
-			}
+	deaths, _ := h["x-death"].([]any)
+	for _, d := range deaths {
+		death, _ := d.(amqp.Table)
+		exchange, _ = death["exchange"].(string)
+		keys, _ := death["routing-keys"].([]any)
+		if exchange == "" || len(keys) == 0 {
+			continue
+		}
+		if k, found := keys[0].(string); found {
+			return exchange, k, true
 		}
 	}
 	return "", "", false

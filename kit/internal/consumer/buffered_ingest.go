@@ -180,8 +180,13 @@ func (b *bufferedMode) admitForIngest(ctx context.Context, s *session, d amqp.De
 	}
 	// Stored, it loses its delivery's exchange and routing key too: the
 	// processing routes it by these (a service that consumes several
-	// events). Set from the delivery, never a producer's headers.
-	headers[wire.HeaderOriginalExchange], headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
+	// events). Set from the delivery, never a producer's headers; an origin
+	// unknown is not stored (the service's first event's, as Routed has it).
+	delete(headers, wire.HeaderOriginalExchange)
+	delete(headers, wire.HeaderOriginalKey)
+	if msg.Exchange != "" {
+		headers[wire.HeaderOriginalExchange], headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
+	}
 	return ingested{d: d, msg: msg, log: log, in: buffered.Incoming{
 		MessageID: msg.ID, OrderingKey: key, ContentType: d.ContentType, Headers: headers, Body: d.Body,
 		PublishedAt: msg.PublishedAt,

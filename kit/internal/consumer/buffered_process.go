@@ -282,12 +282,10 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	defer span.End()
 	msg := Message{ID: c.MessageID, Body: c.Body, ContentType: c.ContentType, Headers: c.Headers,
 		Attempt: c.Attempts, PublishedAt: c.PublishedAt, holds: c.Holds}
-	// Where it was published, stored with its headers at ingest. A message
-	// stored before the kit kept it (v0.3.0) was of the service's one event.
-	var stored bool
-	if msg.Exchange, msg.RoutingKey, stored = rabbit.CopiedOrigin(c.Headers); !stored {
-		msg.Exchange, msg.RoutingKey = r.cfg.Topology.Exchange, r.cfg.Topology.RoutingKey
-	}
+	// Where it was published, stored with its headers at ingest; none for a
+	// message stored without it (by v0.3.0, or of an origin unknown), which
+	// Routed takes to the service's first event.
+	msg.Exchange, msg.RoutingKey, _ = rabbit.CopiedOrigin(c.Headers)
 	log := &messageLog{door: &r.door, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	st := bufferedSettler{p: p, c: c, log: log, span: span}
 	if c.Attempts > p.cfg.MaxAttempts {

@@ -33,7 +33,9 @@ type Message struct {
 	ContentType string
 	// Exchange and RoutingKey are where the message was published (a copy
 	// the runtime made carries the original's): a service that consumes
-	// several events routes each message by them (Routed).
+	// several events routes each message by them (Routed). Exchange is ""
+	// when that is unknown (a message published straight to the work queue:
+	// RoutingKey is then its delivery's, "" in the buffered mode).
 	Exchange    string
 	RoutingKey  string
 	Headers     map[string]any

@@ -78,19 +78,38 @@ type router []Route
 // origin is where a message was published: its exchange and routing key.
 type origin struct{ exchange, key string }
 
-// route is the route of a message published at o.
+// route is the route of a message published at o. An origin unknown (a
+// message published straight to the work queue, or a copy made before the
+// kit kept origins, v0.3.0) is the first route's: a service that consumed
+// one event took every such message, and still does. A message published
+// to an exchange no route is bound to, which reached the queue through an
+// exchange-to-exchange binding or as an alternate exchange's, is routed by
+// its key alone where exactly one route's key matches it.
 func (rs router) route(o origin) (Route, error) {
+	if o.exchange == "" {
+		return rs[0], nil
+	}
+	var byKey []Route
+	bound := false
 	for _, r := range rs {
-		if r.Exchange == o.exchange && TopicMatches(r.Key, o.key) {
-			return r, nil
+		if r.Exchange == o.exchange {
+			bound = true
+			if TopicMatches(r.Key, o.key) {
+				return r, nil
+			}
+		} else if TopicMatches(r.Key, o.key) {
+			byKey = append(byKey, r)
 		}
 	}
-	bound := make([]string, len(rs))
+	if !bound && len(byKey) == 1 {
+		return byKey[0], nil
+	}
+	bindings := make([]string, len(rs))
 	for i, r := range rs {
-		bound[i] = r.Exchange + " " + r.Key
+		bindings[i] = r.Exchange + " " + r.Key
 	}
 	return Route{}, Permanent(reasonInvalidEvent, fmt.Errorf("no event of this service is bound to exchange %q, routing key %q (its bindings: %s)",
-		wire.ErrorText(o.exchange), wire.ErrorText(o.key), strings.Join(bound, ", ")))
+		wire.ErrorText(o.exchange), wire.ErrorText(o.key), strings.Join(bindings, ", ")))
 }
 
 func (rs router) decode(o origin, body []byte) (decoded, error) {

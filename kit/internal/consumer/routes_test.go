@@ -72,6 +72,13 @@ func TestTheOriginOfACopyIsTheOriginalOne(t *testing.T) {
 			amqp.Table{"queue": "work", "routing-keys": []any{"work"}},
 			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
 		}}}, "orders", "order.cancelled"},
+		{"rejected at the work queue after an upstream delay queue", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
+			amqp.Table{"queue": "delay", "exchange": "delays", "routing-keys": []any{"later.cancel"}},
+		}}}, "orders", "order.cancelled"},
+		{"a retry copy without the kit's headers (v0.3.0)", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work.retry.1s", "exchange": "", "routing-keys": []any{"work.retry.1s"}},
+		}}}, "", "work"},
 		{"straight to the queue", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{"what"}}}, "", "work"},
 	} {
 		if ex, rk, _ := rabbit.Origin(tc.d); ex != tc.exchange || rk != tc.rk {
@@ -203,15 +210,36 @@ func TestEachEventReachesItsOwnHandler(t *testing.T) {
 				want[id] = kind + "/" + id + "/" + rk
 			}
 		}
-		// Straight to the queue: its routing key is the queue's name.
-		e.publishTo("", e.topo.Queue, "unbound", `{"key": "c", "n": 0}`)
+		// Straight to the queue: its origin is unknown, and it is the first
+		// event's, as it was before the service consumed more.
+		e.publishTo("", e.topo.Queue, "c-0", `{"id": "c-0", "key": "c", "n": 0}`)
+		want["c-0"] = "placed/c-0/" + e.topo.Queue
+		if m.buffered() {
+			want["c-0"] = "placed/c-0/" // its origin unknown, not stored
+		}
+		// Through an exchange bound to the further event's (an
+		// exchange-to-exchange binding): its key alone routes it.
+		ch := e.channel()
+		if err := ch.ExchangeDeclare("all", amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := ch.ExchangeBind("refunds", "#", "all", false, nil); err != nil {
+			t.Fatal(err)
+		}
+		e.publishTo("all", "order.cancelled.us", "c-1", `{"id": "c-1", "key": "c", "n": 1}`)
+		want["c-1"] = "cancelled/c-1/order.cancelled.us"
+		// A binding no event has (left by a release that removed its event).
+		if err := ch.QueueBind(e.topo.Queue, "order.refunded", e.topo.Exchange, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		e.publishTo(e.topo.Exchange, "order.refunded", "unbound", `{"key": "d", "n": 0}`)
 		rt := e.start(h, func(c *Config) {
 			m.config(e.db, e.dbURL, func(b *BufferedConfig) { b.OrderingKey = nil })(c)
 			c.Decoder, c.KeyFromBody = dec, nil
 		})
 		got := m.givenUp(e, 1)
 		if len(got) != 1 || got[0].id != "unbound" || got[0].reason != wire.ReasonInvalidEvent ||
-			!strings.Contains(got[0].err, `routing key "`+e.topo.Queue+`"`) {
+			!strings.Contains(got[0].err, `routing key "order.refunded"`) {
 			t.Errorf("given up on %+v, want the unbound message alone, %s, naming its routing key", got, wire.ReasonInvalidEvent)
 		}
 		e.waitApplied(t, len(want))
@@ -235,6 +263,9 @@ func TestEachEventReachesItsOwnHandler(t *testing.T) {
 		}
 		if m.orderPerKey {
 			e.assertInOrder(keys, perKey)
+			if got := e.appliedOf("c"); fmt.Sprint(got) != "[0 1]" {
+				t.Errorf("key c applied %v, want [0 1]", got)
+			}
 		}
 		rt.shutdown(t)
 	})

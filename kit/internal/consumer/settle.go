@@ -213,8 +213,13 @@ func republish(d amqp.Delivery, msg Message) amqp.Publishing {
 		p.Headers[wire.HeaderPauseHolds] = header32(msg.holds)
 	}
 	// Where it was published (rabbit.Origin: a producer's own headers are
-	// not taken for it), for its return from a retry queue or a replay.
-	p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
+	// not taken for it), for its return from a retry queue or a replay; an
+	// origin unknown is not made up.
+	delete(p.Headers, wire.HeaderOriginalExchange)
+	delete(p.Headers, wire.HeaderOriginalKey)
+	if msg.Exchange != "" {
+		p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = msg.Exchange, msg.RoutingKey
+	}
 	return p
 }
 

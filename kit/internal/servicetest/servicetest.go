@@ -146,6 +146,13 @@ func (s *Stack) PublishTo(key string, msgs ...amqp.Publishing) {
 	testenv.Publish(s.t, s.AMQPURL, s.Config.Exchange, key, msgs...)
 }
 
+// PublishToExchange sends msgs to exchange with key: an event whose binding
+// names an exchange of its own.
+func (s *Stack) PublishToExchange(exchange, key string, msgs ...amqp.Publishing) {
+	s.t.Helper()
+	testenv.Publish(s.t, s.AMQPURL, exchange, key, msgs...)
+}
+
 // Outcome is how many messages the service settled with outcome so far
 // (consumer_messages_total).
 func (s *Stack) Outcome(outcome consumer.Outcome) int {
