@@ -232,12 +232,14 @@ fi
 # Rename in every text file; binary files are left alone. An image name is the
 # prefix before /<image>:<tag> (never a module path, which has no tag), after a
 # space, a quote, = or : (a YAML key), as in `image: inbox-template/x:dev`.
+# One grep lists the files that name either, and sed takes them in a few
+# runs: two commands a file (some 450 files) were most of a copy's time,
+# 1.7 s of 2 on 2 cores. grep finding none (a --bare project's few files) is
+# no error; a file it could not read keeps the module path, which the check
+# below finds.
 image_re="(^|[[:space:]\"'=:])$old_prefix/([a-z0-9._-]+):"
-while IFS= read -r -d '' f; do
-  if grep -Iq . "$f" && grep -qE -e "$old_module" -e "$image_re" "$f"; then
-    sed -i -E -e "s#$old_module#$module#g" -e "s#$image_re#\1$name/\2:#g" "$f"
-  fi
-done < <(find "$dst" -type f -not -path '*/.git/*' -print0)
+{ grep -rlIZE --exclude-dir=.git -e "$old_module" -e "$image_re" "$dst" || true; } |
+  xargs -0r sed -i -E -e "s#$old_module#$module#g" -e "s#$image_re#\1$name/\2:#g"
 ((bare)) || sed -i -e "s#^name: $old_project\$#name: $name#" "$dst/docker-compose.yml"
 
 left=$(grep -rIl --exclude-dir=.git -e "$old_module" "$dst" || true)

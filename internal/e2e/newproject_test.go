@@ -3,11 +3,13 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"golang.org/x/mod/modfile"
@@ -130,47 +132,174 @@ func firstLine(s string) string {
 }
 
 // Every choice of the generator's options makes a service that vets, its
-// test included: the template (scripts/template) is itself ordered,
+// test included, and that names none of the template's marks, names or
+// module path: the template (scripts/template) is itself ordered,
 // publishing and calling out, and the other two tests run one more choice
-// each; here each of the eight is rendered and vetted.
+// each; here each of the eight is rendered and vetted, and a ninth service
+// whose names hold the template's own.
+//
+// Each choice is a copy, made by the generator as a user's would be, the
+// nine at once. Their services are then vetted together, in one go vet,
+// each under a directory of its own in a module of the template's own path
+// and requirements whose kit is this checkout's kit/ (the copy's module
+// path in the rendered imports mapped back to it). Vetted in its copy, a
+// service needs the copy's kit and every dependency compiled under the
+// copy's paths: about 80 s of CPU on 2 cores with no build cache for them,
+// which CI has none of when this test starts (the copies' builds take
+// -trimpath, copyEnv, and nothing before them does). Here they are the
+// packages make vet compiled before: the same directories, with no
+// -trimpath. That a whole copy, renamed, vets is TestNewProjectScript's
+// proof.
 func TestNewProjectScriptEveryChoiceVets(t *testing.T) {
 	t.Parallel()
+	const module = "example.com/acme/shipping-service"
+	type choice struct {
+		dir      string   // the service's directory in the vetting module
+		pkg, svc string   // internal/<pkg>, cmd/<svc>
+		args     []string // new-project.sh's options
+		left     []string // what no line of the service may hold
+	}
+	template, kitModule := modulePath(t, "../../go.mod"), kitModulePath(t)
+	var choices []choice
 	for _, ordered := range []bool{false, true} {
 		for _, publishes := range []bool{false, true} {
 			for _, noCalls := range []bool{false, true} {
-				args := []string{"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested"}
+				c := choice{pkg: "refund", svc: "refund-service", left: []string{"gen:", "gen>", "widget", template},
+					args: []string{"--service", "refund-service", "--event", "refund-requested", "--exchange", "payments", "--routing-key", "refund.requested"}}
+				var name []string
 				if ordered {
-					args = append(args, "--ordered")
+					c.args, name = append(c.args, "--ordered"), append(name, "ordered")
 				}
 				if publishes {
-					args = append(args, "--publishes", "refunds")
+					c.args, name = append(c.args, "--publishes", "refunds"), append(name, "publishes")
 				}
 				if noCalls {
-					args = append(args, "--no-outside-calls")
+					c.args, name = append(c.args, "--no-outside-calls"), append(name, "no-outside-calls")
 				}
-				// The module path of TestNewProjectScript's copy: the kit's
-				// packages built for one are in the build cache for the other.
-				dir := filepath.Join(t.TempDir(), "shipping-service")
-				mustRun(t, "../..", "bash", append([]string{"scripts/new-project.sh", "example.com/acme/shipping-service", dir}, args...)...)
-				if out, err := commandOutput(t, dir, nil, "go", "vet", "./internal/refund", "./cmd/refund-service"); err != nil {
-					t.Errorf("new-project.sh %s: go vet: %v\n%s", strings.Join(args[8:], " "), err, out)
-				}
-				if out, err := exec.Command("grep", "-rn", "gen:\\|gen>\\|widget", filepath.Join(dir, "internal/refund"), filepath.Join(dir, "cmd/refund-service")).Output(); err == nil {
-					t.Errorf("new-project.sh %s: the template's marks or names are left:\n%s", strings.Join(args[8:], " "), out)
-				}
+				c.dir = strings.Join(append([]string{"refund"}, name...), "_")
+				choices = append(choices, c)
 			}
 		}
 	}
 	// Names that hold the template's own (widget-service, widget): the
 	// renaming is one pass, so they are not renamed again.
-	dir := filepath.Join(t.TempDir(), "shipping-service")
-	mustRun(t, "../..", "bash", "scripts/new-project.sh", "example.com/acme/shipping-service", dir,
-		"--service", "blue-widget-service", "--event", "widget-made", "--exchange", "widgets", "--routing-key", "widget.made")
-	if out, err := commandOutput(t, dir, nil, "go", "vet", "./internal/bluewidget", "./cmd/blue-widget-service"); err != nil {
-		t.Errorf("a service named blue-widget-service: go vet: %v\n%s", err, out)
+	choices = append(choices, choice{dir: "blue-widget", pkg: "bluewidget", svc: "blue-widget-service", left: []string{"gen:", "gen>", template},
+		args: []string{"--service", "blue-widget-service", "--event", "widget-made", "--exchange", "widgets", "--routing-key", "widget.made"}})
+
+	services := t.TempDir() // the module they are vetted in
+	rendered := make([]bool, len(choices))
+	var wg sync.WaitGroup
+	for i, c := range choices {
+		wg.Go(func() {
+			dir := filepath.Join(t.TempDir(), "shipping-service")
+			if out, err := commandOutput(t, "../..", nil, "bash", append([]string{"scripts/new-project.sh", module, dir}, c.args...)...); err != nil {
+				t.Errorf("new-project.sh %s: %v\n%s", strings.Join(c.args, " "), err, out)
+				return
+			}
+			// The copy's imports of its kit become the kit's, of its
+			// service the service's directory here.
+			imports := strings.NewReplacer(module+"/kit", kitModule, module+"/", template+"/"+c.dir+"/")
+			rendered[i] = true
+			for _, d := range []string{"internal/" + c.pkg, "cmd/" + c.svc} {
+				err := filepath.WalkDir(filepath.Join(dir, d), func(path string, e fs.DirEntry, err error) error {
+					if err != nil || e.IsDir() {
+						return err
+					}
+					rel, _ := filepath.Rel(dir, path)
+					b, err := os.ReadFile(path)
+					if err != nil {
+						return err
+					}
+					for i, line := range strings.Split(string(b), "\n") {
+						for _, s := range c.left {
+							if strings.Contains(line, s) {
+								t.Errorf("new-project.sh %s: %s:%d holds %q, of the template's:\n%s", strings.Join(c.args, " "), rel, i+1, s, line)
+							}
+						}
+					}
+					to := filepath.Join(services, c.dir, rel)
+					if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+						return err
+					}
+					return os.WriteFile(to, []byte(imports.Replace(string(b))), 0o644)
+				})
+				if err != nil {
+					t.Errorf("new-project.sh %s: %s: %v", strings.Join(c.args, " "), d, err)
+					rendered[i] = false
+				}
+			}
+			if c.pkg == "bluewidget" {
+				if b, err := os.ReadFile(filepath.Join(dir, "internal/bluewidget/bluewidget_test.go")); err != nil || !strings.Contains(string(b), `"../../cmd/blue-widget-service"`) {
+					t.Errorf("blue-widget-service's test does not run cmd/blue-widget-service (%v)", err)
+				}
+			}
+		})
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, "internal/bluewidget/bluewidget_test.go")); err != nil || !strings.Contains(string(b), `"../../cmd/blue-widget-service"`) {
-		t.Errorf("blue-widget-service's test does not run cmd/blue-widget-service (%v)", err)
+	wg.Wait()
+
+	// A service not rendered is reported above: named here, its missing
+	// directories would fail go vet before it vetted the others.
+	writeTemplateModule(t, services)
+	pkgs := []string{"vet"}
+	for i, c := range choices {
+		if rendered[i] {
+			pkgs = append(pkgs, "./"+c.dir+"/internal/"+c.pkg, "./"+c.dir+"/cmd/"+c.svc)
+		}
+	}
+	if len(pkgs) == 1 {
+		return
+	}
+	ctx, cancel := commandContext(t)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "go", pkgs...)
+	cmd.Dir = services // in the environment of make vet, not copyEnv: see above
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("go vet of the rendered services (the directory of each names its choice: refund_OPTION_…, blue-widget): %v\n%s", err, out)
+	}
+}
+
+// writeTemplateModule writes into dir the go.mod of a module of the
+// template's own path and requirements, its replacements by a relative
+// directory (the kit's, ./kit) made absolute, and the template's go.sum:
+// packages put there build on this checkout's kit and the versions the
+// template builds with.
+func writeTemplateModule(t *testing.T, dir string) {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := modfile.Parse("go.mod", b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var local []*modfile.Replace
+	for _, r := range f.Replace {
+		if modfile.IsDirectoryPath(r.New.Path) && !filepath.IsAbs(r.New.Path) {
+			local = append(local, r)
+		}
+	}
+	for _, r := range local {
+		if err := f.AddReplace(r.Old.Path, r.Old.Version, filepath.Join(root, r.New.Path), ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err = f.Format(); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -378,13 +507,19 @@ func mustRunEnv(t *testing.T, dir string, extra []string, name string, args ...s
 // kitModulePath is the kit's module path, as kit/go.mod declares it.
 func kitModulePath(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("../../kit/go.mod")
+	return modulePath(t, "../../kit/go.mod")
+}
+
+// modulePath is the module path the go.mod file declares.
+func modulePath(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	path := modfile.ModulePath(b)
 	if path == "" {
-		t.Fatal("kit/go.mod declares no module")
+		t.Fatalf("%s declares no module", file)
 	}
 	return path
 }
