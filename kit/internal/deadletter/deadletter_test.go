@@ -176,7 +176,7 @@ func TestListShowsMessagesAndLeavesThem(t *testing.T) {
 		t.Fatalf("listing %+v, want 3 of 3", l)
 	}
 	got := l.Messages[0]
-	want := Message{ID: "m-1", Attrs: map[string]string{"order_id": "o-1"}, Reason: "retries_exhausted", Attempts: 5,
+	want := Message{ID: "m-1", Attrs: map[string]string{"order_id": "o-1"}, Exchange: "orders", RoutingKey: "order.placed", Reason: "retries_exhausted", Attempts: 5,
 		FirstError: "first: gateway timeout", Since: published, AgeFrom: AgeFromTimestamp}
 	if got.DeadLetteredAt.IsZero() || time.Since(got.DeadLetteredAt) < 89*time.Minute {
 		t.Errorf("dead-lettered at %s, want 90 minutes ago", got.DeadLetteredAt)

@@ -9,6 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/inbox-template/payment-service/kit/rabbit"
 	"github.com/inbox-template/payment-service/kit/wire"
 )
 
@@ -25,7 +26,9 @@ const (
 // Message is what an operator sees of a dead letter.
 type Message struct {
 	ID             string            `json:"message_id"`
-	Attrs          map[string]string `json:"attributes,omitempty"` // the service's log attributes of the body
+	Attrs          map[string]string `json:"attributes,omitempty"`  // the service's log attributes of the body
+	Exchange       string            `json:"exchange,omitempty"`    // where the message was published ("" unknown):
+	RoutingKey     string            `json:"routing_key,omitempty"` // a service of several events routes it by them
 	Reason         string            `json:"reason"`
 	Attempts       int               `json:"attempts"`
 	FirstError     string            `json:"first_error,omitempty"`
@@ -86,6 +89,7 @@ func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 	if m.FirstError == "" {
 		m.FirstError = stringHeader(h, wire.HeaderDeadLetterError)
 	}
+	m.Exchange, m.RoutingKey, _ = rabbit.CopiedOrigin(h)
 	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, wire.HeaderDeadLetteredAt)); err == nil {
 		m.DeadLetteredAt, m.Since, m.AgeFrom = at, at, AgeFromDeadLettered
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/inbox-template/payment-service/kit/internal/deadletter"
 	"github.com/inbox-template/payment-service/kit/internal/service"
 	"github.com/inbox-template/payment-service/kit/logging"
+	"github.com/inbox-template/payment-service/kit/rabbit"
 )
 
 // The buffered inbox's commands: status, parked, retry, skip, export.
@@ -126,9 +127,10 @@ func inboxParked(ctx context.Context, opts service.Options, args []string, stdou
 			return nil
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "MESSAGE ID\tORDERING KEY\tREASON\tATTEMPTS\tWAITING\tPARKED FOR\tLAST ERROR")
+		fmt.Fprintln(tw, "MESSAGE ID\tROUTING KEY\tORDERING KEY\tREASON\tATTEMPTS\tWAITING\tPARKED FOR\tLAST ERROR")
 		for _, p := range parked {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.MessageID, p.OrderingKey, orDash(p.Reason), p.Attempts,
+			_, routingKey, _ := rabbit.CopiedOrigin(p.Headers) // stored at ingest; none by v0.3.0
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.MessageID, orDash(routingKey), p.OrderingKey, orDash(p.Reason), p.Attempts,
 				p.Waiting, age(time.Since(p.ParkedAt)), orDash(oneLine(p.LastError, 80)))
 		}
 		return tw.Flush()

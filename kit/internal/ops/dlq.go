@@ -106,7 +106,7 @@ func printListing(w io.Writer, queue string, l deadletter.Listing, maxAge ageLim
 		return nil
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "MESSAGE ID\tATTRIBUTES\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
+	fmt.Fprintln(tw, "MESSAGE ID\tROUTING KEY\tATTRIBUTES\tREASON\tATTEMPTS\tREPLAYS\tAGE\tFIRST ERROR")
 	var tooOld, undated bool
 	for _, m := range l.Messages {
 		cell := age(m.Age(now))
@@ -118,7 +118,7 @@ func printListing(w io.Writer, queue string, l deadletter.Listing, maxAge ageLim
 			cell += " too old"
 			tooOld = true
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.AttrsText()), orDash(m.Reason),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", orDash(m.ID), orDash(m.RoutingKey), orDash(m.AttrsText()), orDash(m.Reason),
 			m.Attempts, m.Replays, cell, orDash(oneLine(m.FirstError, 80)))
 	}
 	if err := tw.Flush(); err != nil {

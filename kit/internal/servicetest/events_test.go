@@ -169,6 +169,12 @@ func TestAFurtherEventsDeadLetterIsReplayedToItsHandler(t *testing.T) {
 				return n == 1, nil
 			})
 			env := []string{"INBOX_MODE=" + mode, "AMQP_URL=" + s.AMQPURL, "DATABASE_URL=" + s.DBURL}
+			// The operator sees which event it is.
+			var list bytes.Buffer
+			if err := ops.Run(context.Background(), twoEvents(), []string{"dlq", "list", "--json"}, nil, &list); err != nil ||
+				!strings.Contains(list.String(), `"routing_key": "entry.voided"`) {
+				t.Errorf("dlq list --json: %v, want the void's routing key:\n%s", err, list.String())
+			}
 			var out bytes.Buffer
 			if err := ops.Run(context.Background(), twoEvents(), []string{"dlq", "replay", "--all"}, nil, &out); err != nil ||
 				!strings.Contains(out.String(), "1 replayed") {
