@@ -1,6 +1,7 @@
 // Package shipping is the example consumer of docs/writing-a-service.md: it
 // books a carrier pickup for each OrderPaid event and records the shipment,
-// exactly once. It is a handler, an event, a carrier client and a migration;
+// exactly once, and records each PaymentDeclined order as one it will not
+// ship. It is two handlers, their events, a carrier client and migrations;
 // the kit (the root package kit) does the rest.
 package shipping
 
@@ -78,6 +79,54 @@ func (h *Handler) Handle(ctx context.Context, msg kit.Message, ev OrderPaid) (ki
 	}, nil
 }
 
+// PaymentDeclined is the service's second event, which the payment service
+// emits for a declined card: nothing to ship.
+type PaymentDeclined struct {
+	EventID       string `json:"event_id"`
+	OrderID       string `json:"order_id"`
+	DeclineReason string `json:"decline_reason"`
+}
+
+// DecodePaymentDeclined decodes and validates a body, as DecodeOrderPaid.
+func DecodePaymentDeclined(body []byte) (PaymentDeclined, error) {
+	var ev PaymentDeclined
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return ev, kit.Permanent(ReasonMalformedJSON, err)
+	}
+	if ev.OrderID == "" {
+		return ev, kit.Permanent(ReasonMissingField, nil)
+	}
+	return ev, nil
+}
+
+// Declined is one row of the declined_orders table.
+type Declined struct {
+	OrderID   string `gorm:"primaryKey"`
+	MessageID string
+	Reason    string
+}
+
+// TableName is the table of the migration.
+func (Declined) TableName() string { return "declined_orders" }
+
+// DeclinedHandler records each declined order once: no outside call.
+type DeclinedHandler struct{}
+
+// Handle returns the insert of the declined order.
+func (DeclinedHandler) Handle(ctx context.Context, msg kit.Message, ev PaymentDeclined) (kit.Writes, error) {
+	return func(ctx context.Context, tx *gorm.DB) (kit.Outcome, error) {
+		res := tx.Clauses(clause.OnConflict{DoNothing: true}).
+			Create(&Declined{OrderID: ev.OrderID, MessageID: msg.ID, Reason: ev.DeclineReason})
+		switch {
+		case res.Error != nil:
+			return "", res.Error
+		case res.RowsAffected == 0: // the same order under another message id
+			return kit.OutcomeDuplicate, nil
+		}
+		return kit.OutcomeProcessed, nil
+	}, nil
+}
+
 // Settings are the handler's own.
 type Settings struct {
 	CarrierURL     string        `envconfig:"CARRIER_URL" default:"http://localhost:8082" desc:"base URL of the carrier's pickup API"`
@@ -100,10 +149,18 @@ var Events = kit.Events[OrderPaid]{
 	OrderingKey: func(e OrderPaid) string { return e.OrderID },
 }
 
+// DeclinedEvents is how it reads PaymentDeclined: ordered by the same key,
+// so that in the buffered mode one order's events, of either kind, are
+// processed in the order they were stored.
+var DeclinedEvents = kit.Events[PaymentDeclined]{
+	Decode:      DecodePaymentDeclined,
+	OrderingKey: func(e PaymentDeclined) string { return e.OrderID },
+}
+
 // Service describes the shipping service to the kit. Its queues are derived:
 // shipping-service.order-paid, shipping-service.dlx, ….
 func Service() kit.Service {
-	return kit.ConsumeWithSettings(kit.Service{
+	svc := kit.ConsumeWithSettings(kit.Service{
 		Name:       "shipping-service",
 		Event:      "order-paid",
 		Exchange:   "payments",
@@ -117,6 +174,10 @@ func Service() kit.Service {
 			// A span under the message's, and the crash point right after it.
 			return &Handler{book: kit.OutsideCall(d, "carrier book", "after-carrier-book", carrier.Book)}, nil
 		})
+	// Its second event, on a binding of its own (the work queue's exchange,
+	// payments), in the same inbox and queues.
+	return kit.ConsumeAlso(svc, kit.Binding{Key: "payment.declined"}, DeclinedEvents,
+		func(d *kit.Deps) (kit.Handler[PaymentDeclined], error) { return DeclinedHandler{}, nil })
 }
 
 // Check validates the settings against the kit's configuration.

@@ -87,6 +87,37 @@ func paid(id, order string) amqp.Publishing {
 	return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, `{"event_id":%q,"order_id":%q,"address":"1 Main St"}`, id, order)}
 }
 
+// The service's second event: each declined order recorded once, under its
+// own binding, in the same inbox and queues; nothing booked for it; a
+// malformed one dead-lettered with its reason, naming its routing key.
+func TestRecordsEachDeclinedOrderOnceAndShipsNothing(t *testing.T) {
+	s := startStack(t)
+	declined := func(id, order string) amqp.Publishing {
+		return amqp.Publishing{MessageId: id, Body: fmt.Appendf(nil, `{"event_id":%q,"order_id":%q,"decline_reason":"insufficient_funds"}`, id, order)}
+	}
+	var msgs []amqp.Publishing
+	for i := range 10 {
+		order := fmt.Sprintf("d-%d", i)
+		msgs = append(msgs, declined("m-"+order, order), declined("m-"+order, order), declined("again-"+order, order))
+	}
+	msgs = append(msgs, amqp.Publishing{MessageId: "no-order", Body: []byte(`{"event_id":"e"}`)})
+	kittest.Publish(t, s.amqpURL, "payments", "payment.declined", msgs...)
+	s.publish(t, paid("m-o-1", "o-1"))
+	kittest.Eventually(t, time.Minute, "10 declined orders, 1 shipment, the malformed one dead-lettered", func() (bool, error) {
+		return kittest.Count(t, s.dbURL, "SELECT count(*) FROM declined_orders") == 10 &&
+			kittest.Count(t, s.dbURL, "SELECT count(*) FROM shipments") == 1 &&
+			kittest.QueueDepth(t, s.amqpURL, "shipping-service.order-paid.dlq") == 1 &&
+			kittest.Count(t, s.dbURL, "SELECT count(*) FROM inbox WHERE consumer = 'shipping-service'") == 21, nil
+	})
+	if booked, _ := s.carrier.counts(); booked != 1 {
+		t.Errorf("%d pickups booked, want the paid order's alone", booked)
+	}
+	out, err := s.proc.Command(t, "dlq", "list")
+	if err != nil || !strings.Contains(out, "no-order") || !strings.Contains(out, "payment.declined") || !strings.Contains(out, "missing_field") {
+		t.Errorf("dlq list: %v, want the malformed decline, its routing key and missing_field:\n%s", err, out)
+	}
+}
+
 // Duplicates (same message id), the same order under a new message id and a
 // poison message: one shipment and one booking per order, the poison in the
 // derived dead-letter queue with its reason.

@@ -9,7 +9,7 @@ type Verify struct {
 	GatewayDatabaseURL string `envconfig:"GATEWAY_DATABASE_URL" default:"postgres://postgres@localhost:5432/gateway?sslmode=disable" desc:"the fake gateway's database, which verify checks for double charges and migrate gateway migrates"`
 	// The pipeline's stores: verify checks the chain to the shipments when
 	// both are set.
-	ShippingDatabaseURL string `envconfig:"SHIPPING_DATABASE_URL" desc:"the shipping service's database: with CARRIER_DATABASE_URL, verify also checks the pipeline (one shipment and one pickup per succeeded payment, the outbox drained); empty checks the payments only"`
+	ShippingDatabaseURL string `envconfig:"SHIPPING_DATABASE_URL" desc:"the shipping service's database: with CARRIER_DATABASE_URL, verify also checks the pipeline (one shipment and one pickup per succeeded payment, each declined payment recorded once by the shipping service, the outbox drained); empty checks the payments only"`
 	CarrierDatabaseURL  string `envconfig:"CARRIER_DATABASE_URL" desc:"the fake carrier's database, which verify checks for pickups booked twice (with SHIPPING_DATABASE_URL)"`
 	// SummaryDir is where the publisher leaves each run's summary: --run-id
 	// finds there what the run sent (duplicates, republishes, poison).

@@ -34,6 +34,7 @@ func (r Report) Print(w io.Writer) error {
 	}
 	if p := r.Pipeline; p != nil {
 		row("shipments", p.Shipments)
+		row("declined orders (shipping)", p.Declined)
 		row("carrier pickups", p.Pickups)
 		row("outbox pending / parked", fmt.Sprintf("%d / %d", p.OutboxPending, p.OutboxParked))
 	}
