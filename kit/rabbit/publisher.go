@@ -126,32 +126,35 @@ func Copy(d amqp.Delivery) amqp.Publishing {
 // through an exchange (d.Exchange set: a producer's publish, or a message
 // dead-lettered into that exchange by a queue upstream) shows them itself,
 // whatever its headers say. One through the default exchange (from a retry
-// queue, or replayed) is a copy: CopiedOrigin reads them from its headers.
+// queue, or replayed) is a copy: HeaderOrigin reads them from its headers.
 // ok is false when d says nothing of them; key is then d's own.
 func Origin(d amqp.Delivery) (exchange, key string, ok bool) {
 	if d.Exchange != "" {
 		return d.Exchange, d.RoutingKey, true
 	}
-	if exchange, key, ok = CopiedOrigin(d.Headers); ok {
+	if exchange, key, ok = HeaderOrigin(d.Headers); ok {
 		return exchange, key, true
 	}
 	return "", d.RoutingKey, false
 }
 
-// CopiedOrigin is the exchange and routing key a copy's headers name: those
-// a consumer's copy carries (wire.HeaderOriginalExchange and
-// wire.HeaderOriginalKey), else, for a message the broker dead-lettered
-// itself (past the delivery limit, or rejected), those of its latest death
-// in a queue it reached through a named exchange (x-death lists the most
-// recent first): the work queue's, not an upstream delay queue's before it,
-// and not a retry queue's, which the consumer fed through the default
-// exchange. ok is false when they name none: an origin unknown is never
-// made up.
-func CopiedOrigin(h amqp.Table) (exchange, key string, ok bool) {
-	if k, found := h[wire.HeaderOriginalKey].(string); found {
-		exchange, _ = h[wire.HeaderOriginalExchange].(string)
-		return exchange, k, exchange != ""
-	}
+// HeaderOrigin is the exchange and routing key a consumer's copy of a
+// message carries (wire.HeaderOriginalExchange, wire.HeaderOriginalKey); ok
+// is false when it carries none.
+func HeaderOrigin(h amqp.Table) (exchange, key string, ok bool) {
+	key, found := h[wire.HeaderOriginalKey].(string)
+	exchange, _ = h[wire.HeaderOriginalExchange].(string)
+	return exchange, key, found && exchange != ""
+}
+
+// DeathOrigin is the exchange and routing key a message the broker
+// dead-lettered itself (past the delivery limit, or rejected) was published
+// with, for a replay: those of its latest death in a queue it reached
+// through a named exchange (x-death lists the most recent first), the work
+// queue's, not an upstream delay queue's before it, nor a retry queue's,
+// which the consumer fed through the default exchange. ok is false when
+// x-death names none.
+func DeathOrigin(h amqp.Table) (exchange, key string, ok bool) {
 	deaths, _ := h["x-death"].([]any)
 	for _, d := range deaths {
 		death, _ := d.(amqp.Table)

@@ -285,7 +285,7 @@ func (p *processor) process(ctx context.Context, c buffered.Claimed) {
 	// Where it was published, stored with its headers at ingest; none for a
 	// message stored without it (by v0.3.0, or of an origin unknown), which
 	// Routed takes to the service's first event.
-	msg.Exchange, msg.RoutingKey, _ = rabbit.CopiedOrigin(c.Headers)
+	msg.Exchange, msg.RoutingKey, _ = rabbit.HeaderOrigin(c.Headers)
 	log := &messageLog{door: &r.door, msg: &msg, attrs: []any{"ordering_key", c.OrderingKey, "seq", c.Seq}}
 	st := bufferedSettler{p: p, c: c, log: log, span: span}
 	if c.Attempts > p.cfg.MaxAttempts {

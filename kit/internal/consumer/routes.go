@@ -38,38 +38,53 @@ type Route struct {
 // route matches is refused as an invalid event (dead-lettered inline,
 // parked in the buffered mode), naming its exchange and key.
 func Routed(routes []Route) (Decoder, Handler, error) {
+	if err := CheckRoutes(routes); err != nil {
+		return nil, nil, err
+	}
+	for _, r := range routes {
+		if r.Handler == nil {
+			return nil, nil, fmt.Errorf("binding key %q has no Handler", r.Key)
+		}
+	}
+	rs := router(routes)
+	return rs, routedHandler{rs}, nil
+}
+
+// CheckRoutes refuses routes that would route a message two ways, or never
+// reach one: Routed's checks, their handlers aside (a service's
+// configuration runs them before it builds any).
+func CheckRoutes(routes []Route) error {
 	if len(routes) == 0 {
-		return nil, nil, errors.New("no routes")
+		return errors.New("no routes")
 	}
 	seen := map[origin]bool{}
 	types := map[reflect.Type]string{}
 	for i, r := range routes {
 		switch {
 		case r.Exchange == "":
-			return nil, nil, fmt.Errorf("binding key %q has no exchange", r.Key)
+			return fmt.Errorf("binding key %q has no exchange", r.Key)
 		case !ValidBindingKey(r.Key):
-			return nil, nil, fmt.Errorf("binding key %q: want 1 to 255 bytes of UTF-8", r.Key)
+			return fmt.Errorf("binding key %q: want 1 to 255 bytes of UTF-8", r.Key)
 		case seen[origin{r.Exchange, r.Key}]:
-			return nil, nil, fmt.Errorf("binding key %q on %s is given twice", r.Key, r.Exchange)
-		case r.Decoder == nil || r.Handler == nil:
-			return nil, nil, fmt.Errorf("binding key %q has no Decoder or no Handler", r.Key)
+			return fmt.Errorf("binding key %q on %s is given twice", r.Key, r.Exchange)
+		case r.Decoder == nil:
+			return fmt.Errorf("binding key %q has no Decoder", r.Key)
 		}
 		for _, before := range routes[:i] {
 			if before.Exchange == r.Exchange && TopicCovers(before.Key, r.Key) {
-				return nil, nil, fmt.Errorf("binding key %q on %s is never reached: %q, before it, matches every message it would",
+				return fmt.Errorf("binding key %q on %s is never reached: %q, before it, matches every message it would",
 					r.Key, r.Exchange, before.Key)
 			}
 		}
 		seen[origin{r.Exchange, r.Key}] = true
 		if t := EventType(r.Decoder); t != nil {
 			if other, ok := types[t]; ok {
-				return nil, nil, fmt.Errorf("binding keys %q and %q both decode %v: give one event type one binding key (a pattern matches several)", other, r.Key, t)
+				return fmt.Errorf("binding keys %q and %q both decode %v: give one event type one binding key (a pattern matches several)", other, r.Key, t)
 			}
 			types[t] = r.Key
 		}
 	}
-	rs := router(routes)
-	return rs, routedHandler{rs}, nil
+	return nil
 }
 
 // router is the Decoder of several routes.

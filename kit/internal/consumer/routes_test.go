@@ -52,8 +52,9 @@ func TestTopicMatchesAsTheBrokerRoutes(t *testing.T) {
 // A message's origin is where it was published: a delivery through an
 // exchange shows it, whatever its headers say (a producer's header, an
 // upstream queue's x-death); a copy through the default exchange carries
-// it in headers of the kit's own, or, dead-lettered by the broker itself,
-// in its first death.
+// it in headers of the kit's own. An x-death alone does not say it for a
+// live delivery (a producer may publish one straight to the queue); a
+// replay reads it from a broker's own dead letter (DeathOrigin).
 func TestTheOriginOfACopyIsTheOriginalOne(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -68,21 +69,34 @@ func TestTheOriginOfACopyIsTheOriginalOne(t *testing.T) {
 			Headers: amqp.Table{"x-death": []any{amqp.Table{"queue": "delay", "exchange": "", "routing-keys": []any{"delay"}}}}}, "orders", "order.cancelled"},
 		{"a retry", amqp.Delivery{RoutingKey: "work",
 			Headers: amqp.Table{wire.HeaderOriginalExchange: "orders", wire.HeaderOriginalKey: "order.cancelled"}}, "orders", "order.cancelled"},
-		{"a broker's dead letter replayed", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
-			amqp.Table{"queue": "work", "routing-keys": []any{"work"}},
+		{"straight to the queue with an x-death", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
 			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
-		}}}, "orders", "order.cancelled"},
-		{"rejected at the work queue after an upstream delay queue", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
-			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
-			amqp.Table{"queue": "delay", "exchange": "delays", "routing-keys": []any{"later.cancel"}},
-		}}}, "orders", "order.cancelled"},
-		{"a retry copy without the kit's headers (v0.3.0)", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{
-			amqp.Table{"queue": "work.retry.1s", "exchange": "", "routing-keys": []any{"work.retry.1s"}},
 		}}}, "", "work"},
 		{"straight to the queue", amqp.Delivery{RoutingKey: "work", Headers: amqp.Table{"x-death": []any{"what"}}}, "", "work"},
 	} {
 		if ex, rk, _ := rabbit.Origin(tc.d); ex != tc.exchange || rk != tc.rk {
 			t.Errorf("%s: origin %s %q, want %s %q", tc.name, ex, rk, tc.exchange, tc.rk)
+		}
+	}
+	for _, tc := range []struct {
+		name         string
+		h            amqp.Table
+		exchange, rk string
+	}{
+		{"a broker's dead letter", amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work", "routing-keys": []any{"work"}},
+			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
+		}}, "orders", "order.cancelled"},
+		{"rejected at the work queue after an upstream delay queue", amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work", "exchange": "orders", "routing-keys": []any{"order.cancelled"}},
+			amqp.Table{"queue": "delay", "exchange": "delays", "routing-keys": []any{"later.cancel"}},
+		}}, "orders", "order.cancelled"},
+		{"a retry copy without the kit's headers (v0.3.0)", amqp.Table{"x-death": []any{
+			amqp.Table{"queue": "work.retry.1s", "exchange": "", "routing-keys": []any{"work.retry.1s"}},
+		}}, "", ""},
+	} {
+		if ex, rk, _ := rabbit.DeathOrigin(tc.h); ex != tc.exchange || rk != tc.rk {
+			t.Errorf("%s: death origin %s %q, want %s %q", tc.name, ex, rk, tc.exchange, tc.rk)
 		}
 	}
 }
@@ -138,6 +152,7 @@ func TestRoutedRefusesAmbiguousRoutes(t *testing.T) {
 		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "", cancelledEvents(), h}}, "1 to 255 bytes"},
 		{[]Route{{"orders", "order.placed", placed, h}, {"", "order.cancelled", cancelledEvents(), h}}, "no exchange"},
 		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "order.cancelled", nil, h}}, "no Decoder"},
+		{[]Route{{"orders", "order.placed", placed, h}, {"orders", "order.cancelled", cancelledEvents(), nil}}, "no Handler"},
 		{[]Route{{"orders", "order.#", placed, h}, {"orders", "order.cancelled", cancelledEvents(), h}}, "never reached"},
 		{[]Route{{"orders", "order.#", placed, h}, {"orders", "order.*", cancelledEvents(), h}}, "never reached"},
 		{nil, "no routes"},

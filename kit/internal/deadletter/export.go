@@ -48,7 +48,7 @@ func (q *Queue) Export(ctx context.Context, store *buffered.Store, sel buffered.
 	defer pub.Close()
 	for _, p := range parked {
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
-		err := pub.Publish(pctx, q.topo.DeadLetterExchange, q.topo.DeadLetterKey(), exportCopy(p, store.Consumer(), q.topo))
+		err := pub.Publish(pctx, q.topo.DeadLetterExchange, q.topo.DeadLetterKey(), exportCopy(p, store.Consumer()))
 		cancel()
 		if err != nil {
 			return rep, fmt.Errorf("export message %q: %w", p.MessageID, err)
@@ -67,16 +67,12 @@ func (q *Queue) Export(ctx context.Context, store *buffered.Store, sel buffered.
 }
 
 // exportCopy is a parked message as the runtime would have dead-lettered it.
-func exportCopy(p buffered.Parked, consumerName string, topo rabbit.Topology) amqp.Publishing {
+func exportCopy(p buffered.Parked, consumerName string) amqp.Publishing {
 	h := maps.Clone(p.Headers)
 	if h == nil {
 		h = amqp.Table{}
 	}
-	if _, ok := h[wire.HeaderOriginalKey]; !ok {
-		// Stored before the kit kept where a message was published
-		// (v0.3.0): it was of the service's one event.
-		h[wire.HeaderOriginalExchange], h[wire.HeaderOriginalKey] = topo.Exchange, topo.RoutingKey
-	}
+
 	h[wire.HeaderDeadLetterReason] = p.Reason
 	h[wire.HeaderDeadLetterError] = p.LastError
 	h[wire.HeaderDeadLetteredAt] = time.Now().UTC().Format(time.RFC3339Nano)

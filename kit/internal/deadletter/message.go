@@ -89,7 +89,10 @@ func describe(d amqp.Delivery, attrs func(body []byte) []slog.Attr) Message {
 	if m.FirstError == "" {
 		m.FirstError = stringHeader(h, wire.HeaderDeadLetterError)
 	}
-	m.Exchange, m.RoutingKey, _ = rabbit.CopiedOrigin(h)
+	var known bool
+	if m.Exchange, m.RoutingKey, known = rabbit.HeaderOrigin(h); !known {
+		m.Exchange, m.RoutingKey, _ = rabbit.DeathOrigin(h)
+	}
 	if at, err := time.Parse(time.RFC3339Nano, stringHeader(h, wire.HeaderDeadLetteredAt)); err == nil {
 		m.DeadLetteredAt, m.Since, m.AgeFrom = at, at, AgeFromDeadLettered
 	}

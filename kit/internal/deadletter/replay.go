@@ -236,10 +236,15 @@ func replayCopy(d amqp.Delivery, replays int) amqp.Publishing {
 		p.Headers[wire.HeaderTimestampMillis] = m.Since.UnixMilli()
 	}
 	// Where it was published, which the copy's delivery through the
-	// default exchange will not show: the kit's own headers, or a broker's
-	// dead letter's first death, read before x-death goes (a service that
-	// consumes several events routes the copy by it).
-	if exchange, key, ok := rabbit.CopiedOrigin(d.Headers); ok {
+	// default exchange will not show: the kit's own headers, or, for a
+	// dead letter the broker made itself, its x-death (rabbit.DeathOrigin),
+	// read before x-death goes (a service that consumes several events
+	// routes the copy by it).
+	exchange, key, ok := rabbit.HeaderOrigin(d.Headers)
+	if !ok {
+		exchange, key, ok = rabbit.DeathOrigin(d.Headers)
+	}
+	if ok {
 		p.Headers[wire.HeaderOriginalExchange], p.Headers[wire.HeaderOriginalKey] = exchange, key
 	}
 	for _, k := range resetHeaders {

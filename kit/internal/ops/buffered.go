@@ -129,7 +129,7 @@ func inboxParked(ctx context.Context, opts service.Options, args []string, stdou
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "MESSAGE ID\tROUTING KEY\tORDERING KEY\tREASON\tATTEMPTS\tWAITING\tPARKED FOR\tLAST ERROR")
 		for _, p := range parked {
-			_, routingKey, _ := rabbit.CopiedOrigin(p.Headers) // stored at ingest; none by v0.3.0
+			_, routingKey, _ := rabbit.HeaderOrigin(p.Headers) // stored at ingest; none by v0.3.0
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.MessageID, orDash(routingKey), p.OrderingKey, orDash(p.Reason), p.Attempts,
 				p.Waiting, age(time.Since(p.ParkedAt)), orDash(oneLine(p.LastError, 80)))
 		}

@@ -124,6 +124,18 @@ type Options struct {
 	more []moreEvents
 }
 
+// routes are the service's events as the runtime routes them, without their
+// handlers: the first on EXCHANGE and ROUTING_KEY, then each ConsumeAlso's
+// (cfg.MoreBindings, their exchanges filled in).
+func (o *Options) routes(cfg Config) []consumer.Route {
+	routes := []consumer.Route{{Exchange: cfg.Exchange, Key: cfg.RoutingKey, Decoder: o.Decoder}}
+	for i, m := range o.more {
+		b := cfg.MoreBindings[i]
+		routes = append(routes, consumer.Route{Exchange: b.Exchange, Key: b.Key, Decoder: m.decoder})
+	}
+	return routes
+}
+
 // moreEvents is one further event of a service (ConsumeAlso).
 type moreEvents struct {
 	binding    rabbit.Binding
@@ -269,6 +281,10 @@ func LoadConfig(opts Options) (Config, error) {
 	v.Require(!slices.Contains(cfg.MoreBindings, rabbit.Binding{Exchange: cfg.Exchange, Key: cfg.RoutingKey}), "ROUTING_KEY",
 		"is %q on EXCHANGE %q, the binding of one of %s's further events (kit.ConsumeAlso) too: give each event its own",
 		cfg.RoutingKey, cfg.Exchange, opts.Name)
+	if opts.Decoder != nil && cfg.Exchange != "" && cfg.RoutingKey != "" {
+		err := consumer.CheckRoutes(opts.routes(cfg))
+		v.Require(err == nil, "ROUTING_KEY", "with %s's further events (kit.ConsumeAlso): %v", opts.Name, err)
+	}
 	v.Require(cfg.InboxMode != ModeBuffered || opts.ordered() || opts.Unordered, "INBOX_MODE",
 		"is buffered, but %s gives no OrderingKey: the buffered mode would process its messages in no order; "+
 			"give its kit.Events an OrderingKey, declare kit.Service.Unordered, or use the inline mode", opts.Name)

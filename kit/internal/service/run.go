@@ -272,15 +272,17 @@ func newRuntime(opts Options, k *Kit, check func(context.Context) error) (*consu
 	}
 	cfg := k.Config
 	decoder := opts.Decoder
-	if len(opts.more) > 0 {
-		routes := []consumer.Route{{Exchange: cfg.Exchange, Key: cfg.RoutingKey, Decoder: opts.Decoder, Handler: h}}
+	if decoder != nil {
+		// Routed even with one event: a message that reaches the queue
+		// through a binding the service does not declare (left by a release
+		// that removed an event, or made by a newer replica in a rollout that
+		// adds one) is refused, not taken for the first event.
+		routes := opts.routes(cfg)
+		routes[0].Handler = h
 		for i, m := range opts.more {
-			mh, err := buildHandler(m.newHandler, &hk)
-			if err != nil {
+			if routes[i+1].Handler, err = buildHandler(m.newHandler, &hk); err != nil {
 				return nil, fmt.Errorf("build the handler of %s: %w", consumer.EventType(m.decoder), err)
 			}
-			b := cfg.MoreBindings[i] // m.binding with its exchange filled in
-			routes = append(routes, consumer.Route{Exchange: b.Exchange, Key: b.Key, Decoder: m.decoder, Handler: mh})
 		}
 		if decoder, h, err = consumer.Routed(routes); err != nil {
 			return nil, fmt.Errorf("route the events: %w", err)

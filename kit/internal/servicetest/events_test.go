@@ -47,12 +47,13 @@ func (voidHandler) Handle(_ context.Context, _ consumer.Message, v voided) (cons
 	}, nil
 }
 
-func twoEvents() service.Options {
+// oneEvent is the ledger typed to its one event, entry.made.
+func oneEvent() service.Options {
 	opts := service.Options{
 		Name: "ledger", Event: "entry-made", Exchange: "ledger", RoutingKey: "entry.made",
 		Migrations: []migrations.Set{ledgerSchema, voidsSchema}, NoOutsideCalls: true,
 	}
-	opts = service.Consume(opts, consumer.Events[entry]{
+	return service.Consume(opts, consumer.Events[entry]{
 		Decode: func(b []byte) (entry, error) {
 			var e entry
 			err := json.Unmarshal(b, &e)
@@ -60,7 +61,11 @@ func twoEvents() service.Options {
 		},
 		OrderingKey: func(e entry) string { return e.Entry },
 	}, func(*service.Kit) (entryHandler, error) { return entryHandler{}, nil })
-	return service.ConsumeAlso(opts, rabbit.Binding{Key: "entry.voided"}, consumer.Events[voided]{
+}
+
+// twoEvents is the ledger with its second event, entry.voided.
+func twoEvents() service.Options {
+	return service.ConsumeAlso(oneEvent(), rabbit.Binding{Key: "entry.voided"}, consumer.Events[voided]{
 		Decode: func(b []byte) (voided, error) {
 			var v voided
 			if err := json.Unmarshal(b, &v); err != nil || v.Entry == "" {
@@ -116,6 +121,7 @@ func TestAServiceRefusesEventsThatCollide(t *testing.T) {
 		{"one event type twice", service.ConsumeAlso(twoEvents(), rabbit.Binding{Key: "entry.cancelled"}, events, newVoid), nil,
 			"consumed with binding key \"entry.voided\" already"},
 		{"ROUTING_KEY on another event's key", twoEvents(), []string{"ROUTING_KEY=entry.voided"}, "ROUTING_KEY"},
+		{"ROUTING_KEY covering another event's key", twoEvents(), []string{"ROUTING_KEY=entry.*"}, "never reached"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, kv := range tc.env {
@@ -189,5 +195,33 @@ func TestAFurtherEventsDeadLetterIsReplayedToItsHandler(t *testing.T) {
 				t.Errorf("dead letters after the replay: %v", dead)
 			}
 		})
+	}
+}
+
+// A service of one event is routed too: a message that reaches its queue
+// through a binding it does not declare (left by a release that removed an
+// event, or made by a newer replica in a rollout that adds one) is
+// dead-lettered invalid_event, naming its key, not taken for its event;
+// one published straight to the queue (its origin unknown) is its event's.
+func TestAMessageOfABindingNotDeclaredIsRefused(t *testing.T) {
+	s := servicetest.Start(t, oneEvent())
+	testenv.WithChannel(t, s.AMQPURL, func(ch *amqp.Channel) error {
+		return ch.QueueBind(s.Config.Queue, "entry.voided", s.Config.Exchange, false, nil) // a release before had it
+	})
+	s.PublishTo("entry.voided", amqp.Publishing{MessageId: "void-e-1", Body: []byte(`{"entry":"e-1","amount":1}`)})
+	testenv.Publish(t, s.AMQPURL, "", s.Config.Queue, amqp.Publishing{MessageId: "made-e-2", Body: body("e-2", 10)})
+	s.WaitOutcome(consumer.OutcomeProcessed, 1)
+	dead := map[string]string{}
+	testenv.Eventually(t, 30*time.Second, "the void dead-lettered", func() (bool, error) {
+		for id, reason := range s.DeadLetters() {
+			dead[id] = reason
+		}
+		return len(dead) > 0, nil
+	})
+	if len(dead) != 1 || dead["void-e-1"] != "invalid_event" {
+		t.Errorf("dead letters %v, want void-e-1 invalid_event", dead)
+	}
+	if n := s.Count("SELECT count(*) FROM ledger"); n != 1 {
+		t.Errorf("%d ledger rows, want e-2's alone", n)
 	}
 }
